@@ -1,0 +1,108 @@
+"""The `infertrace` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Why did LLM inference latency go wrong? Simulate, ingest, analyse, report.")
+err = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """Why did LLM inference latency go wrong? Simulate, ingest, analyse, report."""
+
+
+def fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(2)
+
+
+@app.command()
+def simulate(
+    out: Annotated[Path | None, typer.Option(help="OTLP JSON lines file to write (.gz: gzip)")] = None,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        help="Send spans with the OTLP/HTTP exporter instead, e.g. http://127.0.0.1:4318/v1/traces")] = None,
+    model: Annotated[str, typer.Option(help="Model spec (see reference_engine.models)")] = "llama-3-8b",
+    hardware: Annotated[str, typer.Option(help="Hardware spec (see reference_engine.hardware)")] = "H100-SXM",
+    tensor_parallel: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree")] = 1,
+    policy: Annotated[str, typer.Option(help="prefill_first or decode_first")] = "prefill_first",
+    max_num_batched_tokens: int = 16384,
+    max_num_seqs: int = 256,
+    chunked_prefill: Annotated[bool, typer.Option(
+        help="Chunked prefill (decode_first turns it on)")] = False,
+    prefix_caching: bool = True,
+    prefill_microbatch: Annotated[int, typer.Option(help="Prefill micro-batch tokens (0: none)")] = 0,
+    offload_experts: Annotated[bool, typer.Option(help="MoE experts run on the host CPU")] = False,
+    workload: Annotated[str, typer.Option(help="synthetic, azure or mooncake")] = "synthetic",
+    workload_file: Annotated[Path | None, typer.Option(help="Trace to replay (azure CSV, mooncake JSONL)")] = None,
+    speedup: Annotated[float, typer.Option(help="Replay: compress arrivals by this factor")] = 1.0,
+    rate: Annotated[float, typer.Option(help="Synthetic: requests per second")] = 4.0,
+    arrival: Annotated[str, typer.Option(help="Synthetic: poisson or gamma")] = "poisson",
+    arrival_cv: Annotated[float, typer.Option(help="Synthetic gamma arrivals: CV of gaps")] = 1.0,
+    prompt_mean: Annotated[float, typer.Option(help="Synthetic: mean user prompt tokens")] = 1024,
+    output_mean: Annotated[float, typer.Option(help="Synthetic: mean output tokens")] = 200,
+    max_tokens: Annotated[int, typer.Option(help="Synthetic: output token limit")] = 1024,
+    system_prompt_tokens: Annotated[int, typer.Option(help="Synthetic: shared system prompt length")] = 1024,
+    system_prompt_fraction: Annotated[float, typer.Option(
+        help="Synthetic: share of requests starting with their tenant's system prompt")] = 0.6,
+    assistant_prefill_fraction: Annotated[float, typer.Option(
+        help="Synthetic: share of requests with an assistant prefill")] = 0.05,
+    duration: Annotated[float, typer.Option(help="Seconds of arrivals to simulate")] = 60.0,
+    seed: int = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Run the reference engine on a simulated GPU clock and write its traces."""
+    from reference_engine.config import EngineConfig
+    from reference_engine.simulate import WorkloadSpec, open_sink
+    from reference_engine.simulate import simulate as run
+    from reference_engine.workload import SyntheticWorkload
+
+    try:
+        config = EngineConfig(
+            model=model, hardware=hardware, tensor_parallel=tensor_parallel, policy=policy,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            chunked_prefill=chunked_prefill or policy == "decode_first", enable_prefix_caching=prefix_caching,
+            prefill_microbatch=prefill_microbatch, offload_experts=offload_experts)
+        synthetic = SyntheticWorkload(
+            rate=rate, arrival=arrival, arrival_cv=arrival_cv, prompt_mean=prompt_mean, output_mean=output_mean,
+            max_tokens=max_tokens, system_prompt_tokens=system_prompt_tokens,
+            system_prompt_fraction=system_prompt_fraction, assistant_prefill_fraction=assistant_prefill_fraction)
+        spec = WorkloadSpec(workload, workload_file, synthetic, speedup)
+        requests = spec.requests(duration, seed, model)
+        sink = open_sink(out, otlp_endpoint)
+    except (ValueError, OSError) as e:
+        raise fail(str(e)) from None
+    if not requests:
+        raise fail("the workload produced no requests in that duration")
+    summary = _run_with_progress(run, config, requests, sink, seed, progress)
+    err.print(summary.paragraph())
+    if out is not None:
+        err.print(f"Traces written to {out}")
+
+
+def _run_with_progress(run, config, requests, sink, seed, progress):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not progress:
+        return run(config, requests, sink, seed)
+    start, end = requests[0].arrival_ns, max(r.arrival_ns for r in requests)
+    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} sim s"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("sim", total=max((end - start) / 1e9, 1e-9))
+        return run(config, requests, sink, seed,
+                   lambda _ended, now: bar.update(task, completed=min((now - start) / 1e9, (end - start) / 1e9)))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Semantic conventions: every span name, event name and attribute key that the engine emits and the
+toolkit reads.
+
+This module is the contract between `reference_engine` (or any other instrumented engine) and
+`infertrace`. OpenTelemetry GenAI names are used where they exist; vLLM's `gen_ai.latency.*` attributes are
+set on the engine request span so that the same analyzers work on vLLM's own `llm_request` spans; engine
+internals live under the `infertrace.` prefix.
+
+Times inside attributes are seconds (doubles) where vLLM defines them so, and integer nanoseconds where
+the name ends in `_ns`. Token counts are integers. No prompt or completion text is ever recorded.
+
+`python -m infertrace.semconv` prints docs/semconv.md; a test fails when that page is stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str
+    kind: str  # "span", "event", "attribute" or "resource"
+    type: str  # value type for attributes; span kind for spans
+    where: str  # which spans or resources carry it
+    brief: str
+
+
+REGISTRY: list[Convention] = []
+
+
+def _define(name: str, kind: str, type_: str, where: str, brief: str) -> str:
+    REGISTRY.append(Convention(name, kind, type_, where, brief))
+    return name
+
+
+def _span(name: str, span_kind: str, brief: str) -> str:
+    return _define(name, "span", span_kind, "", brief)
+
+
+def _event(name: str, where: str, brief: str) -> str:
+    return _define(name, "event", "", where, brief)
+
+
+def _attr(name: str, type_: str, where: str, brief: str) -> str:
+    return _define(name, "attribute", type_, where, brief)
+
+
+def _res(name: str, type_: str, brief: str) -> str:
+    return _define(name, "resource", type_, "every resource", brief)
+
+
+PREFIX: Final = "infertrace."
+INSTRUMENTATION_SCOPE: Final = "infertrace.reference_engine"
+
+# --------------------------------------------------------------------------------------------- spans
+SPAN_GATEWAY: Final = _span(
+    "gateway", "SERVER", "The request as the gateway served it: root of the request's trace.")
+SPAN_AUTH: Final = _span("auth", "INTERNAL", "Authentication of the caller by an auth component.")
+SPAN_RATE_LIMIT: Final = _span(
+    "rate_limit", "INTERNAL", "Admission by a rate limiter (token bucket per tenant).")
+SPAN_ROUTE: Final = _span(
+    "route", "INTERNAL", "Routing to an engine instance, including time in the router's global queue.")
+SPAN_GLOBAL_QUEUE: Final = _span(
+    "global_queue", "INTERNAL", "Time the request waited in a global scheduler queue before routing.")
+SPAN_REQUEST: Final = _span(
+    "llm_request", "SERVER",
+    "The engine's request span (vLLM's name): arrival at the engine to the last token. Parent of the "
+    "phase spans below.")
+SPAN_QUEUE: Final = _span("queue", "INTERNAL", "Arrival at the engine to first scheduling.")
+SPAN_PREFILL: Final = _span(
+    "prefill", "INTERNAL",
+    "First scheduling to the first token: every prefill chunk (one event each) and the waits between "
+    "them. A request preempted and recomputed gets a second prefill span.")
+SPAN_KV_TRANSFER: Final = _span(
+    "kv_transfer", "INTERNAL",
+    "Transfer of the prompt's KV cache from a prefill worker to a decode worker (disaggregated serving).")
+SPAN_DECODE: Final = _span("decode", "INTERNAL", "First token to last token.")
+SPAN_STEP: Final = _span(
+    "engine_step", "INTERNAL",
+    "One engine step, or a run of consecutive decode-only steps with unchanged membership. Each span is "
+    "the root of its own trace. Every token time is derivable: a request in `infertrace.step.decode."
+    "request_ids` receives one token at the end of every step of the run; a request in `infertrace.step."
+    "prefill.request_ids` whose `samples_token` flag is true receives one token at the end of the (single) "
+    "step. Step i ends at start + sum(durations_ns[0..i]).")
+
+# --------------------------------------------------------------------------------------------- events
+EVENT_PREFILL_CHUNK: Final = _event(
+    "prefill_chunk", SPAN_PREFILL, "One chunk of the prompt computed in one step (time = end of that step).")
+EVENT_PREEMPTED: Final = _event(
+    "preempted", SPAN_REQUEST, "The request lost its KV blocks and will be recomputed.")
+EVENT_FIRST_TOKEN: Final = _event("first_token", SPAN_REQUEST, "The first output token was produced.")
+
+# -------------------------------------------------------------------- GenAI and vLLM request attributes
+OPERATION_NAME: Final = _attr(
+    "gen_ai.operation.name", "string", "llm_request", "GenAI operation, e.g. `chat` or `text_completion`.")
+PROVIDER_NAME: Final = _attr(
+    "gen_ai.provider.name", "string", "llm_request", "Who serves the model (`infertrace` for the "
+    "reference engine).")
+REQUEST_MODEL: Final = _attr("gen_ai.request.model", "string", "gateway, llm_request", "Requested model.")
+RESPONSE_MODEL: Final = _attr("gen_ai.response.model", "string", "llm_request", "Model that answered.")
+REQUEST_ID: Final = _attr(
+    "gen_ai.request.id", "string", "gateway, component spans, llm_request, phase spans",
+    "Request id (vLLM's attribute); the join key between request, phase and step spans.")
+REQUEST_MAX_TOKENS: Final = _attr("gen_ai.request.max_tokens", "int", "llm_request", "Output token limit.")
+USAGE_INPUT_TOKENS: Final = _attr(
+    "gen_ai.usage.input_tokens", "int", "gateway, llm_request",
+    "Prompt tokens, including any assistant prefill.")
+USAGE_OUTPUT_TOKENS: Final = _attr("gen_ai.usage.output_tokens", "int", "gateway, llm_request",
+                                   "Generated tokens.")
+USAGE_CACHE_READ_INPUT_TOKENS: Final = _attr(
+    "gen_ai.usage.cache_read.input_tokens", "int", "llm_request",
+    "Prompt tokens served from the prefix (KV) cache at first scheduling.")
+RESPONSE_FINISH_REASONS: Final = _attr(
+    "gen_ai.response.finish_reasons", "string[]", "llm_request", "`stop`, `length` or `error`.")
+ERROR_TYPE: Final = _attr("error.type", "string", "any span", "Error class when the operation failed.")
+HTTP_STATUS_CODE: Final = _attr(
+    "http.response.status_code", "int", "gateway, component spans", "HTTP-style outcome (200, 401, 429, 5xx).")
+
+LATENCY_TIME_IN_QUEUE: Final = _attr(
+    "gen_ai.latency.time_in_queue", "double (s)", "llm_request", "Arrival to first scheduling (vLLM).")
+LATENCY_TIME_TO_FIRST_TOKEN: Final = _attr(
+    "gen_ai.latency.time_to_first_token", "double (s)", "llm_request", "Arrival to first token (vLLM).")
+LATENCY_TIME_IN_MODEL_PREFILL: Final = _attr(
+    "gen_ai.latency.time_in_model_prefill", "double (s)", "llm_request",
+    "First scheduling to first token (vLLM).")
+LATENCY_TIME_IN_MODEL_DECODE: Final = _attr(
+    "gen_ai.latency.time_in_model_decode", "double (s)", "llm_request", "First token to last token (vLLM).")
+LATENCY_E2E: Final = _attr(
+    "gen_ai.latency.e2e", "double (s)", "llm_request", "Arrival to last token (vLLM).")
+
+# ------------------------------------------------------------------------- infertrace request attributes
+TENANT_ID: Final = _attr("infertrace.tenant.id", "string", "gateway, component spans, llm_request",
+                         "Tenant (customer or API key owner).")
+SYSTEM_PROMPT_ID: Final = _attr(
+    "infertrace.request.system_prompt.id", "string", "llm_request",
+    "Id of the shared system prompt the request starts with (absent when none); never the text.")
+SYSTEM_PROMPT_TOKENS: Final = _attr(
+    "infertrace.request.system_prompt.tokens", "int", "llm_request", "Length of that system prompt.")
+ASSISTANT_PREFILL_TOKENS: Final = _attr(
+    "infertrace.request.assistant_prefill_tokens", "int", "llm_request",
+    "Tokens of caller-supplied reply start, prefilled as part of the prompt (0 when none).")
+PREEMPTIONS: Final = _attr("infertrace.request.preemptions", "int", "llm_request",
+                           "Times the request was preempted.")
+PREFILL_CHUNKS: Final = _attr("infertrace.request.prefill_chunks", "int", "llm_request, prefill",
+                              "Prefill chunks (steps that computed part of the prompt).")
+CHUNK_TOKENS: Final = _attr("infertrace.chunk.tokens", "int", "prefill_chunk", "Tokens computed in the chunk.")
+CHUNK_CACHED_TOKENS: Final = _attr(
+    "infertrace.chunk.computed_tokens", "int", "prefill_chunk",
+    "Tokens already in the KV cache before this chunk (prefix hit plus earlier chunks).")
+CHUNK_STEP_INDEX: Final = _attr("infertrace.chunk.step_index", "int", "prefill_chunk",
+                                "Index of the step that computed the chunk.")
+
+# ---------------------------------------------------------------------------- engine step attributes
+STEP_INDEX: Final = _attr("infertrace.step.index", "int", "engine_step", "Index of the first step in the span.")
+STEP_COUNT: Final = _attr("infertrace.step.count", "int", "engine_step", "Steps in the span (≥ 1).")
+STEP_DURATIONS_NS: Final = _attr(
+    "infertrace.step.durations_ns", "int[]", "engine_step", "Duration of each step, in order.")
+STEP_PREFILL_REQUEST_IDS: Final = _attr(
+    "infertrace.step.prefill.request_ids", "string[]", "engine_step",
+    "Requests that computed a prefill chunk in the step (only single-step spans have any).")
+STEP_PREFILL_CHUNK_TOKENS: Final = _attr(
+    "infertrace.step.prefill.chunk_tokens", "int[]", "engine_step", "Chunk size of each prefilling request.")
+STEP_PREFILL_COMPUTED_TOKENS: Final = _attr(
+    "infertrace.step.prefill.computed_tokens", "int[]", "engine_step",
+    "Tokens each prefilling request already had in the KV cache before the chunk.")
+STEP_PREFILL_SAMPLES_TOKEN: Final = _attr(
+    "infertrace.step.prefill.samples_token", "bool[]", "engine_step",
+    "Whether the chunk completed the prompt (or the recomputed context after a preemption), so the "
+    "request received a token at the step's end.")
+STEP_DECODE_REQUEST_IDS: Final = _attr(
+    "infertrace.step.decode.request_ids", "string[]", "engine_step",
+    "Requests that received one token at the end of every step of the span.")
+STEP_DECODE_CONTEXT_TOKENS: Final = _attr(
+    "infertrace.step.decode.context_tokens", "int", "engine_step",
+    "Sum over decoding requests of their context length at the first step.")
+STEP_PREFILL_TOKENS: Final = _attr("infertrace.step.prefill_tokens", "int", "engine_step",
+                                   "Prefill tokens per step.")
+STEP_DECODE_TOKENS: Final = _attr("infertrace.step.decode_tokens", "int", "engine_step",
+                                  "Decode tokens per step.")
+STEP_RUNNING: Final = _attr("infertrace.step.running", "int", "engine_step", "Running requests after scheduling.")
+STEP_WAITING: Final = _attr("infertrace.step.waiting", "int", "engine_step", "Waiting requests after scheduling.")
+STEP_KV_USED_BLOCKS: Final = _attr("infertrace.step.kv.used_blocks", "int", "engine_step",
+                                   "KV blocks held by requests at the end of the span.")
+STEP_KV_TOTAL_BLOCKS: Final = _attr("infertrace.step.kv.total_blocks", "int", "engine_step",
+                                    "KV blocks the engine has.")
+STEP_PREEMPTED_REQUEST_IDS: Final = _attr(
+    "infertrace.step.preempted.request_ids", "string[]", "engine_step",
+    "Requests preempted while scheduling this step.")
+STEP_PAUSE_NS: Final = _attr(
+    "infertrace.step.pause_ns", "int", "engine_step",
+    "Time inside the step not spent computing (host pause, garbage collection); 0 normally.")
+
+# -------------------------------------------------------------------------------- KV transfer, gateway
+KV_TRANSFER_BYTES: Final = _attr("infertrace.kv_transfer.bytes", "int", "kv_transfer", "KV bytes moved.")
+KV_TRANSFER_SOURCE: Final = _attr("infertrace.kv_transfer.source", "string", "kv_transfer",
+                                  "Instance that computed the prefill.")
+KV_TRANSFER_DESTINATION: Final = _attr("infertrace.kv_transfer.destination", "string", "kv_transfer",
+                                       "Instance that decodes.")
+KV_TRANSFER_LINK: Final = _attr("infertrace.kv_transfer.link", "string", "kv_transfer",
+                                "Name of the link between them.")
+COMPONENT_OUTCOME: Final = _attr(
+    "infertrace.component.outcome", "string", "component spans",
+    "What the component decided: `ok`, `rejected`, `timeout`, `error`.")
+ROUTE_TARGET: Final = _attr("infertrace.route.target", "string", "route",
+                            "Engine instance (`service.instance.id`) the router chose.")
+
+# ------------------------------------------------------------------------------------------- resources
+SERVICE_NAME: Final = _res("service.name", "string", "Logical service (e.g. `llm-engine`, `router`).")
+SERVICE_INSTANCE_ID: Final = _res("service.instance.id", "string", "This instance; unique in the fleet.")
+COMPONENT_KIND: Final = _res(
+    "infertrace.component.kind", "string",
+    "engine, router, auth, rate_limiter, scheduler, gateway, prefill_worker or decode_worker.")
+HARDWARE: Final = _res("infertrace.hardware", "string", "Accelerator name, e.g. `H100-SXM`.")
+HARDWARE_COUNT: Final = _res("infertrace.hardware.count", "int", "Accelerators per instance (tensor parallel).")
+CLOUD_REGION: Final = _res("cloud.region", "string", "Region or data centre.")
+ENGINE_MODEL: Final = _res("infertrace.engine.model", "string", "Model the engine serves.")
+ENGINE_POLICY: Final = _res("infertrace.engine.policy", "string", "`prefill_first` or `decode_first`.")
+ENGINE_MAX_NUM_BATCHED_TOKENS: Final = _res(
+    "infertrace.engine.max_num_batched_tokens", "int", "Per-step token budget.")
+ENGINE_MAX_NUM_SEQS: Final = _res("infertrace.engine.max_num_seqs", "int", "Most running requests.")
+ENGINE_CHUNKED_PREFILL: Final = _res("infertrace.engine.chunked_prefill", "bool", "Chunked prefill on.")
+ENGINE_PREFIX_CACHING: Final = _res("infertrace.engine.prefix_caching", "bool", "Prefix caching on.")
+ENGINE_PREFILL_MICROBATCH: Final = _res(
+    "infertrace.engine.prefill_microbatch_tokens", "int", "Prefill micro-batch size in tokens (0: none).")
+ENGINE_BLOCK_SIZE: Final = _res("infertrace.engine.block_size", "int", "Tokens per KV block.")
+ENGINE_EXECUTOR: Final = _res("infertrace.engine.executor", "string", "`simulated` or `real`.")
+
+COMPONENT_KINDS: Final = (
+    "engine", "router", "auth", "rate_limiter", "scheduler", "gateway", "prefill_worker", "decode_worker")
+
+
+def markdown() -> str:
+    """The human-readable page, docs/semconv.md."""
+    lines = [
+        "# infertrace semantic conventions",
+        "",
+        "Generated by `python -m infertrace.semconv` from `infertrace/semconv.py`; do not edit by hand.",
+        "",
+        (__doc__ or "").strip().split("\n\n", 1)[1].replace("`python -m infertrace.semconv` prints "
+                                                            "docs/semconv.md; a test fails when that "
+                                                            "page is stale.", "").strip(),
+        "",
+    ]
+    sections = [("span", "Spans", ("name", "span kind", "meaning")),
+                ("event", "Span events", ("name", "on", "meaning")),
+                ("attribute", "Attributes", ("key", "type", "on", "meaning")),
+                ("resource", "Resource attributes", ("key", "type", "meaning"))]
+    for kind, title, header in sections:
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for c in REGISTRY:
+            if c.kind != kind:
+                continue
+            cells = {"span": (c.name, c.type, c.brief), "event": (c.name, c.where, c.brief),
+                     "attribute": (c.name, c.type, c.where, c.brief),
+                     "resource": (c.name, c.type, c.brief)}[kind]
+            escaped = [f"`{cells[0]}`", *(x.replace("|", "\\|") for x in cells[1:])]
+            lines.append("| " + " | ".join(escaped) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

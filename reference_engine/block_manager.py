@@ -1,0 +1,126 @@
+"""Paged KV blocks with prefix caching by chained block hashes (vLLM's design, nano-vllm's shape).
+
+A block is either held (reference count > 0), free and still holding cached KV (kept in LRU order, reusable
+on a prefix hit, evicted oldest-first when a fresh block is needed), or free and empty.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from reference_engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of at least one token (got {num_blocks} × {block_size})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self.empty_blocks: deque[int] = deque(range(num_blocks))
+        self.cached_free: OrderedDict[int, int] = OrderedDict()  # hash -> block id, least recently used first
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.empty_blocks) + len(self.cached_free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --------------------------------------------------------------------------------- prefill admission
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Blocks holding the longest cached prefix of the sequence's prompt."""
+        if not self.enable_prefix_caching:
+            return []
+        if seq.block_hashes is None:
+            seq.block_hashes = seq.request.prompt.block_hashes(self.block_size)
+        hits = []
+        for h in seq.block_hashes:
+            block = self.hash_to_block.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        hits = self._prefix_hits(seq)
+        reclaimed = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return self.blocks_for(num_tokens) - len(hits) <= self.num_free_blocks - reclaimed
+
+    def cached_prefix_tokens(self, seq: Sequence, num_tokens: int) -> int:
+        """Leading tokens a prefix hit would spare; at least one token is always computed, so that the
+        step can sample from it."""
+        return min(len(self._prefix_hits(seq)) * self.block_size, num_tokens - 1)
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> int:
+        """Give the sequence blocks for `num_tokens`; returns how many leading tokens were already cached."""
+        assert not seq.block_table, f"{seq} already holds blocks"
+        hits = self._prefix_hits(seq)
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.cached_free[self.block_hash[block]]
+            self.ref_counts[block] += 1
+        seq.block_table = hits + [self._take_block() for _ in range(self.blocks_for(num_tokens) - len(hits))]
+        return min(len(hits) * self.block_size, num_tokens - 1)
+
+    def _take_block(self) -> int:
+        if self.empty_blocks:
+            block = self.empty_blocks.popleft()
+        else:
+            h, block = self.cached_free.popitem(last=False)
+            del self.hash_to_block[h]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register the hashes of prompt blocks whose KV is now computed, so later prompts can hit them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = seq.block_hashes or []
+        full = min(seq.num_computed_tokens // self.block_size, len(hashes))
+        for i in range(full):
+            block, h = seq.block_table[i], hashes[i]
+            if self.block_hash[block] is None and h not in self.hash_to_block:
+                self.block_hash[block] = h
+                self.hash_to_block[h] = block
+
+    # ------------------------------------------------------------------------------------------ decode
+    def blocks_needed(self, seq: Sequence, steps: int) -> int:
+        """New blocks for `steps` decode steps (each writes the KV of one more token)."""
+        return max(0, self.blocks_for(seq.num_computed_tokens + steps) - len(seq.block_table))
+
+    def append_blocks(self, seq: Sequence, count: int) -> None:
+        for _ in range(count):
+            seq.block_table.append(self._take_block())
+
+    def trim(self, seq: Sequence) -> None:
+        """Release blocks reserved beyond the computed tokens (a run ended earlier than planned)."""
+        keep = max(1, self.blocks_for(seq.num_computed_tokens))
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
+    # --------------------------------------------------------------------------------------- release
+    def deallocate(self, seq: Sequence) -> None:
+        # Release tail first, so that the LRU evicts a prompt's last blocks before its shared prefix.
+        for block in reversed(seq.block_table):
+            self._release(block)
+        seq.block_table = []
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        assert self.ref_counts[block] >= 0, f"block {block} released twice"
+        if self.ref_counts[block] == 0:
+            h = self.block_hash[block]
+            if h is None:
+                self.empty_blocks.append(block)
+            else:
+                self.cached_free[h] = block

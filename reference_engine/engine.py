@@ -1,0 +1,130 @@
+"""The engine: schedule, execute, post-process; observers (the tracer, statistics) hear what happened."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from reference_engine.block_manager import BlockManager
+from reference_engine.config import EngineConfig
+from reference_engine.cost_model import StepCostModel
+from reference_engine.executor import Executor, SimulatedExecutor
+from reference_engine.hardware import hardware
+from reference_engine.models import ModelSpec, model
+from reference_engine.scheduler import Batch, Scheduler
+from reference_engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    index: int  # of the first step
+    start_ns: int
+    durations: np.ndarray  # int64 ns, one per step
+    batch: Batch
+    num_running: int  # after scheduling
+    num_waiting: int
+    kv_used_blocks: int  # at the end of the run
+    kv_total_blocks: int
+    pause_ns: int = 0
+
+
+class EngineObserver(Protocol):
+    def on_step(self, report: StepReport) -> None: ...
+
+    def on_finish(self, seq: Sequence) -> None: ...
+
+
+def num_kv_blocks(config: EngineConfig, spec: ModelSpec) -> int:
+    """KV blocks that fit in device memory left after the weights (per instance, over TP shards)."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    hw = hardware(config.hardware)
+    free = hw.mem_bytes * config.tensor_parallel * config.gpu_memory_utilization - spec.weight_bytes
+    if config.offload_experts:
+        free += spec.dtype_bytes * spec.expert_params
+    blocks = int(free // (spec.kv_bytes_per_token * config.block_size))
+    if blocks < 1:
+        raise ValueError(f"{spec.name} does not fit on {config.tensor_parallel}× {hw.name} "
+                         f"({spec.weight_bytes / 1e9:.0f} GB of weights)")
+    return blocks
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None,
+                 observers: Iterable[EngineObserver] = ()) -> None:
+        self.config = config
+        self.spec = model(config.model)
+        self.block_manager = BlockManager(num_kv_blocks(config, self.spec), config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.executor = executor or SimulatedExecutor(StepCostModel(
+            self.spec, hardware(config.hardware), tensor_parallel=config.tensor_parallel,
+            prefill_microbatch=config.prefill_microbatch, offload_experts=config.offload_experts,
+            params=config.cost))
+        self.observers = list(observers)
+        self.now_ns = 0
+        self.step_index = 0
+
+    def add_request(self, request: Request) -> Sequence:
+        seq = Sequence(request)
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self, deadline_ns: int | None = None) -> list[Sequence]:
+        """One step, or one run of identical decode-only steps; returns the sequences that ended."""
+        batch = self.scheduler.schedule()
+        for seq in batch.rejected:
+            seq.finish_ns = self.now_ns
+        if batch.is_empty:
+            if not batch.rejected and self.scheduler.has_work:
+                raise RuntimeError(f"scheduler made no progress: {list(self.scheduler.waiting)[:3]}")
+            self._notify_finished(batch.rejected)
+            return batch.rejected
+        start = self.now_ns
+        for seq, _ in batch.prefills:
+            if seq.first_scheduled_ns is None:
+                seq.first_scheduled_ns = start
+        num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        durations = self.executor.execute(batch, start, deadline_ns)
+        self.now_ns = start + int(durations.sum())
+        finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
+        if self.observers:
+            report = StepReport(self.step_index, start, durations, batch, num_running, num_waiting,
+                                self.block_manager.num_used_blocks, self.block_manager.num_blocks,
+                                getattr(self.executor, "last_pause_ns", 0))
+            for observer in self.observers:
+                observer.on_step(report)
+        self.step_index += len(durations)
+        ended = batch.rejected + finished
+        self._notify_finished(ended)
+        return ended
+
+    def _notify_finished(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            for observer in self.observers:
+                observer.on_finish(seq)
+
+    def run(self, requests: Iterable[Request],
+            on_progress: Callable[[int, int], None] | None = None) -> list[Sequence]:
+        """Serve requests arriving at their `arrival_ns` until all have ended; returns them in end order.
+        `on_progress(ended, now_ns)` is called after every step."""
+        pending = sorted(requests, key=lambda r: r.arrival_ns)
+        ended: list[Sequence] = []
+        i = 0
+        if pending:
+            self.now_ns = max(self.now_ns, pending[0].arrival_ns)
+        while i < len(pending) or self.scheduler.has_work:
+            while i < len(pending) and pending[i].arrival_ns <= self.now_ns:
+                self.add_request(pending[i])
+                i += 1
+            if not self.scheduler.has_work:
+                self.now_ns = pending[i].arrival_ns
+                continue
+            ended += self.step(pending[i].arrival_ns if i < len(pending) else None)
+            if on_progress is not None:
+                on_progress(len(ended), self.now_ns)
+        assert all(s.status is SequenceStatus.FINISHED for s in ended)
+        return ended

@@ -1,0 +1,165 @@
+"""Span records and where they go: OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes
+them), or any OpenTelemetry SDK `SpanExporter` (e.g. OTLP/HTTP to a collector).
+
+A simulator makes spans far faster than real time, so nothing here drops spans: sinks are synchronous.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from infertrace import semconv
+
+Attributes = dict[str, Any]
+
+SPAN_KIND_INTERNAL = 1
+SPAN_KIND_SERVER = 2
+SPAN_KIND_CLIENT = 3
+STATUS_UNSET = 0
+STATUS_ERROR = 2
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    trace_id: int  # 128-bit
+    span_id: int  # 64-bit
+    parent_span_id: int  # 0 for a root span
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Attributes
+    kind: int = SPAN_KIND_INTERNAL
+    events: list[tuple[str, int, Attributes]] = field(default_factory=list)  # (name, time ns, attributes)
+    status_code: int = STATUS_UNSET
+    status_message: str = ""
+
+
+class SpanSink(Protocol):
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------------ OTLP JSON encoding
+def _any_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if isinstance(value, int):
+        return f'{{"intValue":"{value}"}}'
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"OTLP JSON cannot carry the double {value!r}")
+        return f'{{"doubleValue":{value!r}}}'
+    if isinstance(value, str):
+        return f'{{"stringValue":{json.dumps(value, ensure_ascii=False)}}}'
+    if isinstance(value, Sequence):
+        return f'{{"arrayValue":{{"values":[{",".join(map(_any_value, value))}]}}}}'
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return _any_value(value.tolist())
+    raise TypeError(f"cannot encode attribute value of type {type(value).__name__}")
+
+
+def encode_attributes(attributes: Mapping[str, Any]) -> str:
+    return ",".join(f'{{"key":{json.dumps(k)},"value":{_any_value(v)}}}' for k, v in attributes.items())
+
+
+def encode_span(span: SpanRecord) -> str:
+    parent = f',"parentSpanId":"{span.parent_span_id:016x}"' if span.parent_span_id else ""
+    events = ""
+    if span.events:
+        events = ',"events":[' + ",".join(
+            f'{{"timeUnixNano":"{t}","name":{json.dumps(name)},"attributes":[{encode_attributes(attrs)}]}}'
+            for name, t, attrs in span.events) + "]"
+    status = "{}"
+    if span.status_code:
+        message = f',"message":{json.dumps(span.status_message)}' if span.status_message else ""
+        status = f'{{"code":{span.status_code}{message}}}'
+    return (f'{{"traceId":"{span.trace_id:032x}","spanId":"{span.span_id:016x}"{parent},'
+            f'"name":{json.dumps(span.name)},"kind":{span.kind},'
+            f'"startTimeUnixNano":"{span.start_ns}","endTimeUnixNano":"{span.end_ns}",'
+            f'"attributes":[{encode_attributes(span.attributes)}]{events},"status":{status}}}')
+
+
+def encode_traces_data(resource: Attributes, spans: Sequence[SpanRecord], scope: str, version: str) -> str:
+    """One `TracesData` object, as one line of the Collector's file exporter."""
+    return (f'{{"resourceSpans":[{{"resource":{{"attributes":[{encode_attributes(resource)}]}},'
+            f'"scopeSpans":[{{"scope":{{"name":{json.dumps(scope)},"version":{json.dumps(version)}}},'
+            f'"spans":[{",".join(map(encode_span, spans))}]}}]}}]}}')
+
+
+class OtlpJsonLinesWriter:
+    """Writes OTLP JSON lines to a file (`.gz`: gzip), one `TracesData` per export call."""
+
+    def __init__(self, path: str | Path, scope: str = semconv.INSTRUMENTATION_SCOPE,
+                 version: str = "0.1.0") -> None:
+        self.path = Path(path)
+        self.scope, self.version = scope, version
+        self.spans_written = 0
+        if self.path.suffix == ".gz":
+            # No name and mtime 0 in the gzip header keep the bytes reproducible for a fixed seed.
+            raw = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            self._raw: IO[bytes] | None = raw
+            self._file: IO[str] = io.TextIOWrapper(
+                gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0), encoding="utf-8")
+        else:
+            self._raw = None
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None:
+        if spans:
+            self._file.write(encode_traces_data(resource, spans, self.scope, self.version))
+            self._file.write("\n")
+            self.spans_written += len(spans)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._raw is not None:
+            self._raw.close()
+
+
+class SdkExporterSink:
+    """Hands spans to an OpenTelemetry SDK `SpanExporter` (e.g. `OTLPSpanExporter` for OTLP/HTTP)."""
+
+    def __init__(self, exporter: Any, scope: str = semconv.INSTRUMENTATION_SCOPE, version: str = "0.1.0") -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.exporter = exporter
+        self.scope = InstrumentationScope(scope, version)
+        self._success = SpanExportResult.SUCCESS
+        self.spans_exported = 0
+
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+        res = Resource(resource)
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        kinds = {SPAN_KIND_INTERNAL: SpanKind.INTERNAL, SPAN_KIND_SERVER: SpanKind.SERVER,
+                 SPAN_KIND_CLIENT: SpanKind.CLIENT}
+        readable = []
+        for s in spans:
+            context = SpanContext(s.trace_id, s.span_id, is_remote=False, trace_flags=sampled)
+            parent = (SpanContext(s.trace_id, s.parent_span_id, is_remote=False, trace_flags=sampled)
+                      if s.parent_span_id else None)
+            attributes = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.attributes.items()}
+            status = Status(StatusCode.ERROR, s.status_message or None) if s.status_code else Status()
+            readable.append(ReadableSpan(
+                name=s.name, context=context, parent=parent, resource=res, attributes=attributes,
+                events=[Event(n, a, t) for n, t, a in s.events], kind=kinds[s.kind], status=status,
+                start_time=s.start_ns, end_time=s.end_ns, instrumentation_scope=self.scope))
+        if self.exporter.export(readable) is not self._success:
+            raise RuntimeError(f"span exporter {type(self.exporter).__name__} failed to export "
+                               f"{len(readable)} spans")
+        self.spans_exported += len(readable)
+
+    def close(self) -> None:
+        self.exporter.shutdown()

@@ -1,0 +1,182 @@
+"""Continuous batching under a per-step token budget, with two policies and preemption by recompute."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from reference_engine.block_manager import BlockManager
+from reference_engine.config import EngineConfig
+from reference_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step (or a run of identical decode-only steps) computes."""
+
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, chunk tokens)
+    decodes: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    rejected: list[Sequence] = field(default_factory=list)  # can never run on this engine
+    max_steps: int = 1  # a decode-only batch may repeat unchanged this many steps
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(n for _, n in self.prefills)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self.config.max_num_batched_tokens
+        if self.config.policy == "decode_first":
+            budget -= self._schedule_decodes(batch, budget)
+            self._schedule_prefills(batch, budget)
+        else:
+            self._schedule_prefills(batch, budget)
+            if not batch.prefills:
+                self._schedule_decodes(batch, budget)
+        if not batch.prefills and batch.decodes:
+            batch.max_steps = self._max_decode_steps(batch.decodes)
+            self._reserve_decode_blocks(batch.decodes, batch.max_steps)
+        return batch
+
+    # ------------------------------------------------------------------------------------- prefills
+    def _schedule_prefills(self, batch: Batch, budget: int) -> None:
+        bm, cfg = self.block_manager, self.config
+        for seq in self.running:  # sequences in the middle of a chunked prefill continue first
+            if budget == 0:
+                return
+            if seq.is_prefilling:
+                chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
+                batch.prefills.append((seq, chunk))
+                budget -= chunk
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            seq = self.waiting[0]
+            target = seq.num_tokens
+            if not cfg.chunked_prefill and target > cfg.max_num_batched_tokens:
+                self._reject(seq, "prompt_too_long", batch)
+                continue
+            if bm.blocks_for(seq.num_prompt_tokens + seq.request.output_tokens) > bm.num_blocks:
+                self._reject(seq, "kv_cache_too_small", batch)
+                continue
+            if not bm.can_allocate(seq, target):
+                return
+            if not cfg.chunked_prefill and target - bm.cached_prefix_tokens(seq, target) > budget:
+                return  # the whole prompt must fit in one step: it waits for the next
+            computed = bm.allocate(seq, target)
+            remaining = target - computed
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.prefill_target = target
+            seq.num_computed_tokens = computed
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = computed
+            self.running.append(seq)
+            chunk = min(remaining, budget)
+            batch.prefills.append((seq, chunk))
+            budget -= chunk
+
+    # -------------------------------------------------------------------------------------- decodes
+    def _schedule_decodes(self, batch: Batch, budget: int) -> int:
+        """Give every decoding sequence one token (preempting when KV runs out); returns tokens used."""
+        bm = self.block_manager
+        decoding = [s for s in self.running if not s.is_prefilling][:budget]
+        scheduled: list[Sequence] = []
+        for seq in decoding:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted below to make room for an earlier sequence
+            while bm.blocks_needed(seq, 1) > bm.num_free_blocks:
+                victim = self.running[-1]
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                bm.append_blocks(seq, bm.blocks_needed(seq, 1))
+                scheduled.append(seq)
+        batch.decodes = scheduled
+        return len(scheduled)
+
+    def _reject(self, seq: Sequence, error: str, batch: Batch) -> None:
+        self.waiting.popleft()
+        seq.error = error
+        seq.status = SequenceStatus.FINISHED
+        batch.rejected.append(seq)
+
+    def _preempt(self, seq: Sequence, batch: Batch) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.prefill_target = 0
+        seq.preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _max_decode_steps(self, decodes: list[Sequence]) -> int:
+        """Steps the decode batch can repeat before its membership must change: a sequence finishes, or
+        the free KV blocks run out (the step after that may preempt)."""
+        bm = self.block_manager
+        limit = min(s.remaining_output for s in decodes)
+        free = bm.num_free_blocks
+        lo, hi = 1, limit  # one step is always possible: its blocks were appended while scheduling
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if sum(bm.blocks_needed(s, mid) for s in decodes) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int) -> None:
+        bm = self.block_manager
+        for seq in decodes:
+            bm.append_blocks(seq, bm.blocks_needed(seq, steps))
+
+    # ---------------------------------------------------------------------------------- postprocess
+    def postprocess(self, batch: Batch, steps: int, end_ns: int) -> list[Sequence]:
+        """Advance the sequences by `steps` steps ending at `end_ns`; returns those that finished."""
+        bm = self.block_manager
+        finished: list[Sequence] = []
+        for seq, chunk in batch.prefills:
+            seq.num_computed_tokens += chunk
+            seq.num_prefill_chunks += 1
+            bm.cache_computed_blocks(seq)
+            if not seq.is_prefilling:
+                seq.num_output_tokens += 1
+                seq.last_token_ns = end_ns
+                if seq.first_token_ns is None:
+                    seq.first_token_ns = end_ns
+                if seq.remaining_output == 0:
+                    finished.append(seq)
+        for seq in batch.decodes:
+            seq.num_computed_tokens += steps
+            seq.num_output_tokens += steps
+            seq.last_token_ns = end_ns
+            if seq.remaining_output == 0:
+                finished.append(seq)
+            elif steps < batch.max_steps:
+                bm.trim(seq)
+        for seq in finished:
+            self.running.remove(seq)
+            bm.deallocate(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_ns = end_ns
+        return finished

@@ -1,0 +1,69 @@
+"""One engine, one workload, traces to a file or an OTLP endpoint: what `infertrace simulate` runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import EngineObserver, LLMEngine
+from reference_engine.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
+from reference_engine.sequence import Request
+from reference_engine.stats import SimulationStats, Summary
+from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.workload import SyntheticWorkload, azure_requests, mooncake_requests, synthetic_requests
+
+WORKLOAD_KINDS = ("synthetic", "azure", "mooncake")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: str = "synthetic"
+    path: Path | None = None  # for replay
+    synthetic: SyntheticWorkload = field(default_factory=SyntheticWorkload)
+    speedup: float = 1.0  # replay: compress arrivals by this factor
+
+    def requests(self, duration_s: float, seed: int, model: str) -> list[Request]:
+        if self.kind == "synthetic":
+            return synthetic_requests(self.synthetic, duration_s, seed, model=model)
+        if self.path is None:
+            raise ValueError(f"workload {self.kind!r} replays a trace file: give its path")
+        if not self.path.is_file():
+            raise ValueError(f"workload file {self.path} does not exist")
+        if self.kind == "azure":
+            return azure_requests(self.path, duration_s, self.speedup, model=model)
+        if self.kind == "mooncake":
+            return mooncake_requests(self.path, duration_s, self.speedup, model=model)
+        raise ValueError(f"unknown workload {self.kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
+
+
+def open_sink(out: Path | None, otlp_endpoint: str | None) -> SpanSink | None:
+    if out is not None and otlp_endpoint is not None:
+        raise ValueError("give either an output file or an OTLP endpoint, not both")
+    if out is not None:
+        return OtlpJsonLinesWriter(out)
+    if otlp_endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return SdkExporterSink(OTLPSpanExporter(endpoint=otlp_endpoint))
+    return None
+
+
+def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | None, seed: int = 0,
+             on_progress: Callable[[int, int], None] | None = None) -> Summary:
+    stats = SimulationStats()
+    observers: list[EngineObserver] = [stats]
+    tracer = None
+    if sink is not None:
+        tracer = EngineTracer(sink, engine_resource(config), seed=seed)
+        observers.append(tracer)
+    engine = LLMEngine(config, observers=observers)
+    try:
+        engine.run(requests, on_progress)
+    finally:
+        if tracer is not None:
+            tracer.close()
+        if sink is not None:
+            sink.close()
+    return stats.summary()
