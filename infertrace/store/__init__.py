@@ -1,0 +1,1 @@
+"""The trace store: raw spans as immutable Parquet segments, queried with DuckDB through typed relations."""

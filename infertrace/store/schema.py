@@ -1,0 +1,92 @@
+"""The raw span table's columns: fixed span fields, then one typed column per resource attribute (`res.<key>`)
+and per span attribute (`attr.<key>`).
+
+Every attribute the input carried is kept. Keys declared in `infertrace.semconv` (and vLLM's own request
+attribute names) always exist in every segment with their declared type, so derived relations can name
+them even when no span carried them; any other key gets a column in the segments that saw it (DuckDB reads
+segments with `union_by_name`). A value whose type differs within one segment from the rest of its column
+(possible only for undeclared keys), a key-value list, bytes, or a mixed array is kept as JSON text.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+from infertrace import semconv as sc
+
+RESOURCE_PREFIX: Final = "res."
+ATTRIBUTE_PREFIX: Final = "attr."
+
+# vLLM's own `llm_request` span uses these names (vllm/tracing.py `SpanAttributes`).
+VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+VLLM_REQUEST_N: Final = "gen_ai.request.n"
+VLLM_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+
+EVENT_TYPE: Final = pa.list_(pa.struct([("time_ns", pa.int64()), ("name", pa.string()),
+                                        ("attributes", pa.string())]))
+
+# Fixed fields of every span, in order.
+SPAN_FIELDS: Final[list[pa.Field]] = [
+    pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
+    pa.field("span_id", pa.string(), nullable=False),  # 16 lowercase hex digits
+    pa.field("parent_span_id", pa.string()),  # null for a root span
+    pa.field("name", pa.string(), nullable=False),
+    pa.field("kind", pa.int8(), nullable=False),  # OTLP SpanKind: 1 internal, 2 server, 3 client, ...
+    pa.field("start_ns", pa.int64(), nullable=False),
+    pa.field("end_ns", pa.int64(), nullable=False),
+    pa.field("status_code", pa.int8(), nullable=False),  # 0 unset, 1 ok, 2 error
+    pa.field("status_message", pa.string()),
+    pa.field("scope_name", pa.string()),
+    pa.field("scope_version", pa.string()),
+    pa.field("events", EVENT_TYPE),  # event attributes as a JSON object
+    pa.field("links", pa.string()),  # JSON array, null when none
+]
+
+# OTLP value kinds as the parser names them, and their Arrow types.
+VALUE_TYPES: Final[dict[str, pa.DataType]] = {
+    "string": pa.string(), "int": pa.int64(), "double": pa.float64(), "bool": pa.bool_(),
+    "string[]": pa.list_(pa.string()), "int[]": pa.list_(pa.int64()), "double[]": pa.list_(pa.float64()),
+    "bool[]": pa.list_(pa.bool_()), "json": pa.string(),
+}
+
+
+def _semconv_kind(type_: str) -> str:
+    return "double" if type_.startswith("double") else type_
+
+
+def _declared() -> tuple[dict[str, str], dict[str, str]]:
+    resource: dict[str, str] = {}
+    attributes: dict[str, str] = {}
+    for c in sc.REGISTRY:
+        if c.kind == "resource":
+            resource[c.name] = _semconv_kind(c.type)
+        elif c.kind == "attribute" and c.where not in (sc.EVENT_PREFILL_CHUNK,):
+            attributes[c.name] = _semconv_kind(c.type)
+    attributes.update({VLLM_USAGE_PROMPT_TOKENS: "int", VLLM_USAGE_COMPLETION_TOKENS: "int",
+                       VLLM_REQUEST_TEMPERATURE: "double", VLLM_REQUEST_TOP_P: "double", VLLM_REQUEST_N: "int",
+                       VLLM_REQUEST_MAX_TOKENS: "int"})
+    return resource, attributes
+
+
+DECLARED_RESOURCE, DECLARED_ATTRIBUTES = _declared()
+
+
+def resource_column(key: str) -> str:
+    return RESOURCE_PREFIX + key
+
+
+def attribute_column(key: str) -> str:
+    return ATTRIBUTE_PREFIX + key
+
+
+def base_schema() -> pa.Schema:
+    """The columns every segment has (undeclared attribute keys add more)."""
+    fields = list(SPAN_FIELDS)
+    fields += [pa.field(resource_column(k), VALUE_TYPES[t]) for k, t in DECLARED_RESOURCE.items()]
+    fields += [pa.field(attribute_column(k), VALUE_TYPES[t]) for k, t in DECLARED_ATTRIBUTES.items()]
+    return pa.schema(fields)
