@@ -28,6 +28,9 @@ def simulate(
     out: Annotated[Path | None, typer.Option(help="OTLP JSON lines file to write (.gz: gzip)")] = None,
     otlp_endpoint: Annotated[str | None, typer.Option(
         help="Send spans with the OTLP/HTTP exporter instead, e.g. http://127.0.0.1:4318/v1/traces")] = None,
+    fleet: Annotated[Path | None, typer.Option(
+        help="Fleet file (TOML, see docs/fleet.md): simulate models, gateway and tenants together; the "
+             "single-engine and workload options are then not used")] = None,
     model: Annotated[str, typer.Option(help="Model spec (see reference_engine.models)")] = "llama-3-8b",
     hardware: Annotated[str, typer.Option(help="Hardware spec (see reference_engine.hardware)")] = "H100-SXM",
     tensor_parallel: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree")] = 1,
@@ -58,6 +61,8 @@ def simulate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Run the reference engine on a simulated GPU clock and write its traces."""
+    if fleet is not None:
+        return _simulate_fleet(fleet, duration, seed, out, otlp_endpoint, progress)
     from reference_engine.config import EngineConfig
     from reference_engine.simulate import WorkloadSpec, open_sink
     from reference_engine.simulate import simulate as run
@@ -84,6 +89,44 @@ def simulate(
     err.print(summary.paragraph())
     if out is not None:
         err.print(f"Traces written to {out}")
+
+
+def _simulate_fleet(path: Path, duration: float, seed: int, out: Path | None, otlp_endpoint: str | None,
+                    progress: bool) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from reference_engine.fleet import Fleet
+    from reference_engine.fleet_config import load_fleet
+    from reference_engine.fleet_workload import fleet_requests
+    from reference_engine.simulate import open_sink
+
+    if duration <= 0:
+        raise fail(f"--duration must be > 0 seconds, got {duration}")
+    try:
+        spec = load_fleet(path)
+        requests = fleet_requests(spec, duration, seed)
+        sink = open_sink(out, otlp_endpoint)
+    except (ValueError, OSError) as e:
+        raise fail(str(e)) from None
+    if not requests:
+        raise fail(f"{path}: the tenants sent no requests in {duration} s")
+    start = requests[0].arrival_ns
+    try:
+        if not progress:
+            summary = Fleet(spec, sink, seed).run(requests)
+        else:
+            columns = (TextColumn("simulating fleet"), BarColumn(),
+                       TextColumn("{task.completed:.0f}/{task.total:.0f} sim s"), TimeElapsedColumn())
+            with Progress(*columns, console=err, transient=True) as bar:
+                task = bar.add_task("sim", total=duration)
+                summary = Fleet(spec, sink, seed).run(
+                    requests, lambda now: bar.update(task, completed=min((now - start) / 1e9, duration)))
+    finally:
+        if sink is not None:
+            sink.close()
+    err.print(summary.paragraph())
+    if out is not None:
+        err.print(f"{summary.spans} spans written to {out}")
 
 
 def _run_with_progress(run, config, requests, sink, seed, progress):  # type: ignore[no-untyped-def]
