@@ -1,0 +1,304 @@
+"""Ingest of OTLP JSON lines into the store, checked against the official opentelemetry-proto parser."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from infertrace import semconv as sc
+from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.segments import list_segments
+from infertrace.store.store import Store
+from reference_engine.config import EngineConfig
+from reference_engine.engine import LLMEngine
+from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.simulate import simulate
+from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20-second synthetic simulation (prefix caching, chunked prefill), written as OTLP JSON lines in
+    small batches (many lines)."""
+    path = tmp_path_factory.mktemp("trace") / "sim.jsonl"
+    config = EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=2048)
+    requests = synthetic_requests(SyntheticWorkload(rate=6.0), 20.0, seed=3, model=config.model)
+    writer = OtlpJsonLinesWriter(path)
+    tracer = EngineTracer(writer, engine_resource(config), seed=3, batch_size=97)
+    LLMEngine(config, observers=[tracer]).run(requests)
+    tracer.close()
+    writer.close()
+    return path
+
+
+def _official_spans(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every span of the file as the official parser reads it, keyed by (hex trace id, hex span id)."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            data = parse_traces_data(line)
+            for rs in data.resource_spans:
+                resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    for s in ss.spans:
+                        out[(s.trace_id.hex(), s.span_id.hex())] = {
+                            "parent_span_id": s.parent_span_id.hex() or None, "name": s.name, "kind": s.kind,
+                            "start_ns": s.start_time_unix_nano, "end_ns": s.end_time_unix_nano,
+                            "attributes": {kv.key: _value(kv.value) for kv in s.attributes},
+                            "resource": resource,
+                            "events": [(e.name, e.time_unix_nano, {kv.key: _value(kv.value) for kv in e.attributes})
+                                       for e in s.events]}
+    return out
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+def test_every_span_and_attribute_round_trips_as_the_official_parser_reads_it(trace_file: Path,
+                                                                             tmp_path: Path) -> None:
+    summary = ingest_paths(tmp_path / "store", [trace_file])
+    expected = _official_spans(trace_file)
+    assert summary.spans_read == summary.spans_new == len(expected) > 500
+    assert summary.skipped == 0
+    with Store.open(tmp_path / "store") as store:
+        table = store.sql("SELECT * FROM spans").to_arrow_table()
+    assert table.num_rows == len(expected)
+    attribute_columns = [c for c in table.column_names if c.startswith("attr.")]
+    resource_columns = [c for c in table.column_names if c.startswith("res.")]
+    for row in table.to_pylist():
+        want = expected[(row["trace_id"], row["span_id"])]
+        assert row["parent_span_id"] == want["parent_span_id"]
+        assert (row["name"], row["kind"], row["start_ns"], row["end_ns"]) == (
+            want["name"], want["kind"], want["start_ns"], want["end_ns"])
+        got_attributes = {c[5:]: row[c] for c in attribute_columns if row[c] is not None}
+        assert got_attributes == want["attributes"]
+        got_resource = {c[4:]: row[c] for c in resource_columns if row[c] is not None}
+        assert got_resource == want["resource"]
+        got_events = [(e["name"], e["time_ns"], json.loads(e["attributes"])) for e in row["events"] or []]
+        assert got_events == want["events"]
+
+
+def test_hex_ids_parse_wrongly_without_conversion_and_round_trip_with_it() -> None:
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", "name": "x",
+        "startTimeUnixNano": "1", "endTimeUnixNano": "2"}]}]}]})
+    naive = json_format.Parse(line, TracesData())
+    assert len(naive.resource_spans[0].scope_spans[0].spans[0].trace_id) == 24  # the pitfall: silently wrong
+    parsed = parse_traces_data(line)
+    span = parsed.resource_spans[0].scope_spans[0].spans[0]
+    assert span.trace_id.hex() == "5b8efff798038103d269b633813fc60c"
+    assert span.span_id.hex() == "eee19b7ec3c1b174"
+    again = json.loads(message_to_otlp_json(parsed))["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert (again["traceId"], again["spanId"]) == ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174")
+    assert base64.b64decode(json_format.MessageToDict(parsed)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+                            ["traceId"]).hex() == "5b8efff798038103d269b633813fc60c"
+
+
+def test_reingesting_the_same_file_adds_no_rows_and_no_segments(trace_file: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    first = ingest_paths(store, [trace_file])
+    segments = list_segments(store)
+    second = ingest_paths(store, [trace_file])
+    assert second.spans_read == first.spans_read and second.spans_new == 0
+    assert list_segments(store) == segments
+    with Store.open(store) as s:
+        assert s.sql("SELECT count(*) FROM spans_raw").fetchall() == [(first.spans_read,)]
+
+
+def test_gzip_directories_and_globs_ingest_the_same_spans_once(trace_file: Path, tmp_path: Path) -> None:
+    inputs = tmp_path / "in" / "nested"
+    inputs.mkdir(parents=True)
+    with open(trace_file, "rb") as src, gzip.open(inputs / "sim.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    shutil.copy(trace_file, tmp_path / "in" / "copy.jsonl")
+    (tmp_path / "in" / "notes.txt").write_text("not a trace")
+    summary = ingest_paths(tmp_path / "store", [tmp_path / "in", str(tmp_path / "in" / "*.jsonl")])
+    assert summary.files == 2 and summary.skipped == 0
+    with Store.open(tmp_path / "store") as s:
+        total, distinct = s.sql("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchall()[0]
+    assert total == distinct == len(_official_spans(trace_file))
+
+
+def test_spans_the_same_data_batched_differently_are_counted_once(trace_file: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_paths(store, [trace_file], batch_spans=200)
+    ingest_paths(store, [trace_file], batch_spans=150)
+    with Store.open(store) as s:
+        raw = s.sql("SELECT count(*) FROM spans_raw").fetchall()[0][0]
+        unique = s.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+        requests = s.sql("SELECT count(*), count(DISTINCT request_id) FROM requests").fetchall()[0]
+    assert raw > unique == len(_official_spans(trace_file))
+    assert requests[0] == requests[1]
+
+
+def test_a_bad_line_or_span_is_quarantined_with_file_line_and_reason_and_the_rest_ingested(
+        trace_file: Path, tmp_path: Path) -> None:
+    good = trace_file.read_text().splitlines()
+    bad_span = json.loads(good[1])
+    spans = bad_span["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["traceId"] = "not-hex"
+    spans[1]["startTimeUnixNano"] = "soon"
+    lines = [good[0], json.dumps(bad_span), "{truncated", '"a string"', "", *good[2:]]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert (summary.rejected_lines, summary.rejected_spans) == (2, 2)
+    assert summary.spans_read == len(_official_spans(trace_file)) - 2
+    kept = [json.loads(line) for q in summary.quarantine for line in q.read_text().splitlines()]
+    by_line = {k["line"]: k for k in kept}
+    assert set(by_line) == {2, 3, 4}
+    assert all(k["source"] == str(path) for k in kept)
+    assert any("traceId" in k["reason"] and '"not-hex"' in k["record"] for k in kept if k["line"] == 2)
+    assert any("startTimeUnixNano" in k["reason"] for k in kept if k["line"] == 2)
+    assert "not JSON" in by_line[3]["reason"] and by_line[3]["record"] == "{truncated"
+    assert "not a TracesData" in by_line[4]["reason"]
+    assert "Skipped 2 lines and 2 spans" in summary.paragraph()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "infertrace.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+    done.stderr = " ".join(done.stderr.split())  # rich wraps lines to the terminal width
+    return done
+
+
+def test_cli_ingest_exit_codes_strict_and_missing_paths(trace_file: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nonsense\n" + trace_file.read_text().splitlines()[0] + "\n")
+    store = str(tmp_path / "store")
+    lenient = _cli("ingest", "--store", store, "--no-progress", str(bad))
+    assert lenient.returncode == 0, lenient.stderr
+    assert "Skipped 1 lines" in lenient.stderr
+    strict = _cli("ingest", "--store", store, "--no-progress", "--strict", str(bad))
+    assert strict.returncode == 1
+    missing = _cli("ingest", "--store", store, "--no-progress", str(tmp_path / "absent.jsonl"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    clean = _cli("ingest", "--store", store, "--no-progress", "--strict", str(trace_file))
+    assert clean.returncode == 0, clean.stderr
+
+
+def test_segments_are_valid_parquet_partitioned_by_date_and_service(trace_file: Path, tmp_path: Path) -> None:
+    ingest_paths(tmp_path / "store", [trace_file])
+    segments = list_segments(tmp_path / "store")
+    assert segments
+    for segment in segments:
+        assert segment.parent.name == "service=llm-engine"
+        assert segment.parent.parent.name.startswith("date=20")
+        table = pq.read_table(segment)
+        assert set(table["res.service.name"].to_pylist()) == {"llm-engine"}
+    assert not list((tmp_path / "store").rglob("*.tmp"))
+
+
+# ------------------------------------------------------------------------------ vLLM and components
+def _readable(name: str, attributes: dict[str, Any], resource: dict[str, Any], start: int, end: int,
+              trace_id: int, span_id: int, parent: int | None = None) -> ReadableSpan:
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    return ReadableSpan(
+        name=name, context=SpanContext(trace_id, span_id, False, flags),
+        parent=SpanContext(trace_id, parent, False, flags) if parent else None,
+        resource=Resource(resource), attributes=attributes, kind=SpanKind.SERVER, start_time=start, end_time=end)
+
+
+def _write_sdk_spans(path: Path, spans: list[ReadableSpan]) -> None:
+    """Encodes spans with the SDK's own OTLP encoder and writes them as one OTLP JSON line."""
+    path.write_text(message_to_otlp_json(encode_spans(spans)) + "\n")
+
+
+def test_vllm_llm_request_spans_become_requests_rows(tmp_path: Path) -> None:
+    t0 = 1_767_225_600_000_000_000
+    vllm = {"gen_ai.request.id": "cmpl-abc", "gen_ai.response.model": "meta-llama/Llama-3.1-8B-Instruct",
+            "gen_ai.usage.prompt_tokens": 812, "gen_ai.usage.completion_tokens": 64, "gen_ai.request.max_tokens": 128,
+            "gen_ai.request.temperature": 0.7, "gen_ai.request.top_p": 0.9, "gen_ai.request.n": 1,
+            "gen_ai.latency.time_in_queue": 0.012, "gen_ai.latency.time_to_first_token": 0.085,
+            "gen_ai.latency.e2e": 1.25, "gen_ai.latency.time_in_model_prefill": 0.073,
+            "gen_ai.latency.time_in_model_decode": 1.165}
+    span = _readable("llm_request", vllm, {"service.name": "vllm"}, t0, t0 + 1_250_000_000, 0xABC, 0x123)
+    _write_sdk_spans(tmp_path / "vllm.jsonl", [span])
+    ingest_paths(tmp_path / "store", [tmp_path / "vllm.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        rows = store.sql("SELECT * FROM requests").to_arrow_table().to_pylist()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["request_id"] == "cmpl-abc" and row["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert (row["input_tokens"], row["output_tokens"], row["max_tokens"]) == (812, 64, 128)
+    assert row["timing_source"] == "gen_ai.latency"
+    assert row["queue_ns"] == 12_000_000 and row["ttft_ns"] == 85_000_000
+    assert row["prefill_ns"] == 73_000_000 and row["e2e_ns"] == 1_250_000_000
+    assert row["decode_ns"] == 1_250_000_000 - 85_000_000
+    assert row["outcome"] == "ok"
+
+
+def test_component_spans_become_component_calls_with_model_from_the_gateway(tmp_path: Path) -> None:
+    t0 = 1_767_225_600_000_000_000
+    trace = 0x5B8EFFF798038103D269B633813FC60C
+
+    def resource(kind: str, instance: str) -> dict[str, Any]:
+        return {sc.SERVICE_NAME: kind, sc.SERVICE_INSTANCE_ID: instance, sc.COMPONENT_KIND: kind}
+
+    common = {sc.REQUEST_ID: "req-1", sc.TENANT_ID: "acme"}
+    spans = [
+        _readable("gateway", {**common, sc.REQUEST_MODEL: "llama-3-8b", sc.HTTP_STATUS_CODE: 429},
+                  resource("gateway", "gw-0"), t0, t0 + 5_000_000, trace, 1),
+        _readable("auth", {**common, sc.COMPONENT_OUTCOME: "ok", sc.HTTP_STATUS_CODE: 200},
+                  resource("auth", "auth-0"), t0 + 100, t0 + 700_100, trace, 2, 1),
+        _readable("rate_limit", {**common, sc.COMPONENT_OUTCOME: "rejected", sc.HTTP_STATUS_CODE: 429},
+                  resource("rate_limiter", "rl-1"), t0 + 800_000, t0 + 1_000_000, trace, 3, 1),
+        _readable("route", {**common, sc.COMPONENT_OUTCOME: "ok", sc.ROUTE_TARGET: "engine-3"},
+                  resource("router", "router-0"), t0 + 1_000_000, t0 + 1_500_000, trace, 4, 1),
+    ]
+    _write_sdk_spans(tmp_path / "fleet.jsonl", spans)
+    ingest_paths(tmp_path / "store", [tmp_path / "fleet.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        rows = {r["component"]: r for r in store.sql("SELECT * FROM component_calls").to_arrow_table().to_pylist()}
+    assert set(rows) == {"gateway", "auth", "rate_limit", "route"}
+    assert rows["auth"]["latency_ns"] == 700_000 and rows["auth"]["instance"] == "auth-0"
+    assert rows["rate_limit"]["outcome"] == "rejected" and rows["rate_limit"]["http_status"] == 429
+    assert rows["rate_limit"]["component_kind"] == "rate_limiter"
+    assert rows["route"]["route_target"] == "engine-3"
+    assert rows["gateway"]["outcome"] == "rejected"  # no outcome attribute: derived from HTTP 429
+    assert {r["model"] for r in rows.values()} == {"llama-3-8b"}
+    assert {r["tenant"] for r in rows.values()} == {"acme"}
+    assert {r["request_id"] for r in rows.values()} == {"req-1"}
+
+
+def test_an_empty_store_has_every_relation_with_no_rows(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    with Store.open(tmp_path / "store") as store:
+        for name in ("spans", "requests", "steps", "step_membership", "tokens", "component_calls"):
+            assert store.sql(f"SELECT count(*) FROM {name}").fetchall() == [(0,)]
+    with pytest.raises(FileNotFoundError):
+        Store.open(tmp_path / "absent")
+
+
+def test_simulate_summary_matches_the_requests_relation(tmp_path: Path) -> None:
+    config = EngineConfig()
+    requests = synthetic_requests(SyntheticWorkload(rate=3.0), 10.0, seed=5, model=config.model)
+    out = tmp_path / "s.jsonl.gz"
+    simulate(config, requests, OtlpJsonLinesWriter(out), seed=5)
+    ingest_paths(tmp_path / "store", [out])
+    with Store.open(tmp_path / "store") as store:
+        got = store.sql("SELECT count(*), sum(output_tokens), sum(input_tokens) FROM requests").fetchall()[0]
+        tokens = store.sql("SELECT count(*) FROM tokens").fetchall()[0][0]
+    assert got == (len(requests), sum(r.output_tokens for r in requests), sum(r.prompt.num_tokens for r in requests))
+    assert tokens == got[1]
