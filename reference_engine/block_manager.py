@@ -6,7 +6,7 @@ on a prefix hit, evicted oldest-first when a fresh block is needed), or free and
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from reference_engine.sequence import Sequence
 
@@ -21,7 +21,7 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
-        self.empty_blocks: deque[int] = deque(range(num_blocks))
+        self.empty_blocks = list(range(num_blocks - 1, -1, -1))  # taken from the end
         self.cached_free: OrderedDict[int, int] = OrderedDict()  # hash -> block id, least recently used first
 
     @property
@@ -68,18 +68,24 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 del self.cached_free[self.block_hash[block]]
             self.ref_counts[block] += 1
-        seq.block_table = hits + [self._take_block() for _ in range(self.blocks_for(num_tokens) - len(hits))]
+        seq.block_table = hits + self._take_blocks(self.blocks_for(num_tokens) - len(hits))
+        seq.num_hashed_blocks = len(hits)
         return min(len(hits) * self.block_size, num_tokens - 1)
 
-    def _take_block(self) -> int:
-        if self.empty_blocks:
-            block = self.empty_blocks.popleft()
-        else:
+    def _take_blocks(self, count: int) -> list[int]:
+        """Empty blocks first; then evict the least recently used cached ones."""
+        empty = self.empty_blocks
+        taken = empty[len(empty) - count:] if count <= len(empty) else empty[:]
+        del empty[len(empty) - len(taken):]
+        while len(taken) < count:
             h, block = self.cached_free.popitem(last=False)
             del self.hash_to_block[h]
             self.block_hash[block] = None
-        self.ref_counts[block] = 1
-        return block
+            taken.append(block)
+        ref_counts = self.ref_counts
+        for block in taken:
+            ref_counts[block] = 1
+        return taken
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register the hashes of prompt blocks whose KV is now computed, so later prompts can hit them."""
@@ -87,11 +93,12 @@ class BlockManager:
             return
         hashes = seq.block_hashes or []
         full = min(seq.num_computed_tokens // self.block_size, len(hashes))
-        for i in range(full):
+        for i in range(seq.num_hashed_blocks, full):
             block, h = seq.block_table[i], hashes[i]
             if self.block_hash[block] is None and h not in self.hash_to_block:
                 self.block_hash[block] = h
                 self.hash_to_block[h] = block
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     # ------------------------------------------------------------------------------------------ decode
     def blocks_needed(self, seq: Sequence, steps: int) -> int:
@@ -99,8 +106,8 @@ class BlockManager:
         return max(0, self.blocks_for(seq.num_computed_tokens + steps) - len(seq.block_table))
 
     def append_blocks(self, seq: Sequence, count: int) -> None:
-        for _ in range(count):
-            seq.block_table.append(self._take_block())
+        if count > 0:
+            seq.block_table += self._take_blocks(count)
 
     def trim(self, seq: Sequence) -> None:
         """Release blocks reserved beyond the computed tokens (a run ended earlier than planned)."""
@@ -111,9 +118,17 @@ class BlockManager:
     # --------------------------------------------------------------------------------------- release
     def deallocate(self, seq: Sequence) -> None:
         # Release tail first, so that the LRU evicts a prompt's last blocks before its shared prefix.
+        ref_counts, block_hash = self.ref_counts, self.block_hash
         for block in reversed(seq.block_table):
-            self._release(block)
+            ref_counts[block] -= 1
+            if ref_counts[block] == 0:
+                h = block_hash[block]
+                if h is None:
+                    self.empty_blocks.append(block)
+                else:
+                    self.cached_free[h] = block
         seq.block_table = []
+        seq.num_hashed_blocks = 0
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1

@@ -23,23 +23,30 @@ class Prompt:
         return sum(length for _, length in self.segments)
 
     def block_hashes(self, block_size: int) -> list[int]:
-        """Chained hashes of the prompt's full blocks."""
+        """Chained hashes of the prompt's full blocks: each hashes the previous one's hash and the
+        (segment key, offset, length) pieces its tokens come from."""
         hashes: list[int] = []
         prev = 0
-        pieces: list[tuple[str, int, int]] = []  # (segment key, offset, length) of each piece of this block
+        pieces: tuple[tuple[str, int, int], ...] = ()  # of a block that straddles segments
         filled = 0
         for key, length in self.segments:
             offset = 0
-            while offset < length:
-                take = min(block_size - filled, length - offset)
-                pieces.append((key, offset, take))
+            if filled:  # finish the block the previous segment started
+                take = min(block_size - filled, length)
+                pieces += ((key, 0, take),)
                 filled += take
-                offset += take
-                if filled == block_size:
-                    prev = hash((prev, *pieces))
-                    hashes.append(prev)
-                    pieces.clear()
-                    filled = 0
+                offset = take
+                if filled < block_size:
+                    continue
+                prev = hash((prev, *pieces))
+                hashes.append(prev)
+                pieces, filled = (), 0
+            whole_end = offset + (length - offset) // block_size * block_size
+            for start in range(offset, whole_end, block_size):
+                prev = hash((prev, (key, start, block_size)))
+                hashes.append(prev)
+            if whole_end < length:
+                pieces, filled = ((key, whole_end, length - whole_end),), length - whole_end
         return hashes
 
     def token_ids(self, vocab_size: int) -> np.ndarray:

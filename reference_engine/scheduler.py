@@ -71,10 +71,13 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
             target = seq.num_tokens
-            if not cfg.chunked_prefill and target > cfg.max_num_batched_tokens:
+            max_len = seq.num_prompt_tokens + seq.request.max_tokens
+            if not cfg.chunked_prefill and max_len > cfg.max_num_batched_tokens:
+                # Without chunking, a prefill (or the recompute after a preemption) is one step: the
+                # longest context the request can reach must fit the budget (vLLM's max_model_len rule).
                 self._reject(seq, "prompt_too_long", batch)
                 continue
-            if bm.blocks_for(seq.num_prompt_tokens + seq.request.output_tokens) > bm.num_blocks:
+            if bm.blocks_for(max_len) > bm.num_blocks:
                 self._reject(seq, "kv_cache_too_small", batch)
                 continue
             if not bm.can_allocate(seq, target):
@@ -98,19 +101,22 @@ class Scheduler:
     def _schedule_decodes(self, batch: Batch, budget: int) -> int:
         """Give every decoding sequence one token (preempting when KV runs out); returns tokens used."""
         bm = self.block_manager
+        block_size = bm.block_size
         decoding = [s for s in self.running if not s.is_prefilling][:budget]
         scheduled: list[Sequence] = []
         for seq in decoding:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted below to make room for an earlier sequence
-            while bm.blocks_needed(seq, 1) > bm.num_free_blocks:
-                victim = self.running[-1]
-                self._preempt(victim, batch)
-                if victim is seq:
-                    break
-            if seq.status is SequenceStatus.RUNNING:
-                bm.append_blocks(seq, bm.blocks_needed(seq, 1))
-                scheduled.append(seq)
+            if seq.num_computed_tokens >= len(seq.block_table) * block_size:  # the next KV needs a new block
+                while bm.num_free_blocks == 0:
+                    victim = self.running[-1]
+                    self._preempt(victim, batch)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                bm.append_blocks(seq, 1)
+            scheduled.append(seq)
         batch.decodes = scheduled
         return len(scheduled)
 
@@ -136,6 +142,8 @@ class Scheduler:
         bm = self.block_manager
         limit = min(s.remaining_output for s in decodes)
         free = bm.num_free_blocks
+        if sum(bm.blocks_needed(s, limit) for s in decodes) <= free:
+            return limit
         lo, hi = 1, limit  # one step is always possible: its blocks were appended while scheduling
         while lo < hi:
             mid = (lo + hi + 1) // 2

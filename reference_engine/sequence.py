@@ -48,9 +48,24 @@ class Sequence:
     - a decode step computes the KV of the last token and samples one more.
     """
 
-    __slots__ = ("block_hashes", "block_table", "error", "finish_ns", "first_scheduled_ns", "first_token_ns",
-                 "last_token_ns", "num_cached_tokens", "num_computed_tokens", "num_output_tokens",
-                 "num_prefill_chunks", "preemptions", "prefill_target", "request", "status")
+    __slots__ = (
+        "block_hashes",
+        "block_table",
+        "error",
+        "finish_ns",
+        "first_scheduled_ns",
+        "first_token_ns",
+        "last_token_ns",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_hashed_blocks",
+        "num_output_tokens",
+        "num_prefill_chunks",
+        "preemptions",
+        "prefill_target",
+        "request",
+        "status",
+    )
 
     def __init__(self, request: Request) -> None:
         self.request = request
@@ -60,6 +75,7 @@ class Sequence:
         self.prefill_target = 0  # set when the sequence is admitted
         self.block_table: list[int] = []
         self.block_hashes: list[int] | None = None  # of the prompt's full blocks, computed once
+        self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until then
         self.first_scheduled_ns: int | None = None
         self.first_token_ns: int | None = None

@@ -41,7 +41,7 @@ class Summary:
 
 class SimulationStats:
     def __init__(self) -> None:
-        self._last_token: dict[str, int] = {}
+        self._last_token: dict[Sequence, int] = {}
         self._single_gaps: list[int] = []
         self._run_gaps: list[tuple[np.ndarray, int]] = []  # (gaps after a run's first step, members)
         self._ttft: list[int] = []
@@ -55,23 +55,24 @@ class SimulationStats:
         end = report.start_ns + int(durations.sum())
         first_end = report.start_ns + int(durations[0])
         last = self._last_token
+        gaps = self._single_gaps
         for seq in report.batch.decodes:
-            self._single_gaps.append(first_end - last[seq.request_id])
-            last[seq.request_id] = end
+            gaps.append(first_end - last[seq])
+            last[seq] = end
         if len(durations) > 1 and report.batch.decodes:
             self._run_gaps.append((durations[1:], len(report.batch.decodes)))
         for seq, _ in report.batch.prefills:
             if not seq.is_prefilling:
-                previous = last.get(seq.request_id)
+                previous = last.get(seq)
                 if previous is not None:  # recomputed after a preemption
-                    self._single_gaps.append(end - previous)
-                last[seq.request_id] = end
+                    gaps.append(end - previous)
+                last[seq] = end
         self.steps += len(durations)
         self.first_ns = report.start_ns if self.first_ns is None else self.first_ns
         self.last_ns = end
 
     def on_finish(self, seq: Sequence) -> None:
-        self._last_token.pop(seq.request_id, None)
+        self._last_token.pop(seq, None)
         self.requests += 1
         if seq.error is not None:
             self.rejected += 1

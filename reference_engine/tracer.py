@@ -110,7 +110,7 @@ class EngineTracer:
             sc.STEP_DURATIONS_NS: report.durations.tolist(),
             sc.STEP_PREFILL_TOKENS: sum(chunk_tokens),
             sc.STEP_DECODE_TOKENS: len(batch.decodes),
-            sc.STEP_DECODE_REQUEST_IDS: [s.request_id for s in batch.decodes],
+            sc.STEP_DECODE_REQUEST_IDS: [s.request.request_id for s in batch.decodes],
             sc.STEP_DECODE_CONTEXT_TOKENS: decode_ctx,
             sc.STEP_RUNNING: report.num_running,
             sc.STEP_WAITING: report.num_waiting,
