@@ -91,7 +91,7 @@ def _any_value(value: Any) -> str:
     if kind is str:
         return '{"stringValue":' + _json_string(value) + "}"
     if kind is int:
-        return '{"intValue":"%d"}' % value
+        return '{"intValue":"' + str(value) + '"}'
     if kind is bool:
         return '{"boolValue":true}' if value else '{"boolValue":false}'
     if kind is float:

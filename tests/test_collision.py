@@ -3,6 +3,7 @@ decode batch stalls every decoding sequence under prefill-first, and not under d
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from pathlib import Path
 
@@ -35,12 +36,12 @@ def run(tmp_path: Path, config: EngineConfig) -> tuple[dict[str, list[int]], lis
 
 
 def gaps(times: list[int]) -> list[int]:
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def gap_across(times: list[int], t: int) -> int:
     """The inter-token gap that contains time t."""
-    return next(b - a for a, b in zip(times, times[1:], strict=False) if a <= t < b)
+    return next(b - a for a, b in itertools.pairwise(times) if a <= t < b)
 
 
 def test_a_4096_token_prefill_stalls_all_64_decodes_for_the_whole_step_under_prefill_first(tmp_path: Path) -> None:
@@ -72,6 +73,6 @@ def test_decode_first_with_a_512_token_budget_keeps_every_itl_within_twice_the_m
     for i in range(64):
         times = tokens[f"victim-{i:02d}"]
         median = statistics.median(gaps(times))
-        during = [b - a for a, b in zip(times, times[1:], strict=False) if window[0] <= b <= window[1]]
+        during = [b - a for a, b in itertools.pairwise(times) if window[0] <= b <= window[1]]
         assert len(during) >= len(chunks), "every victim got a token in every chunk step"
         assert max(during) <= 2 * median, (i, max(during), median)
