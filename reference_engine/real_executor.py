@@ -19,7 +19,7 @@ from reference_engine.kv_cache import PagedKVCache
 from reference_engine.models import ModelSpec
 from reference_engine.scheduler import Batch
 from reference_engine.sequence import Sequence
-from reference_engine.transformer import StepInput, Transformer, sample
+from reference_engine.transformer import StepInput, Transformer, limit_cpu_threads, sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +40,14 @@ class MeasuredStep:
 class RealExecutor:
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, *, backend: str = "numpy",
                  dtype: str = "float32", device: str = "cpu", seed: int = 0, temperature: float = 0.0,
-                 model: Transformer | None = None, record_steps: bool = False, keep_logits: bool = False) -> None:
-        """`model`: share one already-built transformer (its spec, backend and dtype win). `record_steps`: keep a
+                 model: Transformer | None = None, record_steps: bool = False, keep_logits: bool = False,
+                 threads: int = 0) -> None:
+        """`model`: share one already-built transformer (its spec, backend and dtype win). `threads`: cap the
+        process's CPU threads for BLAS and torch (0: leave them as they are). `record_steps`: keep a
         `MeasuredStep` per step in `measured` (for calibration). `keep_logits`: keep every sampled position's
         logits per request id in `logits` (for tests)."""
+        if threads:
+            limit_cpu_threads(threads)
         self.model = model or Transformer(spec, seed, backend, dtype, device)
         s = self.model.spec
         self.kv = PagedKVCache(self.model.ops, s.num_layers, num_blocks, block_size, s.num_kv_heads, s.head_dim)

@@ -115,6 +115,30 @@ class TorchOps:
             self.torch.cuda.synchronize(self.device)
 
 
+def limit_cpu_threads(threads: int) -> int:
+    """Cap the CPU threads of numpy's OpenBLAS (as numpy's wheels bundle it) and of torch, if loaded: on a busy
+    machine, multi-threaded BLAS stalls whole steps waiting for a descheduled thread. Returns the previous
+    OpenBLAS thread count, or 0 when numpy's BLAS was not found (then set OPENBLAS_NUM_THREADS before Python
+    starts)."""
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, got {threads}")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    previous = 0
+    for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "libscipy_openblas*")):
+        lib = ctypes.CDLL(path)
+        for suffix in ("64_", ""):
+            if hasattr(lib, f"scipy_openblas_set_num_threads{suffix}"):
+                previous = getattr(lib, f"scipy_openblas_get_num_threads{suffix}")()
+                getattr(lib, f"scipy_openblas_set_num_threads{suffix}")(threads)
+    return previous
+
+
 def make_ops(backend: str = "numpy", dtype: str = "float32", device: str = "cpu") -> NumpyOps | TorchOps:
     if backend == "numpy":
         if device != "cpu":

@@ -1,0 +1,132 @@
+"""On a CPU, a long prompt arriving into a running decode batch under prefill-first stalls every running sequence
+for its whole prefill: a measured ITL spike, read back from the exported spans. Decode-first with a small token
+budget interleaves the prompt's chunks with the decodes and shrinks the spike. Nothing here comes from the cost
+model: the step times are the real executor's wall-clock measurements.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from google.protobuf import json_format
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+from infertrace import semconv as sc
+from reference_engine.config import EngineConfig
+from reference_engine.engine import LLMEngine
+from reference_engine.models import model
+from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.prompt import Prompt
+from reference_engine.real_executor import RealExecutor
+from reference_engine.sequence import Request
+from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.transformer import Transformer, limit_cpu_threads
+
+SPEC = model("tiny")
+RUNNING = [f"chat-{i}" for i in range(6)]
+
+
+def _hex_ids_to_base64(span: dict) -> None:
+    """OTLP/JSON ids are hex; protobuf's JSON mapping reads bytes as base64 (and would misparse hex silently)."""
+    for key in ("traceId", "spanId", "parentSpanId"):
+        if span.get(key):
+            span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+
+
+def read_step_spans(path: Path) -> list[tuple[int, int, dict]]:
+    """(start ns, end ns, attributes) of every engine_step span, parsed with opentelemetry-proto."""
+    steps = []
+    for line in path.read_text().splitlines():
+        raw = json.loads(line)
+        for resource_spans in raw["resourceSpans"]:
+            for scope_spans in resource_spans["scopeSpans"]:
+                for span in scope_spans["spans"]:
+                    _hex_ids_to_base64(span)
+        data = json_format.ParseDict(raw, TracesData())
+        for resource_spans in data.resource_spans:
+            for span in (s for ss in resource_spans.scope_spans for s in ss.spans):
+                if span.name != sc.SPAN_STEP:
+                    continue
+                attributes = {kv.key: json_format.MessageToDict(kv.value, use_integers_for_enums=True)
+                              for kv in span.attributes}
+                steps.append((span.start_time_unix_nano, span.end_time_unix_nano, attributes))
+    return sorted(steps, key=lambda s: s[0])
+
+
+def _values(attribute: dict | None) -> list:
+    if attribute is None:
+        return []
+    return [next(iter(v.values())) for v in attribute["arrayValue"].get("values", [])]
+
+
+def token_times(steps: list[tuple[int, int, dict]]) -> dict[str, list[int]]:
+    """Per request, the time of each generated token: a decode member gets one token at the end of every step
+    of its span; a prefill that completes gets its first token at the span's end."""
+    times: dict[str, list[int]] = defaultdict(list)
+    for start, end, attributes in steps:
+        step_ends = start + np.cumsum([int(d) for d in _values(attributes[sc.STEP_DURATIONS_NS])])
+        assert step_ends[-1] == end
+        for rid in _values(attributes.get(sc.STEP_DECODE_REQUEST_IDS)):
+            times[rid].extend(int(t) for t in step_ends)
+        ids = _values(attributes.get(sc.STEP_PREFILL_REQUEST_IDS))
+        for rid, samples in zip(ids, _values(attributes.get(sc.STEP_PREFILL_SAMPLES_TOKEN)), strict=True):
+            if samples:
+                times[rid].append(end)
+    return times
+
+
+@dataclass(frozen=True)
+class Spike:
+    worst_itl_ms: float  # the largest gap between two tokens of a running sequence
+    typical_itl_ms: float  # their median gap
+    culprit_in_worst_gap: bool  # the long prompt prefilled in a step between those two tokens
+
+
+def measure_spike(tmp_path: Path, model_: Transformer, **config: object) -> Spike:
+    requests = [Request(rid, 0, Prompt(((rid, 24),)), 80, 80) for rid in RUNNING]
+    # Arrives once the six are decoding (the clock is measured time: 40 ms is a few decode steps).
+    requests.append(Request("long-prompt", 40_000_000, Prompt((("long", 896),)), 2, 2))
+    cfg = EngineConfig(model="tiny", hardware="CPU-host", num_kv_blocks=256, max_num_seqs=8, **config)  # type: ignore[arg-type]
+    path = tmp_path / f"{cfg.policy}.jsonl"
+    sink = OtlpJsonLinesWriter(path)
+    tracer = EngineTracer(sink, engine_resource(cfg, executor="real"))
+    executor = RealExecutor(SPEC, 256, cfg.block_size, model=model_)
+    LLMEngine(cfg, executor, observers=[tracer]).run(requests)
+    tracer.close()
+    sink.close()
+    steps = read_step_spans(path)
+    times = token_times(steps)
+    for rid in RUNNING:
+        assert len(times[rid]) == 80, "every token of a running sequence is derivable from the step spans"
+    gaps = {rid: np.diff(times[rid]) for rid in RUNNING}
+    worst_rid = max(RUNNING, key=lambda r: gaps[r].max())
+    i = int(gaps[worst_rid].argmax())
+    before, after = times[worst_rid][i], times[worst_rid][i + 1]
+    culprit = any("long-prompt" in _values(a.get(sc.STEP_PREFILL_REQUEST_IDS))
+                  for start, end, a in steps if start >= before and end <= after)
+    all_gaps = np.concatenate(list(gaps.values()))
+    return Spike(float(all_gaps.max() / 1e6), float(np.median(all_gaps) / 1e6), culprit)
+
+
+def test_a_long_prefill_under_prefill_first_is_a_measured_itl_spike_that_decode_first_shrinks(
+        tmp_path: Path) -> None:
+    previous = limit_cpu_threads(1)  # a second BLAS thread on a shared CPU adds stalls of its own
+    try:
+        model_ = Transformer(SPEC, seed=0)
+        prefill_first = measure_spike(tmp_path, model_, policy="prefill_first", max_num_batched_tokens=2048)
+        decode_first = measure_spike(tmp_path, model_, policy="decode_first", chunked_prefill=True,
+                                     max_num_batched_tokens=64)
+    finally:
+        if previous:
+            limit_cpu_threads(previous)
+    print(f"\nprefill_first: {prefill_first}\ndecode_first:  {decode_first}")
+    # The prefill of 896 tokens shares no step with the decodes: every running sequence waits for all of it.
+    assert prefill_first.culprit_in_worst_gap
+    assert prefill_first.worst_itl_ms > 5 * prefill_first.typical_itl_ms
+    # In chunks of ≤ 58 tokens beside the six decodes, the worst gap is a fraction of that.
+    assert decode_first.worst_itl_ms < 0.5 * prefill_first.worst_itl_ms
