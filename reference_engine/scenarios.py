@@ -1,0 +1,468 @@
+"""Incident scenarios: a fleet, a fault that acts through the simulated mechanism, and the ground truth,
+written apart from the traces.
+
+Families (what the fault does, and which analysis the scenario exercises):
+
+| family | fault (mechanism) | tasks |
+|---|---|---|
+| prefill_storm | a tenant sends long prompts to a prefill-first model: long prefills stall its decodes | itl |
+| router_degradation | a router adds latency to its route spans (and may answer 503) | rca (shared) |
+| rate_limiter_flapping | a limiter flaps to a fraction of its limit: 429s across its models | rca (shared) |
+| auth_slowdown | an auth instance answers slowly | rca (shared) |
+| global_queue_stall | the global queue releases nothing for a while, then drains | rca (shared) |
+| engine_regression | one model's engines run every step slower | rca (single model: negative control) |
+| preemption_storm | long generations exhaust a small KV cache: preemptions, recomputation | itl (negative control) |
+| host_pauses | one engine's host stops now and then (GC, swapping) | itl (negative control) |
+| cache_busting | a tenant puts fresh tokens before its system prompt: no prefix hits | cache |
+| prefill_microbatch_misconfig | a model prefills in micro-batches of 128 tokens instead of 1024 | roofline |
+| kv_transfer_congestion | the link between prefill and decode workers loses bandwidth | rca, ttft |
+| assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens | lift |
+
+Every scenario's ground truth also carries the ITL truth (stalled steps with victims and culprits,
+preemptions, host pauses) recorded by the simulator, whatever the family.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from reference_engine.engine import EngineObserver, LLMEngine
+from reference_engine.fleet import Fleet, FleetSummary
+from reference_engine.fleet_config import (
+    AuthSpec,
+    DisaggregationSpec,
+    FaultSpec,
+    FleetSpec,
+    GlobalQueueSpec,
+    LinkSpec,
+    ModelDeployment,
+    RateLimiterSpec,
+    RouterSpec,
+    TenantSpec,
+    fleet_to_toml,
+)
+from reference_engine.fleet_workload import fleet_requests
+from reference_engine.ground_truth import StallRecorder, itl_truth
+from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.sequence import Request
+from reference_engine.workload import DEFAULT_EPOCH_NS, SyntheticWorkload
+
+SCHEMA = "infertrace.ground_truth/1"
+TRACES_FILE = "traces.jsonl.gz"
+TRUTH_FILE = "ground_truth.json"
+FLEET_FILE = "fleet.toml"
+
+FAMILIES = ("prefill_storm", "router_degradation", "rate_limiter_flapping", "auth_slowdown", "global_queue_stall",
+            "engine_regression", "preemption_storm", "host_pauses", "cache_busting", "prefill_microbatch_misconfig",
+            "kv_transfer_congestion", "assistant_prefill_runaway")
+
+# (model, hardware, tensor parallel): what the bank draws its models from
+MODEL_CHOICES = (("llama-3-8b", "H100-SXM", 1), ("qwen-2.5-1.5b", "H100-SXM", 1), ("mixtral-8x7b", "H100-SXM", 2),
+                 ("llama-3-70b", "H100-SXM", 4))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    family: str
+    seed: int
+    duration_s: float
+    fleet: FleetSpec
+    tasks: tuple[str, ...]
+    negative_control: tuple[str, ...] = ()  # analyses for which the scenario is a negative control
+    root_cause: dict[str, Any] = field(default_factory=dict)
+    window_s: tuple[float, float] | None = None  # the fault's window from the start; None: the whole run
+    details: dict[str, Any] = field(default_factory=dict)  # family-specific truth
+
+    @property
+    def fault(self) -> FaultSpec | None:
+        return self.fleet.faults[0] if self.fleet.faults else None
+
+
+# ------------------------------------------------------------------------------------------ topology
+def _partition(rng: random.Random, items: list[str], parts: int) -> list[list[str]]:
+    shuffled = items[:]
+    rng.shuffle(shuffled)
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    for i, item in enumerate(shuffled):
+        groups[i % parts].append(item)
+    return [sorted(g, key=items.index) for g in groups if g]
+
+
+def random_fleet(rng: random.Random, name: str, num_models: int | None = None) -> FleetSpec:
+    """A random topology: 2–4 models of 1–2 replicas; auth, rate limiters and routers each shared by a
+    random partition of the models; sometimes a global queue; 3–4 tenants at moderate load."""
+    n = num_models or rng.randint(2, 4)
+    chosen = sorted(rng.sample(MODEL_CHOICES, n), key=MODEL_CHOICES.index)
+    models = []
+    for model, hw, tp in chosen:
+        engine: dict[str, Any] = {"tensor_parallel": tp} if tp > 1 else {}
+        if rng.random() < 0.5:
+            engine.update(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=rng.choice([512, 2048]))
+        models.append(ModelDeployment(model, rng.randint(1, 2), hw, "us-east-1", engine))
+    names = [m.name for m in models]
+    auth = tuple(AuthSpec(f"auth-{i}", tuple(g), latency_ms=round(rng.uniform(1, 4), 2))
+                 for i, g in enumerate(_partition(rng, names, rng.randint(1, min(2, n)))))
+    routers = tuple(RouterSpec(f"router-{i}", tuple(g), rng.choice(["round_robin", "least_loaded", "prefix_aware"]),
+                               latency_ms=round(rng.uniform(0.5, 2), 2))
+                    for i, g in enumerate(_partition(rng, names, rng.randint(1, min(3, n)))))
+    # tenants: every model gets traffic; about 1–2.5 requests/s per replica
+    num_tenants = rng.randint(3, 4)
+    tenant_names = [f"tenant-{chr(ord('a') + i)}" for i in range(num_tenants)]
+    reach: dict[str, set[str]] = {t: set() for t in tenant_names}
+    for m in names:
+        reach[rng.choice(tenant_names)].add(m)
+    for t in tenant_names:
+        reach[t] |= set(rng.sample(names, rng.randint(1, n)))
+    load = {m.name: m.replicas * rng.uniform(1.0, 2.5) for m in models}
+    senders = {m: [t for t in tenant_names if m in reach[t]] for m in names}
+    tenants = []
+    max_rate = 0.0
+    for t in tenant_names:
+        share = {m: load[m] / len(senders[m]) for m in names if m in reach[t]}
+        rate = sum(share.values())
+        max_rate = max(max_rate, rate)
+        workload = SyntheticWorkload(
+            rate=round(rate, 3), prompt_mean=float(rng.choice([512, 1024, 1536])),
+            output_mean=float(rng.choice([120, 200, 260])), max_tokens=1024, tenants=(t,),
+            system_prompts_per_tenant=2, system_prompt_tokens=rng.choice([512, 1024, 2048]),
+            system_prompt_fraction=round(rng.uniform(0.4, 0.8), 2), assistant_prefill_fraction=0.05)
+        tenants.append(TenantSpec(t, {m: round(w, 4) for m, w in share.items()}, "synthetic", workload))
+    limiters = tuple(RateLimiterSpec(f"ratelimit-{i}", tuple(g), latency_ms=round(rng.uniform(0.3, 1), 2),
+                                     requests_per_s=round(max_rate * 4, 2), burst=round(max_rate * 8, 2))
+                     for i, g in enumerate(_partition(rng, names, rng.randint(1, min(2, n)))))
+    queues: tuple[GlobalQueueSpec, ...] = ()
+    if rng.random() < 0.4:
+        served = tuple(sorted(rng.sample(names, rng.randint(1, n)), key=names.index))
+        queues = (GlobalQueueSpec("global-queue-0", served, max_inflight_per_engine=64),)
+    return FleetSpec(name, "us-east-1", tuple(models), tuple(tenants), auth, limiters, routers, queues)
+
+
+def _serving(fleet: FleetSpec, kind: str) -> list[Any]:
+    return list({"auth": fleet.auth, "rate_limiter": fleet.rate_limiters, "router": fleet.routers,
+                 "global_queue": fleet.global_queues}[kind])
+
+
+def _pick_shared(rng: random.Random, components: list[Any]) -> Any:
+    """Prefer a component serving several models (the interesting case); break ties at random."""
+    most = max(len(c.models) for c in components)
+    return rng.choice([c for c in components if len(c.models) == most])
+
+
+def _set_engine(fleet: FleetSpec, model: str, **options: Any) -> FleetSpec:
+    models = tuple(replace(m, engine={**m.engine, **options}) if m.name == model else m for m in fleet.models)
+    return replace(fleet, models=models)
+
+
+def _engines(fleet: FleetSpec, model: str) -> list[str]:
+    return [i for i, _ in fleet.engine_instances(model)]
+
+
+# ------------------------------------------------------------------------------------------ families
+def make_scenario(family: str, seed: int, name: str | None = None, duration_s: float = 600.0,
+                  fleet: FleetSpec | None = None) -> Scenario:
+    """One scenario of the family; the topology, onset, duration and magnitude are drawn from `seed`."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(FAMILIES)}")
+    rng = random.Random(f"{family}-{seed}")
+    name = name or f"{family}-{seed}"
+    base = fleet or random_fleet(rng, name)
+    onset = round(rng.uniform(0.3, 0.55) * duration_s, 1)
+    length = round(min(rng.uniform(0.15, 0.35) * duration_s, duration_s * 0.92 - onset), 1)
+    return _BUILDERS[family](rng, base, name, seed, duration_s, onset, length)
+
+
+def _scenario(family: str, name: str, seed: int, duration_s: float, fleet: FleetSpec, tasks: tuple[str, ...],
+              root_cause: dict[str, Any], fault: FaultSpec | None, negative: tuple[str, ...] = (),
+              details: dict[str, Any] | None = None) -> Scenario:
+    if fault is not None:
+        fleet = fleet.with_faults((fault,))
+    window = (fault.start_s, fault.start_s + fault.duration_s) if fault is not None else None
+    return Scenario(name, family, seed, duration_s, fleet, tasks, negative, root_cause, window, details or {})
+
+
+def _component_fault(kind: str, family: str, fault_kind: str, params: Callable[[random.Random], dict[str, Any]],
+                     root_kind: str) -> Callable[..., Scenario]:
+    def build(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float, onset: float,
+              length: float) -> Scenario:
+        if kind == "global_queue" and not fleet.global_queues:
+            models = fleet.model_names
+            fleet = replace(fleet, global_queues=(GlobalQueueSpec("global-queue-0", models, 64),))
+        component = _pick_shared(rng, _serving(fleet, kind))
+        fault = FaultSpec(fault_kind, component.id, onset, length, params(rng))
+        root = {"kind": root_kind, "instances": [component.id], "models": list(component.models),
+                "shared": True}
+        return _scenario(family, name, seed, duration_s, fleet, ("rca",), root, fault)
+    return build
+
+
+def _router_params(rng: random.Random) -> dict[str, Any]:
+    return {"extra_ms": round(rng.uniform(150, 1500), 1),
+            "error_rate": round(rng.uniform(0.02, 0.1), 3) if rng.random() < 0.3 else 0.0}
+
+
+def _flapping_params(rng: random.Random) -> dict[str, Any]:
+    return {"period_s": round(rng.uniform(10, 60), 1), "duty": 0.5,
+            "limit_fraction": round(rng.uniform(0.02, 0.1), 3)}
+
+
+def _engine_regression(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                       onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    fault = FaultSpec("engine_slowdown", model, onset, length, {"factor": round(rng.uniform(1.6, 4.0), 2)})
+    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    return _scenario("engine_regression", name, seed, duration_s, fleet, ("rca",), root, fault, ("rca",))
+
+
+def _prefill_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                   onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    fleet = _set_engine(fleet, model, policy="prefill_first", chunked_prefill=False, max_num_batched_tokens=16384)
+    tenant = rng.choice([t.name for t in fleet.tenants])
+    fault = FaultSpec("request_surge", model, onset, length, {
+        "tenant": tenant, "rate": round(rng.uniform(0.3, 0.8), 2),
+        "prompt_mean": float(rng.choice([6000, 8000, 12000])), "output_mean": 100.0, "max_tokens": 1024.0})
+    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False,
+            "tenant": tenant}
+    return _scenario("prefill_storm", name, seed, duration_s, fleet, ("itl",), root, fault)
+
+
+def _stall_free(fleet: FleetSpec, model: str) -> FleetSpec:
+    """Chunks small enough that prefills never stall decodes: the engine's spikes come from elsewhere."""
+    return _set_engine(fleet, model, policy="decode_first", chunked_prefill=True, max_num_batched_tokens=256,
+                       max_num_seqs=128)
+
+
+def _preemption_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                      onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    fleet = _set_engine(_stall_free(fleet, model), model, num_kv_blocks=rng.randint(1400, 2200))
+    tenant = rng.choice([t.name for t in fleet.tenants])
+    fault = FaultSpec("request_surge", model, onset, length, {
+        "tenant": tenant, "rate": round(rng.uniform(0.5, 1.0), 2), "prompt_mean": 1024.0, "prompt_sigma": 0.3,
+        "output_mean": float(rng.choice([1200, 1600])), "output_sigma": 0.2, "max_tokens": 2048.0})
+    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False,
+            "tenant": tenant}
+    return _scenario("preemption_storm", name, seed, duration_s, fleet, ("itl",), root, fault, ("itl",))
+
+
+def _host_pauses(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                 onset: float, length: float) -> Scenario:
+    # A pause while the engine is idle hurts nobody: take the model whose engines are busiest (the largest).
+    order = [c[0] for c in MODEL_CHOICES]
+    model = max(fleet.model_names, key=lambda m: order.index(m) if m in order else -1)
+    fleet = _stall_free(fleet, model)
+    instance = rng.choice(_engines(fleet, model))
+    fault = FaultSpec("host_pauses", instance, onset, length, {
+        "pause_ms": round(rng.uniform(80, 500), 1), "every_s": round(rng.uniform(2, 6), 1)})
+    root = {"kind": "engine", "instances": [instance], "models": [model], "shared": False}
+    return _scenario("host_pauses", name, seed, duration_s, fleet, ("itl",), root, fault, ("itl",))
+
+
+def _cache_busting(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                   onset: float, length: float) -> Scenario:
+    tenant = rng.choice(fleet.tenants)
+    fault = FaultSpec("cache_busting", tenant.name, onset, length)
+    root = {"kind": "tenant", "tenant": tenant.name, "models": sorted(tenant.models), "shared": False}
+    prompts = range(tenant.synthetic.system_prompts_per_tenant)
+    details = {"system_prompt_ids": [f"sys-{tenant.name}-{i}" for i in prompts]}
+    return _scenario("cache_busting", name, seed, duration_s, fleet, ("cache",), root, fault, details=details)
+
+
+def _microbatch(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    fleet = _set_engine(fleet, model, prefill_microbatch=128)
+    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    details = {"prefill_microbatch_tokens": 128, "recommended_microbatch_tokens": 1024}
+    return _scenario("prefill_microbatch_misconfig", name, seed, duration_s, fleet, ("roofline",), root, None,
+                     details=details)
+
+
+def _kv_congestion(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                   onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    link = LinkSpec("link-dc1-dc2", bandwidth_gb_s=float(rng.choice([12.5, 25.0, 50.0])),
+                    latency_ms=round(rng.uniform(0.5, 5), 2))
+    d = DisaggregationSpec(1, rng.randint(1, 2), link.id, rng.choice(["H100-SXM", "H200"]), "dc2", {})
+    models = tuple(replace(m, disaggregation=d) if m.name == model else m for m in fleet.models)
+    fleet = replace(fleet, models=models, links=(link,))
+    fault = FaultSpec("link_congestion", link.id, onset, length,
+                      {"bandwidth_fraction": round(rng.uniform(0.02, 0.1), 3)})
+    root = {"kind": "link", "instances": [link.id], "models": [model], "shared": False}
+    return _scenario("kv_transfer_congestion", name, seed, duration_s, fleet, ("rca", "ttft"), root, fault)
+
+
+def _runaway(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+             onset: float, length: float) -> Scenario:
+    model = rng.choice(fleet.model_names)
+    fraction = round(rng.uniform(0.06, 0.15), 3)
+    tenants = tuple(replace(t, synthetic=replace(t.synthetic, assistant_prefill_fraction=fraction, max_tokens=2048))
+                    for t in fleet.tenants)
+    fleet = replace(fleet, tenants=tenants)
+    fault = FaultSpec("assistant_prefill_runaway", model, onset, length,
+                      {"probability": round(rng.uniform(0.6, 0.95), 2)})
+    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    details = {"attribute": "infertrace.request.assistant_prefill_tokens", "condition": "> 0",
+               "effect": "output_tokens == max_tokens (finish reason length)"}
+    return _scenario("assistant_prefill_runaway", name, seed, duration_s, fleet, ("lift",), root, fault,
+                     details=details)
+
+
+_BUILDERS: dict[str, Callable[..., Scenario]] = {
+    "prefill_storm": _prefill_storm,
+    "router_degradation": _component_fault("router", "router_degradation", "router_latency", _router_params,
+                                           "router"),
+    "rate_limiter_flapping": _component_fault("rate_limiter", "rate_limiter_flapping", "rate_limiter_flapping",
+                                              _flapping_params, "rate_limiter"),
+    "auth_slowdown": _component_fault("auth", "auth_slowdown", "auth_latency",
+                                      lambda rng: {"extra_ms": round(rng.uniform(150, 1500), 1)}, "auth"),
+    "global_queue_stall": _component_fault("global_queue", "global_queue_stall", "global_queue_stall",
+                                           lambda rng: {}, "scheduler"),
+    "engine_regression": _engine_regression,
+    "preemption_storm": _preemption_storm,
+    "host_pauses": _host_pauses,
+    "cache_busting": _cache_busting,
+    "prefill_microbatch_misconfig": _microbatch,
+    "kv_transfer_congestion": _kv_congestion,
+    "assistant_prefill_runaway": _runaway,
+}
+
+
+# ------------------------------------------------------------------------------------------- running
+def _topology(fleet: FleetSpec) -> dict[str, Any]:
+    def owner(group: tuple[Any, ...], model: str) -> str | None:
+        return next((c.id for c in group if model in c.models), None)
+
+    return {m: {"engines": _engines(fleet, m), "auth": owner(fleet.auth, m),
+                "rate_limiter": owner(fleet.rate_limiters, m), "router": owner(fleet.routers, m),
+                "global_queue": owner(fleet.global_queues, m),
+                "link": fleet.deployment(m).disaggregation.link if fleet.deployment(m).disaggregation else None}
+            for m in fleet.model_names}
+
+
+def _affected(scenario: Scenario, requests: list[Request], epoch_ns: int) -> dict[str, list[str]]:
+    """Models and tenants with traffic through the faulty component (or model, or tenant) in the window."""
+    start, end = ((epoch_ns + round(scenario.window_s[0] * 1e9), epoch_ns + round(scenario.window_s[1] * 1e9))
+                  if scenario.window_s else (epoch_ns, 1 << 62))
+    root = scenario.root_cause
+    models = set(root.get("models", []))
+    hit = [r for r in requests if start <= r.arrival_ns < end and r.model in models
+           and (root.get("kind") != "tenant" or r.tenant == root["tenant"])]
+    if scenario.family == "assistant_prefill_runaway":
+        hit = [r for r in hit if r.assistant_prefill_tokens]
+    return {"models": sorted({r.model for r in hit}), "tenants": sorted({r.tenant for r in hit})}
+
+
+def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
+                 on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    requests = fleet_requests(scenario.fleet, scenario.duration_s, scenario.seed, epoch_ns)
+    affected = _affected(scenario, requests, epoch_ns)
+    runaway = sorted(r.request_id for r in requests if r.assistant_prefill_tokens and r.output_tokens == r.max_tokens
+                     and scenario.family == "assistant_prefill_runaway")
+    recorders: list[StallRecorder] = []
+
+    def observe(instance: str, engine: LLMEngine) -> list[EngineObserver]:
+        recorders.append(StallRecorder(instance, engine))
+        return [recorders[-1]]
+
+    writer = OtlpJsonLinesWriter(out / TRACES_FILE)
+    try:
+        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe).run(
+            requests, on_progress)
+    finally:
+        writer.close()
+    (out / FLEET_FILE).write_text(fleet_to_toml(scenario.fleet), encoding="utf-8")
+    fault = scenario.fault
+    window = None
+    if scenario.window_s is not None:
+        window = {"start_ns": epoch_ns + round(scenario.window_s[0] * 1e9),
+                  "end_ns": epoch_ns + round(scenario.window_s[1] * 1e9)}
+    details = dict(scenario.details)
+    if runaway:
+        details["runaway_requests"] = runaway
+    truth = {
+        "schema": SCHEMA,
+        "scenario": scenario.name,
+        "family": scenario.family,
+        "seed": scenario.seed,
+        "traces": TRACES_FILE,
+        "fleet": FLEET_FILE,
+        "start_ns": epoch_ns,
+        "end_ns": summary.end_ns,
+        "duration_s": scenario.duration_s,
+        "tasks": list(scenario.tasks),
+        "negative_control": list(scenario.negative_control),
+        "fault": None if fault is None else {"kind": fault.kind, "target": fault.target, "params": fault.params},
+        "window": window,
+        "root_cause": scenario.root_cause,
+        "affected": affected,
+        "details": details,
+        "topology": _topology(scenario.fleet),
+        "summary": {"requests": summary.requests, "statuses": {str(k): v for k, v in sorted(summary.statuses.items())},
+                    "spans": summary.spans},
+        "itl": itl_truth(recorders),
+    }
+    # Indented for reading, except the (long) ITL section: one compact line.
+    text = json.dumps({**truth, "itl": "@itl"}, indent=1).replace('"@itl"', json.dumps(truth["itl"],
+                                                                                     separators=(",", ":")))
+    (out / TRUTH_FILE).write_text(text + "\n", encoding="utf-8")
+    return truth
+
+
+def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, ...] = FAMILIES) -> list[Scenario]:
+    """`count` scenarios cycling through the families (in an order drawn from `seed`), each with its own
+    random topology, onset, duration and magnitude."""
+    rng = random.Random(seed)
+    order = list(families)
+    rng.shuffle(order)
+    scenarios = []
+    for k in range(count):
+        family = order[k % len(order)]
+        scenario_seed = rng.randrange(1 << 30)
+        scenarios.append(make_scenario(family, scenario_seed, f"{k:03d}-{family}", duration_s))
+    return scenarios
+
+
+def _run_into(job: tuple[Scenario, Path]) -> dict[str, Any]:
+    scenario, out = job
+    truth = run_scenario(scenario, out / scenario.name)
+    return {k: truth[k] for k in ("scenario", "family", "tasks", "negative_control")}
+
+
+def generate(scenarios: list[Scenario], out_dir: str | Path, jobs: int = 1,
+             on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run every scenario into its own sub-directory of `out_dir` (in `jobs` processes); write index.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = [(s, out) for s in scenarios]
+    truths = []
+    if jobs == 1:
+        for job in work:
+            truths.append(_run_into(job))
+            if on_done is not None:
+                on_done()
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            for truth in pool.imap(_run_into, work):
+                truths.append(truth)
+                if on_done is not None:
+                    on_done()
+    write_index(out, truths)
+    return truths
+
+
+def write_index(out_dir: str | Path, truths: list[dict[str, Any]]) -> None:
+    index = [{"scenario": t["scenario"], "family": t["family"], "tasks": t["tasks"],
+              "negative_control": t["negative_control"], "path": t["scenario"]} for t in truths]
+    (Path(out_dir) / "index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
