@@ -472,3 +472,64 @@ def load_fleet(path: str | Path) -> FleetSpec:
         return parse_fleet(raw, path.parent)
     except FleetFileError as e:
         raise FleetFileError(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------- writing
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{text}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
+
+
+def _table(name: str, values: dict[str, Any]) -> list[str]:
+    return [f"[[{name}]]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items()), ""]
+
+
+def fleet_to_toml(spec: FleetSpec) -> str:
+    """The fleet file that `load_fleet` reads back as the same fleet (workload paths made absolute)."""
+    lines = [f"name = {_toml_value(spec.name)}", f"region = {_toml_value(spec.region)}", "",
+             "[gateway]", f"id = {_toml_value(spec.gateway_id)}", f"timeout_s = {spec.timeout_s!r}", ""]
+    for kind, group in (("auth", spec.auth), ("rate_limiter", spec.rate_limiters), ("router", spec.routers),
+                        ("global_queue", spec.global_queues), ("link", spec.links)):
+        for c in group:
+            values = {f.name: getattr(c, f.name) for f in fields(c)}
+            if "models" in values:
+                values["models"] = list(values["models"])
+            lines += _table(kind, values)
+    for m in spec.models:
+        values: dict[str, Any] = {"name": m.name, "replicas": m.replicas, "hardware": m.hardware, "region": m.region}
+        if m.engine:
+            values["engine"] = m.engine
+        if m.disaggregation is not None:
+            d = m.disaggregation
+            values["disaggregation"] = {"prefill_replicas": d.prefill_replicas, "decode_replicas": d.decode_replicas,
+                                        "link": d.link, "decode_hardware": d.decode_hardware,
+                                        "decode_region": d.decode_region, "decode_engine": d.decode_engine}
+        lines += _table("model", values)
+    defaults = SyntheticWorkload()
+    for t in spec.tenants:
+        values = {"name": t.name, "models": t.models, "workload": t.workload}
+        if t.path is not None:
+            values.update(path=str(t.path), speedup=t.speedup, offset_s=t.offset_s)
+        for name in sorted(SYNTHETIC_FIELDS):
+            value = getattr(t.synthetic, name)
+            if value != getattr(defaults, name):
+                values[name] = value
+        lines += _table("tenant", values)
+    for f in spec.faults:
+        lines += _table("fault", {"kind": f.kind, "target": f.target, "start_s": f.start_s,
+                                  "duration_s": f.duration_s, **f.params})
+    return "\n".join(lines)
