@@ -139,15 +139,21 @@ class Scheduler:
     def _max_decode_steps(self, decodes: list[Sequence]) -> int:
         """Steps the decode batch can repeat before its membership must change: a sequence finishes, or
         the free KV blocks run out (the step after that may preempt)."""
-        bm = self.block_manager
+        bs = self.block_manager.block_size
         limit = min(s.remaining_output for s in decodes)
-        free = bm.num_free_blocks
-        if sum(bm.blocks_needed(s, limit) for s in decodes) <= free:
+        free = self.block_manager.num_free_blocks
+        # Tokens each sequence can still write into the blocks it holds; then one block per block_size.
+        slack = [len(s.block_table) * bs - s.num_computed_tokens for s in decodes]
+
+        def blocks_for(steps: int) -> int:
+            return sum(-((x - steps) // bs) for x in slack if x < steps)
+
+        if blocks_for(limit) <= free:
             return limit
         lo, hi = 1, limit  # one step is always possible: its blocks were appended while scheduling
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if sum(bm.blocks_needed(s, mid) for s in decodes) <= free:
+            if blocks_for(mid) <= free:
                 lo = mid
             else:
                 hi = mid - 1
@@ -155,8 +161,11 @@ class Scheduler:
 
     def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int) -> None:
         bm = self.block_manager
+        bs = bm.block_size
         for seq in decodes:
-            bm.append_blocks(seq, bm.blocks_needed(seq, steps))
+            missing = seq.num_computed_tokens + steps - len(seq.block_table) * bs
+            if missing > 0:
+                bm.append_blocks(seq, -(-missing // bs))
 
     # ---------------------------------------------------------------------------------- postprocess
     def postprocess(self, batch: Batch, steps: int, end_ns: int) -> list[Sequence]:
