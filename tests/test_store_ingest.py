@@ -14,6 +14,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from google.protobuf import json_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.resources import Resource
@@ -302,3 +304,39 @@ def test_simulate_summary_matches_the_requests_relation(tmp_path: Path) -> None:
         tokens = store.sql("SELECT count(*) FROM tokens").fetchall()[0][0]
     assert got == (len(requests), sum(r.output_tokens for r in requests), sum(r.prompt.num_tokens for r in requests))
     assert tokens == got[1]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                  max_size=3),
+                     max_leaves=15)
+_junk_line = st.binary(max_size=60).map(lambda b: b.replace(b"\n", b" ").decode("latin-1")) | _json.map(json.dumps)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_lines_never_crash_the_ingester_and_every_span_is_stored_or_quarantined(
+        trace_file: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    good = trace_file.read_text().splitlines()[:3]
+    mutated = []
+    for line in good:
+        obj = json.loads(line)
+        span = obj["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        span[data.draw(st.sampled_from(["traceId", "spanId", "kind", "startTimeUnixNano", "attributes", "status",
+                                        "events", "name"]))] = data.draw(_json)
+        mutated.append(json.dumps(obj, allow_nan=True))
+    lines = data.draw(st.permutations([*mutated, *data.draw(st.lists(_junk_line, max_size=4))]))
+    root = tmp_path_factory.mktemp("fuzz")
+    path = root / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = ingest_paths(root / "store", [path])
+    kept = [json.loads(x) for q in summary.quarantine for x in q.read_text().splitlines()]
+    whole = {k["line"] for k in kept if k["reason"].startswith(("not JSON", "not a TracesData"))}
+    spans_per_line = {i + 1: len(json.loads(x)["resourceSpans"][0]["scopeSpans"][0]["spans"])
+                      for i, x in enumerate(lines) if x in mutated}
+    assert summary.spans_read + summary.rejected_spans == sum(
+        n for line, n in spans_per_line.items() if line not in whole)
+    assert summary.rejected_lines == len(whole) >= sum(1 for x in lines if x.strip() and x not in mutated)
+    with Store.open(root / "store") as store:
+        assert store.sql("SELECT count(*) FROM spans").fetchall() == [(summary.spans_new,)]
+        store.sql("SELECT count(*) FROM requests").fetchall()
