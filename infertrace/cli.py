@@ -31,8 +31,11 @@ def simulate(
     fleet: Annotated[Path | None, typer.Option(
         help="Fleet file (TOML, see docs/fleet.md): simulate models, gateway and tenants together; the "
              "single-engine and workload options are then not used")] = None,
-    model: Annotated[str, typer.Option(help="Model spec (see reference_engine.models)")] = "llama-3-8b",
-    hardware: Annotated[str, typer.Option(help="Hardware spec (see reference_engine.hardware)")] = "H100-SXM",
+    model: Annotated[str | None, typer.Option(
+        help="Model spec (see reference_engine.models) [default: llama-3-8b; tiny with --executor real]")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        help="Hardware spec (see reference_engine.hardware) [default: H100-SXM; CPU-host with --executor real "
+             "on the CPU]")] = None,
     tensor_parallel: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree")] = 1,
     policy: Annotated[str, typer.Option(help="prefill_first or decode_first")] = "prefill_first",
     max_num_batched_tokens: int = 16384,
@@ -59,21 +62,55 @@ def simulate(
     duration: Annotated[float, typer.Option(help="Seconds of arrivals to simulate")] = 60.0,
     seed: int = 0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    executor: Annotated[str, typer.Option(
+        help="sim: the roofline cost model on a virtual clock; real: a small transformer really prefills and "
+             "decodes, with wall-clock step times (docs/real_executor.md)")] = "sim",
+    backend: Annotated[str, typer.Option(help="Real executor: numpy, or torch (the torch extra)")] = "numpy",
+    device: Annotated[str, typer.Option(help="Real executor: cpu, or cuda with torch")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Real executor: float32, float64; bfloat16/float16 with torch")] = (
+        "float32"),
+    threads: Annotated[int, typer.Option(help="Real executor: cap BLAS/torch CPU threads (0: as they are)")] = 0,
+    temperature: Annotated[float, typer.Option(help="Real executor: sampling temperature (0: greedy)")] = 0.0,
+    num_kv_blocks: Annotated[int, typer.Option(
+        help="KV blocks (0: from device memory; the real executor allocates 2048 by default)")] = 0,
+    cost_params: Annotated[Path | None, typer.Option(
+        help="Simulated executor: cost parameters from `infertrace calibrate --out`")] = None,
 ) -> None:
-    """Run the reference engine on a simulated GPU clock and write its traces."""
+    """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces."""
     if fleet is not None:
         return _simulate_fleet(fleet, duration, seed, out, otlp_endpoint, progress)
+    import functools
+
     from reference_engine.config import EngineConfig
+    from reference_engine.cost_model import CostParams
     from reference_engine.simulate import WorkloadSpec, open_sink
     from reference_engine.simulate import simulate as run
     from reference_engine.workload import SyntheticWorkload
 
+    if executor not in ("sim", "real"):
+        raise fail(f"--executor must be sim or real, got {executor!r}")
+    real = executor == "real"
+    model = model or ("tiny" if real else "llama-3-8b")
+    if hardware is None:
+        hardware = "H100-SXM" if not real else "CPU-host" if device == "cpu" else _cuda_hardware_name()
     try:
+        cost = CostParams()
+        if cost_params is not None:
+            from reference_engine.calibration import load_cost_params
+
+            cost = load_cost_params(cost_params)
         config = EngineConfig(
             model=model, hardware=hardware, tensor_parallel=tensor_parallel, policy=policy,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             chunked_prefill=chunked_prefill or policy == "decode_first", enable_prefix_caching=prefix_caching,
-            prefill_microbatch=prefill_microbatch, offload_experts=offload_experts)
+            prefill_microbatch=prefill_microbatch, offload_experts=offload_experts,
+            num_kv_blocks=num_kv_blocks or (2048 if real else 0), cost=cost)
+        if real:
+            from reference_engine.real_executor import real_executor_for
+
+            run = functools.partial(run, executor=real_executor_for(
+                config, backend=backend, device=device, dtype=dtype, seed=seed, temperature=temperature,
+                threads=threads))
         synthetic = SyntheticWorkload(
             rate=rate, arrival=arrival, arrival_cv=arrival_cv, prompt_mean=prompt_mean, output_mean=output_mean,
             max_tokens=max_tokens, system_prompt_tokens=system_prompt_tokens,
@@ -81,11 +118,14 @@ def simulate(
         spec = WorkloadSpec(workload, workload_file, synthetic, speedup)
         requests = spec.requests(duration, seed, model)
         sink = open_sink(out, otlp_endpoint)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError, TypeError) as e:
         raise fail(str(e)) from None
     if not requests:
         raise fail("the workload produced no requests in that duration")
-    summary = _run_with_progress(run, config, requests, sink, seed, progress)
+    try:
+        summary = _run_with_progress(run, config, requests, sink, seed, progress)
+    except ValueError as e:  # e.g. unknown hardware, or a model that does not fit on it
+        raise fail(str(e)) from None
     err.print(summary.paragraph())
     if out is not None:
         err.print(f"Traces written to {out}")
@@ -127,6 +167,19 @@ def _simulate_fleet(path: Path, duration: float, seed: int, out: Path | None, ot
     err.print(summary.paragraph())
     if out is not None:
         err.print(f"{summary.spans} spans written to {out}")
+
+
+def _cuda_hardware_name() -> str:
+    """The hardware spec matching the CUDA device (e.g. H200 for "NVIDIA H200"), else the device's own name."""
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name()
+    except (ImportError, RuntimeError, AssertionError):
+        return "cuda"
+    from reference_engine.hardware import HARDWARE
+
+    return next((key for key in HARDWARE if key.split("-")[0] in name), name)
 
 
 def _run_with_progress(run, config, requests, sink, seed, progress):  # type: ignore[no-untyped-def]

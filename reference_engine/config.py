@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reference_engine import models
 from reference_engine.cost_model import CostParams
 
 POLICIES = ("prefill_first", "decode_first")
@@ -32,6 +33,7 @@ class EngineConfig:
     region: str = "local"
 
     def __post_init__(self) -> None:
+        models.model(self.model)  # raises ValueError naming an unknown model
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.policy == "decode_first" and not self.chunked_prefill:
