@@ -1,0 +1,146 @@
+"""The collector as a subprocess: killed with SIGKILL while a client sends, it loses no acknowledged span and
+stores none twice; readers keep querying while it writes."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import requests
+
+from infertrace.store.segments import list_segments
+from infertrace.store.store import Store
+
+T0 = 1_767_225_600_000_000_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(store: Path, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "infertrace.cli", "collect", "--store", str(store),
+                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on" in line, proc.stderr.read() if proc.stderr else line
+    return proc
+
+
+def _body(batch: int, spans: int) -> bytes:
+    """An export of `spans` llm_request spans with ids unique to `batch`."""
+    out = []
+    for i in range(spans):
+        start = T0 + (batch * spans + i) * 1_000_000
+        out.append({"traceId": f"{batch + 1:016x}{i + 1:016x}", "spanId": f"{batch + 1:08x}{i + 1:08x}",
+                    "name": "llm_request", "kind": 2, "startTimeUnixNano": str(start),
+                    "endTimeUnixNano": str(start + 5_000_000),
+                    "attributes": [{"key": "gen_ai.request.id", "value": {"stringValue": f"b{batch}-{i}"}},
+                                   {"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(100 + i)}}]})
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "llm-engine"}}]}, "scopeSpans": [{"spans": out}]}]}).encode()
+
+
+def test_sigkill_at_random_points_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path) -> None:
+    store, port = tmp_path / "store", _free_port()
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    proc = _start(store, port)
+    acknowledged: set[str] = set()
+    batches, spans_per_batch = 40, 200
+    done = threading.Event()
+
+    def client() -> None:
+        for b in range(batches):
+            body = _body(b, spans_per_batch)
+            while True:  # as an exporter does: retry the same body until it is acknowledged
+                try:
+                    r = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=10)
+                    if r.status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                time.sleep(0.02)
+            acknowledged.update(f"{b + 1:08x}{i + 1:08x}" for i in range(spans_per_batch))
+        done.set()
+
+    sender = threading.Thread(target=client, daemon=True)
+    sender.start()
+    rng = random.Random(7)
+    kills = 0
+    try:
+        while not done.is_set() and kills < 4:
+            time.sleep(rng.uniform(0.05, 0.6))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            kills += 1
+            proc = _start(store, port)
+        sender.join(120)
+        assert done.is_set(), "the client never got every batch acknowledged"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert kills >= 2
+    for segment in list_segments(store):
+        pq.read_table(segment)  # no corrupt segment
+    with Store.open(store) as s:
+        counts = dict(s.sql("SELECT span_id, count(*) FROM spans_raw GROUP BY span_id").fetchall())
+    assert acknowledged <= set(counts)
+    assert len(acknowledged) == batches * spans_per_batch
+    assert max(counts.values()) == 1
+
+
+def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> None:
+    store, port = tmp_path / "store", _free_port()
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    proc = _start(store, port)
+    batches, spans_per_batch = 30, 50
+    writing = threading.Event()
+    finished = threading.Event()
+    observed: list[int] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            with Store.open(store) as s:  # one long-lived connection, like a dashboard's
+                writing.wait(10)
+                while not finished.is_set():
+                    s.refresh()
+                    spans = s.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+                    rows = s.sql("SELECT count(*) FROM requests").fetchall()[0][0]
+                    assert spans == rows
+                    observed.append(spans)
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        writing.set()
+        for b in range(batches):
+            r = requests.post(url, data=_body(b, spans_per_batch), headers={"Content-Type": "application/json"},
+                              timeout=10)
+            assert r.status_code == 200
+            time.sleep(0.01)
+    finally:
+        finished.set()
+        thread.join(30)
+        proc.kill()
+        proc.wait(10)
+    assert not errors, errors
+    assert len(observed) >= 5
+    assert observed == sorted(observed)  # never goes back
+    assert all(n % spans_per_batch == 0 for n in observed)  # never a half-written segment
+    assert len(set(observed)) > 0
+    with Store.open(store) as s:
+        assert s.sql("SELECT count(*) FROM requests").fetchall() == [(batches * spans_per_batch,)]
