@@ -31,6 +31,9 @@ class StepReport:
     pause_ns: int = 0
 
 
+NO_STEPS = np.zeros(0, dtype=np.int64)
+
+
 class EngineObserver(Protocol):
     def on_step(self, report: StepReport) -> None: ...
 
@@ -76,19 +79,23 @@ class LLMEngine:
     def step(self, deadline_ns: int | None = None) -> list[Sequence]:
         """One step, or one run of identical decode-only steps; returns the sequences that ended."""
         batch = self.scheduler.schedule()
+        durations = self.executor.execute(batch, self.now_ns, deadline_ns) if not batch.is_empty else NO_STEPS
+        return self.postprocess(batch, durations)
+
+    def postprocess(self, batch: Batch, durations: np.ndarray) -> list[Sequence]:
+        """Advance the clock and the sequences, tell the observers; returns the sequences that ended."""
+        start = self.now_ns
         for seq in batch.rejected:
-            seq.finish_ns = self.now_ns
+            seq.finish_ns = start
         if batch.is_empty:
             if not batch.rejected and self.scheduler.has_work:
                 raise RuntimeError(f"scheduler made no progress: {list(self.scheduler.waiting)[:3]}")
             self._notify_finished(batch.rejected)
             return batch.rejected
-        start = self.now_ns
         for seq, _ in batch.prefills:
             if seq.first_scheduled_ns is None:
                 seq.first_scheduled_ns = start
         num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        durations = self.executor.execute(batch, start, deadline_ns)
         self.now_ns = start + int(durations.sum())
         finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
         if self.observers:
