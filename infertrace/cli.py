@@ -298,6 +298,52 @@ def scenarios_generate(
     err.print(f"{len(truths)} scenarios ({len(families)} families) written to {out}; index in {out / 'index.json'}")
 
 
+@app.command()
+def query(
+    name: Annotated[str | None, typer.Argument(help="Runbook query name (see --list)")] = None,
+    store: Annotated[Path | None, typer.Option(help="Store directory")] = None,
+    param: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json")] = "table",
+    list_: Annotated[bool, typer.Option("--list", help="List the runbook queries and exit")] = False,
+    show_sql: Annotated[bool, typer.Option("--sql", help="Print the query's SQL instead of running it")] = False,
+) -> None:
+    """Run a named runbook query (RUNBOOK.md) on a store; parameters are bound, never formatted into SQL."""
+    from infertrace.runbook import RunbookError, get_query, load_queries, run_query
+    from infertrace.runbook.runner import FORMATS, format_frame
+
+    if list_:
+        for q in load_queries().values():
+            params = " ".join(p.name if p.required else f"[{p.name}]" for p in q.parameters)
+            print(f"{q.name:34} {q.title}" + (f"  ({params})" if params else ""))
+        return
+    if name is None:
+        raise fail("give a query NAME, or --list to see them")
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    values: dict[str, str] = {}
+    for item in param or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"--param {item!r}: expected KEY=VALUE")
+        values[key.strip()] = value
+    try:
+        q = get_query(name)
+        if show_sql:
+            print(q.sql)
+            return
+        if store is None:
+            raise fail("--store DIR is required to run a query")
+        from infertrace.store.store import Store
+
+        with Store.open(store) as opened:
+            frame = run_query(opened, q, values)
+    except RunbookError as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"--store {store}: {e}") from None
+    print(format_frame(frame, fmt))
+
+
 def main() -> None:
     app()
 

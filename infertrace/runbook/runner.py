@@ -1,0 +1,80 @@
+"""Runs a runbook query on a store: values bound as DuckDB parameters, never formatted into the SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pandas as pd
+
+from infertrace.runbook.catalog import Query, RunbookError, get_query
+
+if TYPE_CHECKING:
+    from infertrace.store.store import Store
+
+
+def run_query(store: Store, query: str | Query, values: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """The query's rows. `values` maps parameter names to command-line text or Python values; missing
+    optional parameters take their defaults. Raises RunbookError for unknown names or bad values."""
+    q = get_query(query) if isinstance(query, str) else query
+    bound = q.bind(values or {})
+    try:
+        return store.sql(q.sql, params=bound).df()
+    except duckdb.Error as e:
+        raise RunbookError(f"query {q.name} failed: {e}") from e
+
+
+FORMATS = ("table", "markdown", "csv", "json")
+
+
+def _cell(value: Any) -> Any:
+    """A JSON-ready cell: timestamps as ISO 8601 (nanoseconds kept), missing values as None."""
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [_cell(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, str):  # numpy scalars and arrays
+        return _cell(value.tolist())
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): _cell(v) for k, v in record.items()} for record in frame.to_dict(orient="records")]
+
+
+def _text(value: Any) -> str:
+    cell = _cell(value)
+    if cell is None:
+        return ""
+    if isinstance(cell, list):
+        return ", ".join(map(str, cell))
+    return str(cell)
+
+
+def format_frame(frame: pd.DataFrame, fmt: str) -> str:
+    """The rows as `table` (aligned text), `markdown`, `csv` or `json` (a list of objects)."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(rows(frame), indent=1, default=str)
+    if fmt == "csv":
+        return frame.to_csv(index=False)
+    header = [str(c) for c in frame.columns]
+    body = [[_text(v) for v in record] for record in frame.itertuples(index=False, name=None)]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in body]
+        return "\n".join(lines)
+    if fmt == "table":
+        widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(header)]
+        numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
+
+        def render(cells: list[str]) -> str:
+            return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric,
+                                                                                     strict=True)).rstrip()
+
+        return "\n".join([render(header), render(["-" * w for w in widths]), *(render(line) for line in body)])
+    raise RunbookError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

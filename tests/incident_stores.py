@@ -1,0 +1,34 @@
+"""Real stores for the surface tests (report, runbook, dashboard, demo): an incident scenario simulated by
+the reference engine, written as OTLP JSON lines with its ground truth, and ingested with `ingest_paths`.
+Built once per test session and family (the scenarios take seconds)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infertrace.store.ingest import ingest_paths
+
+
+@dataclass(frozen=True)
+class IncidentStore:
+    store: Path
+    traces: Path
+    truth: dict[str, Any]
+
+
+@functools.cache
+def incident_store(family: str, seed: int = 1, duration_s: float = 120.0) -> IncidentStore:
+    from reference_engine.scenarios import make_scenario, run_scenario
+
+    root = Path(tempfile.mkdtemp(prefix=f"infertrace-{family}-"))
+    scenario = make_scenario(family, seed, duration_s=duration_s)
+    run_scenario(scenario, root / "scenario")
+    truth = json.loads((root / "scenario" / "ground_truth.json").read_text(encoding="utf-8"))
+    traces = root / "scenario" / truth["traces"]
+    ingest_paths(root / "store", [traces])
+    return IncidentStore(root / "store", traces, truth)
