@@ -1,0 +1,20 @@
+-- engine_requests: one row per engine request span, with what the engine itself did: its own time to the
+-- first token (engine queue + prefill, from the request's arrival at the engine) and its decode time per
+-- output token.
+--
+-- Answers: is an engine itself slow (a regression, a slower kernel), as opposed to the requests reaching it
+-- late? Root-cause ranking reads an engine's own anomaly from these rows, as it reads a router's from its
+-- route spans.
+-- Parameters: none.
+-- Columns: trace_id, instance, model, arrival_ns, engine_ttft_ns, tpot_ns (NULL with fewer than two output
+--   tokens), failed.
+SELECT
+    trace_id,
+    instance,
+    model,
+    arrival_ns,
+    ttft_ns AS engine_ttft_ns,
+    CASE WHEN output_tokens > 1 THEN decode_ns / (output_tokens - 1) END AS tpot_ns,
+    outcome = 'error' AS failed
+FROM requests
+WHERE instance IS NOT NULL
