@@ -16,7 +16,7 @@ class PagedKVCache:
                  num_kv_heads: int, head_dim: int) -> None:
         self.ops = ops
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)  # a slot's K (or V) is one contiguous row
         self.k = [ops.zeros(shape) for _ in range(num_layers)]
         self.v = [ops.zeros(shape) for _ in range(num_layers)]
 
@@ -27,11 +27,14 @@ class PagedKVCache:
         return blocks * self.block_size + positions % self.block_size
 
     def write(self, layer: int, slots: Array, k: Array, v: Array) -> None:
+        """k, v: [tokens, n_kv, d], one token per slot."""
         self.k[layer][slots] = k
         self.v[layer][slots] = v
 
     def read(self, layer: int, slots: Array) -> tuple[Array, Array]:
-        return self.k[layer][slots], self.v[layer][slots]
+        """K and V of the slots (any shape S), as views [n_kv, *S, d] of gathered rows."""
+        o = self.ops
+        return o.heads_first(o.take_rows(self.k[layer], slots)), o.heads_first(o.take_rows(self.v[layer], slots))
 
     @property
     def nbytes(self) -> int:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference_engine.config import EngineConfig
 from reference_engine.kv_cache import PagedKVCache
-from reference_engine.models import ModelSpec
+from reference_engine.models import ModelSpec, model
 from reference_engine.scheduler import Batch
 from reference_engine.sequence import Sequence
 from reference_engine.transformer import StepInput, Transformer, limit_cpu_threads, sample
@@ -152,3 +153,16 @@ class RealExecutor:
                 self._prompts.pop(seq.request_id, None)
         chunk_shape = tuple((len(c) - cached, cached) for cached, c in chunks)
         return chunk_shape, len(batch.decodes), int(decode_lengths.sum()), len(sampling)
+
+
+def real_executor_for(config: EngineConfig, *, backend: str = "numpy", device: str = "cpu", dtype: str = "float32",
+                      seed: int = 0, temperature: float = 0.0, threads: int = 0,
+                      record_steps: bool = False) -> RealExecutor:
+    """The real executor for an engine configuration: its model, and a KV pool of the engine's blocks."""
+    if not config.num_kv_blocks:
+        raise ValueError("the real executor allocates its KV pool up front: set num_kv_blocks")
+    if config.tensor_parallel != 1 or config.prefill_microbatch or config.offload_experts:
+        raise ValueError("the real executor runs one device, without prefill micro-batches or offloaded experts")
+    return RealExecutor(model(config.model), config.num_kv_blocks, config.block_size, backend=backend,
+                        dtype=dtype, device=device, seed=seed, temperature=temperature, threads=threads,
+                        record_steps=record_steps)

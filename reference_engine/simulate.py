@@ -8,6 +8,7 @@ from pathlib import Path
 
 from reference_engine.config import EngineConfig
 from reference_engine.engine import EngineObserver, LLMEngine
+from reference_engine.executor import Executor, SimulatedExecutor
 from reference_engine.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
 from reference_engine.sequence import Request
 from reference_engine.stats import SimulationStats, Summary
@@ -51,14 +52,16 @@ def open_sink(out: Path | None, otlp_endpoint: str | None) -> SpanSink | None:
 
 
 def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | None, seed: int = 0,
-             on_progress: Callable[[int, int], None] | None = None) -> Summary:
+             on_progress: Callable[[int, int], None] | None = None, executor: Executor | None = None) -> Summary:
+    """`executor`: e.g. a `RealExecutor` (wall-clock step times); by default the simulated one."""
     stats = SimulationStats()
     observers: list[EngineObserver] = [stats]
     tracer = None
     if sink is not None:
-        tracer = EngineTracer(sink, engine_resource(config), seed=seed)
+        kind = "simulated" if executor is None or isinstance(executor, SimulatedExecutor) else "real"
+        tracer = EngineTracer(sink, engine_resource(config, executor=kind), seed=seed)
         observers.append(tracer)
-    engine = LLMEngine(config, observers=observers)
+    engine = LLMEngine(config, executor, observers=observers)
     try:
         engine.run(requests, on_progress)
     finally:

@@ -50,6 +50,13 @@ class NumpyOps:
     def permute(self, x: Array, axes: tuple[int, ...]) -> Array:
         return np.ascontiguousarray(x.transpose(axes))  # numpy's matmul calls BLAS on contiguous operands only
 
+    def take_rows(self, x: Array, index: Array) -> Array:
+        return np.take(x, index, axis=0)  # several times faster than x[index] for a 2-D index
+
+    def heads_first(self, x: Array) -> Array:
+        """[..., heads, d] → a view [heads, ..., d]."""
+        return np.moveaxis(x, -2, 0)
+
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         return x * (1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)) * weight
 
@@ -97,6 +104,12 @@ class TorchOps:
 
     def permute(self, x: Array, axes: tuple[int, ...]) -> Array:
         return x.permute(axes)
+
+    def take_rows(self, x: Array, index: Array) -> Array:
+        return x[index]
+
+    def heads_first(self, x: Array) -> Array:
+        return x.movedim(-2, 0)
 
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         return x * self.torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
@@ -226,21 +239,20 @@ class Transformer:
         return (self.ops.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ layer.w_down
 
     def _attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-        """q [..., n, n_q, d] against k, v [..., ctx, n_kv, d] with an additive mask broadcast to
-        [..., n_kv, group, n, ctx]; returns [..., n, n_q·d]. The query heads of a KV head are stacked as rows
-        of one matrix product (no broadcasting inside the product: numpy's would leave BLAS)."""
+        """q [..., n, n_q, d] against k, v [n_kv, ..., ctx, d] with an additive mask that broadcasts to
+        [n_kv, ..., group, n, ctx]; returns [..., n, n_q·d]. The query heads sharing a KV head are stacked as
+        rows of one matrix product, and K is used transposed in place: numpy's matmul calls BLAS for such
+        operands, but loops slowly over broadcast or arbitrarily strided ones."""
         s, o = self.spec, self.ops
         group, kv_heads, d = s.num_heads // s.num_kv_heads, s.num_kv_heads, s.head_dim
-        lead, n, ctx = q.shape[:-3], q.shape[-3], k.shape[-3]
+        lead, n, ctx = q.shape[:-3], q.shape[-3], k.shape[-2]
         nd = len(lead)
         q = o.permute(q.reshape(*lead, n, kv_heads, group, d) * (1.0 / np.sqrt(d)),
-                      (*range(nd), nd + 1, nd + 2, nd, nd + 3))  # [..., n_kv, group, n, d]
-        kt = o.permute(k, (*range(nd), nd + 1, nd + 2, nd))  # [..., n_kv, d, ctx]
-        vt = o.permute(v, (*range(nd), nd + 1, nd, nd + 2))  # [..., n_kv, ctx, d]
-        scores = q.reshape(*lead, kv_heads, group * n, d) @ kt
-        scores.reshape(*lead, kv_heads, group, n, ctx)[...] += bias
-        out = (o.softmax_(scores) @ vt).reshape(*lead, kv_heads, group, n, d)
-        out = o.permute(out, (*range(nd), nd + 2, nd, nd + 1, nd + 3))  # [..., n, n_kv, group, d]
+                      (nd + 1, *range(nd), nd + 2, nd, nd + 3))  # [n_kv, ..., group, n, d]
+        scores = q.reshape(kv_heads, *lead, group * n, d) @ k.swapaxes(-1, -2)
+        scores.reshape(kv_heads, *lead, group, n, ctx)[...] += bias
+        out = (o.softmax_(scores) @ v).reshape(kv_heads, *lead, group, n, d)
+        out = o.permute(out, (*range(1, nd + 1), nd + 2, 0, nd + 1, nd + 3))  # [..., n, n_kv, group, d]
         return out.reshape(*lead, n, s.num_heads * d)
 
     def logits(self, hidden: Array) -> Array:
@@ -265,7 +277,7 @@ class Transformer:
         if num_decodes:
             padding = np.arange(step.decode_slots.shape[1])[None, :] >= step.decode_lengths[:, None]
             decode_slots = o.tensor(step.decode_slots)
-            decode_bias = o.tensor(np.where(padding, -np.inf, 0.0)[:, None, None, None, :])
+            decode_bias = o.tensor(np.where(padding, -np.inf, 0.0)[:, None, None, :])
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             kv.write(index, slots, k, v)
@@ -274,7 +286,7 @@ class Transformer:
                 ck, cv = kv.read(index, ctx_slots)
                 parts.append(self._attend(q[start:start + n], ck, cv, bias))
             if num_decodes:
-                dk, dv = kv.read(index, decode_slots)  # [B, L_max, n_kv, d]
+                dk, dv = kv.read(index, decode_slots)  # [n_kv, B, L_max, d]
                 parts.append(self._attend(q[row:, None], dk, dv, decode_bias).reshape(num_decodes, -1))
             x = x + o.cat(parts, 0) @ layer.wo
             x = x + self._mlp(layer, x)
@@ -289,6 +301,7 @@ class Transformer:
         bias = o.tensor(np.triu(np.full((n, n), -np.inf), 1))
         for layer in self.layers:
             q, k, v = self._qkv(layer, x, cos, sin)
+            k, v = o.heads_first(k), o.heads_first(v)
             x = x + self._attend(q, k, v, bias) @ layer.wo
             x = x + self._mlp(layer, x)
         return o.numpy(self.logits(x))
