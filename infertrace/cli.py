@@ -169,6 +169,74 @@ def _simulate_fleet(path: Path, duration: float, seed: int, out: Path | None, ot
         err.print(f"{summary.spans} spans written to {out}")
 
 
+@app.command()
+def calibrate(
+    csv: Annotated[Path | None, typer.Option(
+        help="Measured steps: phase,batch_size,prompt_tokens,context_tokens,measured_ms (docs/real_executor.md); "
+             "without it, the real executor is measured here")] = None,
+    model: Annotated[str, typer.Option(help="Model spec the times belong to")] = "tiny",
+    hardware: Annotated[str, typer.Option(help="Hardware spec the efficiencies are relative to")] = "CPU-host",
+    backend: Annotated[str, typer.Option(help="Real executor: numpy or torch")] = "numpy",
+    device: Annotated[str, typer.Option(help="Real executor: cpu or cuda")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Real executor: float32, float64, bfloat16, float16")] = "float32",
+    threads: Annotated[int, typer.Option(help="Real executor: cap BLAS/torch CPU threads (0: as they are)")] = 0,
+    requests: Annotated[int, typer.Option(help="Real executor: requests per policy and run")] = 48,
+    per_phase: Annotated[bool, typer.Option(help="Also fit prefill and decode steps separately")] = False,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="Write the fit as JSON (simulate --cost-params reads it)")] = None,
+    format: Annotated[str, typer.Option(help="table or json")] = "table",
+) -> None:
+    """Fit the simulated executor's cost model (efficiencies, per-step overhead) to measured step times, and
+    report the error per phase. Measuring the real executor fits one run and checks another (held out)."""
+    import dataclasses
+    import json
+
+    from reference_engine.calibration import calibrate as fit
+    from reference_engine.calibration import evaluate, measure_calibration_run, steps_from_csv
+    from reference_engine.hardware import hardware as hardware_spec
+    from reference_engine.models import model as model_spec
+
+    if format not in ("table", "json"):
+        raise fail(f"--format must be table or json, got {format!r}")
+    try:
+        spec, hw = model_spec(model), hardware_spec(hardware)
+        held_out = None
+        if csv is not None:
+            steps = steps_from_csv(csv)
+        else:
+            from reference_engine.real_executor import RealExecutor
+
+            executor = RealExecutor(spec, 2048, 16, backend=backend, device=device, dtype=dtype, seed=seed,
+                                    threads=threads)
+            err.print(f"measuring {model} on the real executor ({backend}, {device}, {dtype}): 2 runs × 2 "
+                      f"policies × {requests} requests")
+            steps = measure_calibration_run(executor, model, hardware, seed, requests)
+            held_out = measure_calibration_run(executor, model, hardware, seed + 1, requests)
+        result = fit(steps, spec, hw)
+        phases = [fit(steps, spec, hw, phase) for phase in ("prefill", "decode")] if per_phase else []
+    except (ValueError, OSError, ImportError) as e:
+        raise fail(str(e)) from None
+    report = json.loads(result.to_json())
+    if held_out is not None:
+        errors, median = evaluate(held_out, spec, hw, result.params)
+        report["held_out"] = {"median_error": median, "phases": [dataclasses.asdict(e) for e in errors]}
+    if phases:
+        report["per_phase"] = {p.phases[0].phase: json.loads(p.to_json()) for p in phases if p.phases}
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if format == "json":
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(result.table())
+    if held_out is not None:
+        typer.echo("  held-out run: " + ", ".join(
+            f"{e['phase']} median error {e['median_error']:.1%} ({e['steps']} steps)"
+            for e in report["held_out"]["phases"]) + f"; all {report['held_out']['median_error']:.1%}")
+    for p in phases:
+        typer.echo(f"fitted to {p.phases[0].phase} steps alone: {p.table().splitlines()[1].strip()}; "
+                   f"median error {p.median_error:.1%}")
+
+
 def _cuda_hardware_name() -> str:
     """The hardware spec matching the CUDA device (e.g. H200 for "NVIDIA H200"), else the device's own name."""
     try:
@@ -342,6 +410,33 @@ def query(
     except OSError as e:
         raise fail(f"--store {store}: {e}") from None
     print(format_frame(frame, fmt))
+
+
+@app.command()
+def evaluate(
+    bank: Annotated[Path, typer.Argument(help="Scenario bank directory (infertrace scenarios generate --out)")],
+    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable); default: all")] = None,
+) -> None:
+    """Score the analyzers against the bank's ground truth, one section per analysis (infertrace.evaluation).
+    Each scenario's traces are ingested into <scenario>/store the first time."""
+    import json
+
+    from infertrace.evaluation import EVALUATORS
+
+    if fmt not in ("table", "json"):
+        raise fail(f"--format must be table or json, got {fmt!r}")
+    unknown = sorted(set(section or ()) - set(EVALUATORS))
+    if unknown:
+        raise fail(f"--section: unknown {unknown}; known: {', '.join(EVALUATORS)}")
+    try:
+        results = {name: run(bank) for name, (run, _) in EVALUATORS.items() if not section or name in section}
+    except FileNotFoundError as e:
+        raise fail(str(e)) from None
+    if fmt == "json":
+        print(json.dumps(results, indent=1))
+    else:
+        print("\n\n".join(EVALUATORS[name][1](result) for name, result in results.items()))
 
 
 def main() -> None:

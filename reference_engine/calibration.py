@@ -1,0 +1,229 @@
+"""Calibrate the simulated executor's cost model against measured step times.
+
+The roofline model (`cost_model.py`) has four free parameters, `CostParams`: the efficiencies of dense compute
+(η_c), memory reads (η_m) and attention (η_a) relative to the hardware spec's peaks, and a per-step overhead.
+Given measured steps (from the real executor, or a CSV of measured prefill and decode times), the fit minimises
+the relative error, log(predicted / measured), with prefill and decode steps weighted equally however many of
+each there are. The error is then reported per phase through `StepCostModel` itself, the code the simulator runs.
+
+CSV columns (one measured configuration per row):
+
+    phase          prefill or decode
+    batch_size     sequences in the step
+    prompt_tokens  prefill: new tokens each sequence computes (ignored for decode)
+    context_tokens prefill: tokens each sequence already had cached; decode: context length of each sequence
+    measured_ms    the measured step time
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from reference_engine.config import EngineConfig
+from reference_engine.cost_model import CostParams, StepCostModel
+from reference_engine.hardware import HardwareSpec
+from reference_engine.models import ModelSpec
+from reference_engine.prompt import Prompt
+from reference_engine.real_executor import MeasuredStep, RealExecutor
+from reference_engine.sequence import Request
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class PhaseError:
+    phase: str  # prefill: steps with any prefill chunk; decode: decode-only steps
+    steps: int
+    median_error: float  # of |predicted − measured| / measured
+    p90_error: float
+    median_measured_ms: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    model: str
+    hardware: str
+    params: CostParams
+    phases: tuple[PhaseError, ...]
+    median_error: float  # over all steps
+
+    def table(self) -> str:
+        p = self.params
+        lines = [f"Calibrated cost model for {self.model} on {self.hardware}:",
+                 f"  compute_efficiency {p.compute_efficiency:.4g}  memory_efficiency {p.memory_efficiency:.4g}  "
+                 f"attention_efficiency {p.attention_efficiency:.4g}  step_overhead {p.step_overhead_s * 1e3:.3f} ms",
+                 f"  {'phase':<8} {'steps':>6} {'median ms':>10} {'median err':>11} {'p90 err':>8}"]
+        for e in self.phases:
+            lines.append(f"  {e.phase:<8} {e.steps:>6} {e.median_measured_ms:>10.3f} {e.median_error:>11.1%} "
+                         f"{e.p90_error:>8.1%}")
+        lines.append(f"  all steps: median error {self.median_error:.1%}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"model": self.model, "hardware": self.hardware, "params": asdict(self.params),
+                           "median_error": self.median_error, "phases": [asdict(e) for e in self.phases]},
+                          indent=2)
+
+
+def load_cost_params(path: str | Path) -> CostParams:
+    """Parameters from `Calibration.to_json()` output (or a bare CostParams object)."""
+    data = json.loads(Path(path).read_text())
+    return CostParams(**data.get("params", data))
+
+
+# ------------------------------------------------------------------------------------------ measured steps
+def steps_from_csv(path: str | Path) -> list[MeasuredStep]:
+    steps = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"phase", "batch_size", "prompt_tokens", "context_tokens", "measured_ms"} - set(
+            reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                phase, batch = row["phase"].strip(), int(row["batch_size"])
+                prompt, context = int(row["prompt_tokens"] or 0), int(row["context_tokens"] or 0)
+                ns = round(float(row["measured_ms"]) * 1e6)
+            except (ValueError, TypeError, AttributeError) as e:
+                raise ValueError(f"{path}:{line}: bad row {row!r}: {e}") from None
+            if phase not in PHASES or batch < 1 or ns <= 0 or context < 0 or (phase == "prefill" and prompt < 1):
+                raise ValueError(f"{path}:{line}: need phase prefill|decode, batch_size ≥ 1, measured_ms > 0, "
+                                 f"prompt_tokens ≥ 1 for prefill; got {row!r}")
+            if phase == "prefill":
+                steps.append(MeasuredStep(((prompt, context),) * batch, 0, 0, batch, ns))
+            else:
+                steps.append(MeasuredStep((), batch, batch * max(context, 1), batch, ns))
+    if not steps:
+        raise ValueError(f"{path}: no measured rows")
+    return steps
+
+
+# -------------------------------------------------------------------------------------------- the fit
+def predict_seconds(cost: StepCostModel, step: MeasuredStep) -> float:
+    return cost.step_seconds(list(step.chunks), step.num_decodes, step.decode_ctx, step.sampled)
+
+
+def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec) -> np.ndarray:
+    """Per step: the cost model's F_lin/Π, B_w/β, F_attn/Π, B_kv/β (seconds at 100% efficiency)."""
+    per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
+    weights = spec.dtype_bytes * (spec.active_block_params + spec.head_params)
+    rows = []
+    for s in steps:
+        tokens = s.num_decodes + sum(n for n, _ in s.chunks)
+        pairs = s.decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in s.chunks)
+        kv_tokens = s.decode_ctx + sum(c + n for n, c in s.chunks)
+        rows.append((2 * tokens * spec.active_block_params + 2 * s.sampled * spec.head_params, weights,
+                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens))
+    f = np.asarray(rows, dtype=np.float64)
+    return f / np.array([hw.peak_flops, hw.mem_bandwidth, hw.peak_flops, hw.mem_bandwidth])
+
+
+def _vector_seconds(x: np.ndarray, f: np.ndarray) -> np.ndarray:
+    eta_c, eta_m, eta_a, overhead = np.exp(x)
+    return (np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + np.maximum(f[:, 2] / eta_a, f[:, 3] / eta_m)
+            + overhead)
+
+
+def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
+             params: CostParams) -> tuple[tuple[PhaseError, ...], float]:
+    """Relative error of the simulator's cost model against measured steps, per phase and overall."""
+    cost = StepCostModel(spec, hw, params=params)
+    measured = np.array([s.duration_ns / 1e9 for s in steps])
+    predicted = np.array([predict_seconds(cost, s) for s in steps])
+    error = np.abs(predicted - measured) / measured
+    is_prefill = np.array([s.is_prefill for s in steps])
+    phases = []
+    for phase, mask in (("prefill", is_prefill), ("decode", ~is_prefill)):
+        if mask.any():
+            phases.append(PhaseError(phase, int(mask.sum()), float(np.median(error[mask])),
+                                     float(np.percentile(error[mask], 90)), float(np.median(measured[mask]) * 1e3)))
+    return tuple(phases), float(np.median(error))
+
+
+def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
+              phase: str | None = None) -> Calibration:
+    """Fit `CostParams` to measured steps (efficiencies in (0, 1], overhead ≥ 1 µs); to one phase's steps
+    only when `phase` is given."""
+    from scipy.optimize import least_squares
+
+    if phase is not None:
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        steps = [s for s in steps if s.is_prefill == (phase == "prefill")]
+    if len(steps) < 4:
+        raise ValueError(f"need at least 4 measured steps to fit 4 parameters, got {len(steps)}")
+    f = _features(steps, spec, hw)
+    measured = np.array([s.duration_ns / 1e9 for s in steps])
+    is_prefill = np.array([s.is_prefill for s in steps])
+    weight = np.where(is_prefill, 1 / np.sqrt(max(is_prefill.sum(), 1)), 1 / np.sqrt(max((~is_prefill).sum(), 1)))
+    log_measured = np.log(measured)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return weight * (np.log(_vector_seconds(x, f)) - log_measured)
+
+    lower = np.log([1e-7, 1e-7, 1e-7, 1e-6])
+    upper = np.log([1.0, 1.0, 1.0, 10.0])
+    overhead0 = float(np.min(measured))
+    best = None
+    for eta in (1.0, 0.1, 0.01, 0.001):
+        for share in (0.9, 0.3):
+            x0 = np.log([eta, eta, eta, max(overhead0 * share, 2e-6)])
+            result = least_squares(residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
+                                   x_scale=1.0, loss="soft_l1", f_scale=0.1)
+            if best is None or result.cost < best.cost:
+                best = result
+    assert best is not None
+    eta_c, eta_m, eta_a, overhead = (float(v) for v in np.exp(best.x))
+    params = CostParams(compute_efficiency=eta_c, memory_efficiency=eta_m, attention_efficiency=eta_a,
+                        step_overhead_s=overhead)
+    phases, median = evaluate(steps, spec, hw, params)
+    return Calibration(spec.name, hw.name, params, phases, median)
+
+
+# ------------------------------------------------------------------------------- measuring the real executor
+def calibration_requests(count: int, seed: int, max_prompt_tokens: int = 1024, max_output_tokens: int = 64,
+                         spread_s: float = 0.5) -> list[Request]:
+    """Prompts log-uniform in [16, max_prompt_tokens], outputs uniform in [4, max_output_tokens], arrivals
+    uniform over `spread_s` seconds: steps of many shapes (lone prefills, batched decodes, mixtures)."""
+    rng = np.random.default_rng(seed)
+    prompts = np.exp(rng.uniform(np.log(16), np.log(max_prompt_tokens), count)).astype(int)
+    outputs = rng.integers(4, max_output_tokens + 1, count)
+    arrivals = np.sort(rng.uniform(0, spread_s, count))
+    return [Request(f"cal-{seed}-{i:04d}", int(arrivals[i] * 1e9), Prompt(((f"cal-{seed}-{i}", int(prompts[i])),)),
+                    int(outputs[i]), int(outputs[i])) for i in range(count)]
+
+
+def measure(config: EngineConfig, requests: list[Request], executor: RealExecutor) -> list[MeasuredStep]:
+    """Serve the requests on the real executor; returns its measured steps."""
+    from reference_engine.engine import LLMEngine
+
+    executor.record_steps = True
+    first = len(executor.measured)
+    executor.restart_clock()
+    LLMEngine(config, executor).run(requests)
+    return executor.measured[first:]
+
+
+def calibration_configs(model: str, hardware: str, num_kv_blocks: int = 2048) -> list[EngineConfig]:
+    """Prefill-first without chunking (lone and batched prefills, decode-only runs) and decode-first with a
+    256-token budget (chunks mixed with decodes)."""
+    common = {"model": model, "hardware": hardware, "num_kv_blocks": num_kv_blocks, "max_num_seqs": 32}
+    return [EngineConfig(policy="prefill_first", max_num_batched_tokens=4096, **common),  # type: ignore[arg-type]
+            EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=256,
+                         **common)]  # type: ignore[arg-type]
+
+
+def measure_calibration_run(executor: RealExecutor, model: str, hardware: str, seed: int,
+                            requests: int = 48) -> list[MeasuredStep]:
+    """One calibration run: the same kind of workload under both policies."""
+    steps: list[MeasuredStep] = []
+    for k, config in enumerate(calibration_configs(model, hardware, executor.kv.num_blocks)):
+        steps += measure(config, calibration_requests(requests, seed * 2 + k), executor)
+    return steps
