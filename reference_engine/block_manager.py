@@ -77,11 +77,13 @@ class BlockManager:
         empty = self.empty_blocks
         taken = empty[len(empty) - count:] if count <= len(empty) else empty[:]
         del empty[len(empty) - len(taken):]
-        while len(taken) < count:
-            h, block = self.cached_free.popitem(last=False)
-            del self.hash_to_block[h]
-            self.block_hash[block] = None
-            taken.append(block)
+        if len(taken) < count:
+            evicted = [self.cached_free.popitem(last=False) for _ in range(count - len(taken))]
+            hash_to_block, block_hash = self.hash_to_block, self.block_hash
+            for h, block in evicted:
+                del hash_to_block[h]
+                block_hash[block] = None
+            taken += [block for _, block in evicted]
         ref_counts = self.ref_counts
         for block in taken:
             ref_counts[block] = 1
@@ -93,11 +95,12 @@ class BlockManager:
             return
         hashes = seq.block_hashes or []
         full = min(seq.num_computed_tokens // self.block_size, len(hashes))
-        for i in range(seq.num_hashed_blocks, full):
-            block, h = seq.block_table[i], hashes[i]
-            if self.block_hash[block] is None and h not in self.hash_to_block:
-                self.block_hash[block] = h
-                self.hash_to_block[h] = block
+        block_hash, hash_to_block = self.block_hash, self.hash_to_block
+        for block, h in zip(seq.block_table[seq.num_hashed_blocks:full], hashes[seq.num_hashed_blocks:full],
+                            strict=True):
+            if block_hash[block] is None and h not in hash_to_block:
+                block_hash[block] = h
+                hash_to_block[h] = block
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     # ------------------------------------------------------------------------------------------ decode
@@ -117,16 +120,13 @@ class BlockManager:
 
     # --------------------------------------------------------------------------------------- release
     def deallocate(self, seq: Sequence) -> None:
-        # Release tail first, so that the LRU evicts a prompt's last blocks before its shared prefix.
         ref_counts, block_hash = self.ref_counts, self.block_hash
-        for block in reversed(seq.block_table):
+        for block in seq.block_table:
             ref_counts[block] -= 1
-            if ref_counts[block] == 0:
-                h = block_hash[block]
-                if h is None:
-                    self.empty_blocks.append(block)
-                else:
-                    self.cached_free[h] = block
+        # Release the tail first, so that the LRU evicts a prompt's last blocks before its shared prefix.
+        freed = [block for block in reversed(seq.block_table) if ref_counts[block] == 0]
+        self.cached_free.update([(block_hash[b], b) for b in freed if block_hash[b] is not None])
+        self.empty_blocks += [b for b in freed if block_hash[b] is None]
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
