@@ -69,6 +69,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen-2.5-1.5b", 28, 1536, 12, 2, 128, 8960, 151936),
         # Small enough to really run on a laptop CPU (the real executor's default).
         ModelSpec("tiny", 4, 256, 8, 2, 32, 704, 4096),
+        # ≈ 0.2B parameters: on a GPU the real executor's steps are more than kernel-launch overhead.
+        ModelSpec("small", 12, 1024, 16, 4, 64, 2816, 32000),
     )
 }
 

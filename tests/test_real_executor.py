@@ -8,9 +8,14 @@ floating-point sums differs); in float32 to 1e-3 absolute on logits of magnitude
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from infertrace.cli import app
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
 from reference_engine.kv_cache import PagedKVCache
@@ -186,3 +191,24 @@ def test_sampling_with_temperature_is_reproducible_from_the_seed() -> None:
 
     greedy, _ = serve(requests)
     assert run(1) == run(1) != greedy.outputs["r"]
+
+
+def test_simulate_with_the_real_executor_writes_the_same_spans(tmp_path: Path) -> None:
+    trace = tmp_path / "real.jsonl"
+    result = CliRunner().invoke(app, [
+        "simulate", "--executor", "real", "--threads", "1", "--duration", "1", "--rate", "4", "--prompt-mean", "40",
+        "--output-mean", "6", "--system-prompt-tokens", "32", "--max-num-seqs", "8", "--seed", "1",
+        "--out", str(trace), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    resource = {a["key"]: a["value"] for a in lines[0]["resourceSpans"][0]["resource"]["attributes"]}
+    assert resource["infertrace.engine.executor"] == {"stringValue": "real"}
+    assert resource["infertrace.engine.model"] == {"stringValue": "tiny"}
+    names = {s["name"] for line in lines for rs in line["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]}
+    assert {"engine_step", "llm_request"} <= names
+
+
+def test_simulate_rejects_an_unknown_executor() -> None:
+    result = CliRunner().invoke(app, ["simulate", "--executor", "gpu", "--duration", "1"])
+    assert result.exit_code == 2 and "sim or real" in result.output
