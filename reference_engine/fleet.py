@@ -33,9 +33,10 @@ from reference_engine.tracer import EngineTracer, engine_resource
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
 _NEVER = 1 << 62
-# Event priorities at equal times: faults switch first, then gateway hops, then engines step (so a request
-# dispatched at t joins the step that starts at t).
-_FAULT, _GQ_WAKE, _ROUTE, _GQ_ENTER, _DISPATCH, _ENGINE = range(6)
+# Event priorities at equal times: faults switch first, then requests end (so a router deciding at t sees a
+# request that ended at t as gone), then gateway hops, then engines step (so a request dispatched at t joins
+# the step that starts at t).
+_FAULT, _END, _GQ_WAKE, _ROUTE, _GQ_ENTER, _DISPATCH, _ENGINE = range(7)
 
 ObserverFactory = Callable[[str, LLMEngine], Iterable[EngineObserver]]
 
@@ -273,10 +274,10 @@ class Fleet:
             decode = self._pending_decode[m]
             if decode and decode[0] < bound:
                 bound = decode[0]
-            link = self._link_of[m]
-            for p in self.targets[m]:
-                if p.engine.scheduler.has_work and p.engine.now_ns + link.latency_ns < bound:
-                    bound = p.engine.now_ns + link.latency_ns
+            latency = self._link_of[m].latency_ns
+            for p in self.targets[m]:  # a prefill still running ends at the end of its engine's step at best
+                if p.engine.scheduler.has_work and p.engine.now_ns + latency < bound:
+                    bound = p.engine.now_ns + latency
         now = replica.engine.now_ns
         for t in replica.toggles:
             if t > now:
@@ -377,8 +378,11 @@ class Fleet:
         end = seq.finish_ns if seq.finish_ns is not None else replica.engine.now_ns
         m = call.model
         if seq.error is not None:
+            if replica.role == "prefill_worker":
+                heapq.heappop(self._pending_decode[m])
             self._finish(call, end, 500, seq.error, seq)
         elif replica.role == "prefill_worker":
+            heapq.heappop(self._pending_decode[m])  # the bound pushed when the prefill ended
             self._transfer(call, replica, seq, end)
         else:
             self._finish(call, end, 200, None, seq)
@@ -437,10 +441,17 @@ class Fleet:
                     replica.scheduled = False
                     engine = replica.engine
                     for seq in engine.step(self._bound(replica)):
-                        self._ended(replica, seq)
+                        # An engine step can end after later gateway events: the request ends at its own time.
+                        end = seq.finish_ns if seq.finish_ns is not None else engine.now_ns
+                        if replica.role == "prefill_worker":
+                            heapq.heappush(self._pending_decode[replica.model], end + self._link_of[replica.model]
+                                           .latency_ns)
+                        self._push(end, _END, (replica, seq))
                     if engine.scheduler.has_work and not replica.scheduled:
                         replica.scheduled = True
                         self._push(engine.now_ns, _ENGINE, replica)
+                elif kind == _END:
+                    self._ended(*payload)  # type: ignore[misc]
                 elif kind == _DISPATCH:
                     target, request = payload  # type: ignore[misc]
                     self._dispatch(target, request, t)

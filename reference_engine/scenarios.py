@@ -48,6 +48,7 @@ from reference_engine.fleet_config import (
 )
 from reference_engine.fleet_workload import fleet_requests
 from reference_engine.ground_truth import StallRecorder, itl_truth
+from reference_engine.models import model as model_spec
 from reference_engine.otlp import OtlpJsonLinesWriter
 from reference_engine.sequence import Request
 from reference_engine.workload import DEFAULT_EPOCH_NS, SyntheticWorkload
@@ -238,13 +239,24 @@ def _stall_free(fleet: FleetSpec, model: str) -> FleetSpec:
                        max_num_seqs=128)
 
 
+def _dense_model(fleet: FleetSpec, rng: random.Random | None = None, largest: bool = False) -> str:
+    """A dense (not mixture-of-experts) model of the fleet: a prefill chunk in an MoE step reads every expert,
+    so even small chunks stall its decodes, which a negative control for ITL attribution must avoid."""
+    dense = [m for m in fleet.model_names if model_spec(m).num_experts == 1] or list(fleet.model_names)
+    if largest:
+        return max(dense, key=lambda m: model_spec(m).weight_bytes)
+    assert rng is not None
+    return rng.choice(dense)
+
+
 def _preemption_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
                       onset: float, length: float) -> Scenario:
-    model = rng.choice(fleet.model_names)
-    fleet = _set_engine(_stall_free(fleet, model), model, num_kv_blocks=rng.randint(1400, 2200))
+    model = _dense_model(fleet, rng)
+    # KV for 11k–18k tokens: the normal traffic fits, a surge of long generations does not.
+    fleet = _set_engine(_stall_free(fleet, model), model, num_kv_blocks=rng.randint(700, 1100))
     tenant = rng.choice([t.name for t in fleet.tenants])
     fault = FaultSpec("request_surge", model, onset, length, {
-        "tenant": tenant, "rate": round(rng.uniform(0.5, 1.0), 2), "prompt_mean": 1024.0, "prompt_sigma": 0.3,
+        "tenant": tenant, "rate": round(rng.uniform(1.0, 2.0), 2), "prompt_mean": 1024.0, "prompt_sigma": 0.3,
         "output_mean": float(rng.choice([1200, 1600])), "output_sigma": 0.2, "max_tokens": 2048.0})
     root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False,
             "tenant": tenant}
@@ -254,8 +266,7 @@ def _preemption_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int
 def _host_pauses(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
                  onset: float, length: float) -> Scenario:
     # A pause while the engine is idle hurts nobody: take the model whose engines are busiest (the largest).
-    order = [c[0] for c in MODEL_CHOICES]
-    model = max(fleet.model_names, key=lambda m: order.index(m) if m in order else -1)
+    model = _dense_model(fleet, largest=True)
     fleet = _stall_free(fleet, model)
     instance = rng.choice(_engines(fleet, model))
     fault = FaultSpec("host_pauses", instance, onset, length, {
