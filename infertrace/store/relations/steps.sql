@@ -7,7 +7,8 @@
 --   trace_id, span_id (the span the step came from), run_position (0-based place in the span), run_steps,
 --   prefill_tokens, decode_tokens, num_prefills, num_decodes, decode_context_tokens (sum of the decoding
 --   requests' context lengths at this step), running, waiting, kv_used_blocks, kv_total_blocks (end of the
---   span), num_preempted, pause_ns (on the span's first step only).
+--   span), num_preempted, pause_ns (on the span's last step only: the engine ends a run at the step a host
+--   pause fell in).
 -- Step i of a span ends at span start + sum(durations_ns[1..i]); the sums are exact integers.
 WITH span AS (
     SELECT
@@ -58,5 +59,5 @@ SELECT
     prefill_tokens, decode_tokens, num_prefills, num_decodes,
     context_tokens + run_position * num_decodes AS decode_context_tokens,
     running, waiting, kv_used_blocks, kv_total_blocks, num_preempted,
-    CASE WHEN run_position = 0 THEN pause_ns ELSE 0 END AS pause_ns
+    CASE WHEN run_position = run_steps - 1 THEN pause_ns ELSE 0 END AS pause_ns
 FROM timed
