@@ -1,0 +1,41 @@
+"""Analyzers: pure functions from a store to frozen dataclass results that carry their evidence numbers.
+
+Each analyzer reads the store's derived relations (and the `.sql` files in `infertrace/analyzers/sql/`,
+loaded with `query_text` and always run with bound parameters); the report, the CLI and the dashboard only
+render what they return.
+
+- `itl.analyze_itl`: ITL spikes attributed to the prefills (or host pauses, or preemption recomputes) in
+  the steps between two tokens, from `engine_step` spans.
+- `itl_requests.attribute_from_requests`: the same question from request-level spans only (vLLM's
+  `llm_request`), per-token times a client recorded, and vLLM iteration log lines.
+- `ttft.analyze_ttft`: TTFT decomposed into gateway, queue, prefill (own compute and waiting behind other
+  prefills) and KV transfer; a fit of prefill time against prompt length per engine.
+- `prefix_cache.analyze_prefix_cache`: prefix-cache hit rates, cache-busting tenants, billed-token savings.
+- `roofline.analyze_prefill_roofline`: prefill throughput against the hardware roofline.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infertrace.store.store import Store
+
+
+def query_text(name: str) -> str:
+    """The text of `infertrace/analyzers/sql/<name>.sql` (header comment included)."""
+    path = resources.files("infertrace.analyzers").joinpath("sql", f"{name}.sql")
+    if not path.is_file():
+        raise KeyError(f"no analyzer query named {name!r}")
+    return path.read_text(encoding="utf-8")
+
+
+def materialize_once(store: Store, names: tuple[str, ...]) -> None:
+    """Computes the named derived relations into temporary tables of the store's connection, unless they
+    already are: several analyzers over one snapshot then read each relation once."""
+    done = {row[0] for row in store.con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    missing = tuple(n for n in names if f"{n}_m" not in done)
+    if missing:
+        store.materialize(missing)

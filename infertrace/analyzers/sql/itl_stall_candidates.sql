@@ -1,0 +1,49 @@
+-- itl_stall_candidates: every engine step that may have stalled decoding requests (it computed a prefill
+-- chunk, or the host paused inside it), with its victims: the requests whose gap between two tokens
+-- contains the step (`itl_token_gaps`).
+--
+-- Answers: for each such step, how long it took, what it computed, who waited for it and with how much
+-- context (the victims' decode-only step cost depends on their number and summed context).
+-- Parameters: $max_gap_steps: gaps longer than this many steps are not expanded (a request that waits
+--   that long between two tokens is not being stalled by single steps).
+-- Columns: instance, model, policy, step_index, start_ns, end_ns, duration_ns, pause_ns, prefill_tokens,
+--   num_prefills, num_decodes, decode_context_tokens, victims (list of request ids), victim_context_tokens
+--   (sum of the victims' context: prompt plus tokens received so far), victim_itls_ns (each victim's ITL
+--   across the step, in the order of `victims`).
+WITH candidate AS (
+    SELECT instance, model, policy, step_index, start_ns, end_ns, duration_ns, pause_ns, prefill_tokens,
+           num_prefills, num_decodes, decode_context_tokens
+    FROM steps
+    WHERE num_prefills > 0 OR pause_ns > 0
+),
+gap AS (
+    SELECT g.request_id, g.instance, g.first_step_index, g.prev_last_step_index, g.tokens_before,
+           unnest(range(g.prev_last_step_index + 1, g.first_step_index + 1)) AS step_index
+    FROM itl_token_gaps g
+    WHERE g.gap_steps <= $max_gap_steps
+),
+victim AS (
+    SELECT gap.*, r.input_tokens
+    FROM gap
+    JOIN candidate c ON c.instance = gap.instance AND c.step_index = gap.step_index
+    LEFT JOIN requests r ON r.request_id = gap.request_id
+),
+victim_itl AS (
+    SELECT v.*, s_to.end_ns - s_from.end_ns AS itl_ns
+    FROM victim v
+    JOIN steps s_to ON s_to.instance = v.instance AND s_to.step_index = v.first_step_index
+    JOIN steps s_from ON s_from.instance = v.instance AND s_from.step_index = v.prev_last_step_index
+),
+grouped AS (
+    SELECT instance, step_index,
+           list(request_id ORDER BY request_id) AS victims,
+           sum(coalesce(input_tokens, 0) + tokens_before)::BIGINT AS victim_context_tokens,
+           list(itl_ns ORDER BY request_id) AS victim_itls_ns
+    FROM victim_itl
+    GROUP BY instance, step_index
+)
+SELECT c.*, coalesce(g.victims, []::VARCHAR[]) AS victims, coalesce(g.victim_context_tokens, 0) AS victim_context_tokens,
+       coalesce(g.victim_itls_ns, []::BIGINT[]) AS victim_itls_ns
+FROM candidate c
+LEFT JOIN grouped g ON g.instance = c.instance AND g.step_index = c.step_index
+ORDER BY c.instance, c.step_index

@@ -1,0 +1,68 @@
+"""Scoring analyzers against the ground truth of a scenario bank (`infertrace scenarios generate`).
+
+`EVALUATORS` maps a section name of `infertrace evaluate` to the function that scores that analysis over a
+bank directory; each returns a JSON-ready dict and has a `render_*` companion for the table format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infertrace.store.store import Store
+
+TRUTH_FILE = "ground_truth.json"
+STORE_DIR = "store"
+INGESTED_MARKER = "INGESTED"
+
+
+def scenario_dirs(bank: str | Path) -> list[Path]:
+    """The scenario directories of a bank, in name order (each holds a ground-truth file)."""
+    root = Path(bank)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such scenario directory")
+    dirs = sorted(p.parent for p in root.glob(f"*/{TRUTH_FILE}"))
+    if not dirs and (root / TRUTH_FILE).is_file():
+        dirs = [root]
+    if not dirs:
+        raise FileNotFoundError(f"{root}: no scenario with a {TRUTH_FILE} in it")
+    return dirs
+
+
+def load_truth(scenario: Path) -> dict[str, Any]:
+    return json.loads((scenario / TRUTH_FILE).read_text(encoding="utf-8"))
+
+
+def open_scenario_store(scenario: Path) -> Store:
+    """The scenario's store (`<scenario>/store`), ingesting its traces unless a finished ingest of them left
+    its marker there (re-ingesting adds nothing, so an interrupted one is simply run again)."""
+    store_dir = scenario / STORE_DIR
+    traces = scenario / load_truth(scenario).get("traces", "traces.jsonl.gz")
+    marker = store_dir / INGESTED_MARKER
+    stamp = f"{traces.name} {traces.stat().st_size}\n"
+    if not marker.is_file() or marker.read_text(encoding="utf-8") != stamp:
+        from infertrace.store.ingest import ingest_paths
+
+        ingest_paths(store_dir, [traces])
+        marker.write_text(stamp, encoding="utf-8")
+    return Store.open(store_dir)
+
+
+def _itl(bank: Path) -> dict[str, Any]:
+    from infertrace.evaluation.itl import evaluate_itl
+
+    return evaluate_itl(bank)
+
+
+def _render_itl(section: dict[str, Any]) -> str:
+    from infertrace.evaluation.itl import render_itl
+
+    return render_itl(section)
+
+
+# Section name → (evaluator over a bank directory, table renderer of its result).
+EVALUATORS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
+    "itl": (_itl, _render_itl),
+}
