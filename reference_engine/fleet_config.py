@@ -64,6 +64,7 @@ rate = 4.0                             # and any SyntheticWorkload field
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -498,8 +499,9 @@ def _table(name: str, values: dict[str, Any]) -> list[str]:
     return [f"[[{name}]]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items()), ""]
 
 
-def fleet_to_toml(spec: FleetSpec) -> str:
-    """The fleet file that `load_fleet` reads back as the same fleet (workload paths made absolute)."""
+def fleet_to_toml(spec: FleetSpec, relative_to: Path | None = None) -> str:
+    """The fleet file that `load_fleet` reads back as the same fleet. Workload paths are absolute, or relative
+    to `relative_to` (the directory the file will be written in) when given."""
     lines = [f"name = {_toml_value(spec.name)}", f"region = {_toml_value(spec.region)}", "",
              "[gateway]", f"id = {_toml_value(spec.gateway_id)}", f"timeout_s = {spec.timeout_s!r}", ""]
     for kind, group in (("auth", spec.auth), ("rate_limiter", spec.rate_limiters), ("router", spec.routers),
@@ -523,7 +525,8 @@ def fleet_to_toml(spec: FleetSpec) -> str:
     for t in spec.tenants:
         values = {"name": t.name, "models": t.models, "workload": t.workload}
         if t.path is not None:
-            values.update(path=str(t.path), speedup=t.speedup, offset_s=t.offset_s)
+            path = os.path.relpath(t.path, relative_to.resolve()) if relative_to is not None else str(t.path)
+            values.update(path=path, speedup=t.speedup, offset_s=t.offset_s)
         for name in sorted(SYNTHETIC_FIELDS):
             value = getattr(t.synthetic, name)
             if value != getattr(defaults, name):

@@ -391,7 +391,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
             requests, on_progress)
     finally:
         writer.close()
-    (out / FLEET_FILE).write_text(fleet_to_toml(scenario.fleet), encoding="utf-8")
+    (out / FLEET_FILE).write_text(fleet_to_toml(scenario.fleet, relative_to=out), encoding="utf-8")
     fault = scenario.fault
     window = None
     if scenario.window_s is not None:
