@@ -107,7 +107,7 @@ def write_quarantine(root: Path, rejections: list[Rejection]) -> Path | None:
     if not rejections:
         return None
     text = "".join(json.dumps({"source": r.source, "line": r.line, "reason": r.reason, "record": r.record},
-                              ensure_ascii=False) + "\n" for r in rejections).encode()
+                              ) + "\n" for r in rejections).encode()  # ASCII: no Unicode line breaks
     folder = root / QUARANTINE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"q-{hashlib.sha256(text).hexdigest()[:40]}.jsonl"

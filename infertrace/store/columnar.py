@@ -1,0 +1,272 @@
+"""The fast path of file ingest: a block of OTLP JSON lines parsed by Arrow's C++ JSON reader into nested
+columns, then flattened and pivoted into the raw span table with vectorised compute.
+
+It handles well-formed data in the shape the Collector's file exporter writes. Anything else in a block
+(a line that is not JSON, a value of an unexpected type, an id that is not hex, an attribute value with
+two or no fields, bytes or key-value lists, span links, a key repeated in one span) makes `decode_block`
+return None, and the caller parses that block with `batch.SpanBatch`, which rejects bad records one by one
+with a reason. Both produce the same table for the same spans (a test checks it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from infertrace.store.batch import BadRecord, decode_attributes
+from infertrace.store.schema import (
+    DECLARED_ATTRIBUTES,
+    DECLARED_RESOURCE,
+    SPAN_FIELDS,
+    VALUE_TYPES,
+    attribute_column,
+    base_schema,
+    resource_column,
+)
+
+_SCALARS = [pa.field("stringValue", pa.string()), pa.field("intValue", pa.string()),
+            pa.field("doubleValue", pa.float64()), pa.field("boolValue", pa.bool_())]
+_ANY = pa.struct([*_SCALARS, pa.field("arrayValue", pa.struct([pa.field("values", pa.list_(pa.struct(_SCALARS)))])),
+                  pa.field("kvlistValue", pa.struct([])), pa.field("bytesValue", pa.string())])
+_KEY_VALUES = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", _ANY)]))
+_SPAN = pa.struct([
+    ("traceId", pa.string()), ("spanId", pa.string()), ("parentSpanId", pa.string()), ("name", pa.string()),
+    ("kind", pa.int64()), ("startTimeUnixNano", pa.string()), ("endTimeUnixNano", pa.string()),
+    ("attributes", _KEY_VALUES),
+    ("events", pa.list_(pa.struct([("timeUnixNano", pa.string()), ("name", pa.string()),
+                                   ("attributes", _KEY_VALUES)]))),
+    ("links", pa.list_(pa.struct([("traceId", pa.string())]))),
+    ("status", pa.struct([("code", pa.int64()), ("message", pa.string())])),
+])
+OTLP_SCHEMA = pa.schema([("resourceSpans", pa.list_(pa.struct([
+    ("resource", pa.struct([("attributes", _KEY_VALUES)])),
+    ("scopeSpans", pa.list_(pa.struct([("scope", pa.struct([("name", pa.string()), ("version", pa.string())])),
+                                       ("spans", pa.list_(_SPAN))]))),
+])))])
+_PARSE = pj.ParseOptions(explicit_schema=OTLP_SCHEMA, unexpected_field_behavior="ignore")
+_INT64_MAX = str((1 << 63) - 1)
+_KIND_OF_FIELD = {"stringValue": "string", "intValue": "int", "doubleValue": "double", "boolValue": "bool"}
+
+
+class _Fallback(Exception):
+    """The block needs the record-by-record path."""
+
+
+def decode_block(data: bytes, longest_line: int) -> pa.Table | None:
+    """A block of complete, non-blank OTLP JSON lines → the raw span table, or None when the block needs
+    the slower record-by-record path. Arrow parses the block in chunks of whole lines on its threads."""
+    try:
+        options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
+        table = pj.read_json(io.BytesIO(data), read_options=options, parse_options=_PARSE)
+        return _spans_table(table)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, _Fallback, BadRecord, ValueError,
+            OverflowError):
+        return None
+
+
+def _flatten(lists: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(the items of a list column, for each item the index of its list)."""
+    array = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    return array.flatten(), pc.list_parent_indices(array).to_numpy()
+
+
+def _hex(ids: pa.Array, digits: int, required: bool) -> pa.Array:
+    valid = pc.match_substring_regex(ids, f"^[0-9a-f]{{{digits}}}$")
+    zero = pc.equal(ids, "0" * digits)
+    if required:
+        if ids.null_count or not pc.all(valid).as_py() or pc.any(zero).as_py():
+            raise _Fallback
+        return ids
+    empty = pc.equal(ids, "")
+    ok = pc.or_kleene(valid, empty)
+    if not pc.all(pc.fill_null(ok, True)).as_py() or pc.any(pc.fill_null(zero, False)).as_py():
+        raise _Fallback
+    return pc.if_else(pc.fill_null(empty, False), pa.scalar(None, pa.string()), ids)
+
+
+def _nanos(values: pa.Array) -> pa.Array:
+    values = pc.fill_null(values, "0")
+    digits = pc.match_substring_regex(values, r"^[0-9]{1,19}$")
+    too_big = pc.and_(pc.equal(pc.utf8_length(values), 19), pc.greater(values, _INT64_MAX))
+    if not pc.all(digits).as_py() or pc.any(too_big).as_py():
+        raise _Fallback
+    return pc.cast(values, pa.int64())
+
+
+def _spans_table(lines: pa.Table) -> pa.Table:
+    if lines.column("resourceSpans").null_count:
+        raise _Fallback  # a line without resourceSpans is rejected by the record-by-record path
+    resource_spans, _ = _flatten(lines.column("resourceSpans"))
+    if resource_spans.null_count:
+        raise _Fallback
+    scope_spans, scope_owner = _flatten(resource_spans.field("scopeSpans"))
+    spans, span_scope = _flatten(scope_spans.field("spans"))
+    if scope_spans.null_count or spans.null_count:
+        raise _Fallback
+    n = len(spans)
+    span_resource = scope_owner[span_scope] if n else np.zeros(0, dtype=np.int64)
+    if n and spans.field("links").drop_null().to_pylist() and any(spans.field("links").drop_null().to_pylist()):
+        raise _Fallback
+    columns: dict[str, pa.Array] = {}
+    columns["trace_id"] = _hex(spans.field("traceId"), 32, True)
+    columns["span_id"] = _hex(spans.field("spanId"), 16, True)
+    columns["parent_span_id"] = _hex(spans.field("parentSpanId"), 16, False)
+    columns["name"] = pc.fill_null(spans.field("name"), "")
+    kind = pc.fill_null(spans.field("kind"), 0)
+    status = spans.field("status")
+    code = pc.fill_null(status.field("code"), 0)
+    if n and (pc.min(kind).as_py() < 0 or pc.max(kind).as_py() > 5 or pc.min(code).as_py() < 0
+              or pc.max(code).as_py() > 2):
+        raise _Fallback
+    columns["kind"] = pc.cast(kind, pa.int8())
+    columns["start_ns"] = _nanos(spans.field("startTimeUnixNano"))
+    columns["end_ns"] = _nanos(spans.field("endTimeUnixNano"))
+    columns["status_code"] = pc.cast(code, pa.int8())
+    message = status.field("message")
+    columns["status_message"] = pc.if_else(pc.equal(pc.fill_null(message, ""), ""), pa.scalar(None, pa.string()),
+                                           message)
+    scope = scope_spans.field("scope")
+    span_scope_index = pa.array(span_scope)
+    columns["scope_name"] = scope.field("name").take(span_scope_index)
+    columns["scope_version"] = scope.field("version").take(span_scope_index)
+    columns["events"] = _events(spans.field("events"))
+    columns["links"] = pa.nulls(n, pa.string())
+    for f in SPAN_FIELDS:
+        columns[f.name] = columns[f.name].cast(f.type)
+
+    resources = [_resource_attributes(r) for r in resource_spans.field("resource").field("attributes").to_pylist()]
+    resource_keys: dict[str, None] = dict.fromkeys(DECLARED_RESOURCE)
+    for attrs in resources:
+        resource_keys.update(dict.fromkeys(attrs))
+    span_resource_index = pa.array(span_resource)
+    for key in resource_keys:
+        kinds = {attrs[key][0] for attrs in resources if key in attrs}
+        declared = DECLARED_RESOURCE.get(key)
+        if declared is None and len(kinds) > 1:
+            raise _Fallback
+        kind = declared or (kinds.pop() if kinds else "string")
+        values = [attrs[key][1] if key in attrs else None for attrs in resources]
+        columns[resource_column(key)] = pa.array(values, type=VALUE_TYPES[kind]).take(span_resource_index)
+
+    columns.update(_attribute_columns(spans.field("attributes"), n))
+    schema = base_schema()
+    fields = list(schema) + [pa.field(name, columns[name].type) for name in columns if name not in schema.names]
+    return pa.Table.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
+
+
+def _strip_nulls(value: Any) -> Any:
+    """An attribute list as Arrow returns it (every field, unset ones None) → as the JSON had it."""
+    if isinstance(value, dict):
+        if value.get("kvlistValue") is not None:
+            raise _Fallback  # its content was not parsed
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _resource_attributes(attributes: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return decode_attributes(_strip_nulls(attributes), DECLARED_RESOURCE)
+
+
+def _events(events: pa.Array) -> pa.Array:
+    """Events are few (a couple per request span): built per event in Python."""
+    out: list[list[dict[str, Any]] | None] = []
+    for span_events in events.to_pylist():
+        if not span_events:
+            out.append(None)
+            continue
+        built = []
+        for event in span_events:
+            attributes = decode_attributes(_strip_nulls(event["attributes"]), {})
+            time = event["timeUnixNano"] or "0"
+            if not time.isdigit() or int(time) > (1 << 63) - 1:
+                raise _Fallback
+            built.append({"time_ns": int(time), "name": event["name"] or "",
+                          "attributes": json.dumps({k: v for k, (_, v) in attributes.items()},
+                                                   separators=(",", ":"))})
+        out.append(built)
+    return pa.array(out, type=SPAN_FIELDS[11].type)
+
+
+_VALUE_FIELDS = ("stringValue", "intValue", "doubleValue", "boolValue", "arrayValue", "kvlistValue", "bytesValue")
+
+
+def _value_kind(values: pa.StructArray, fields: tuple[str, ...] = _VALUE_FIELDS) -> str:
+    """The one kind every AnyValue in `values` has, or _Fallback."""
+    present = {name: len(values) - values.field(name).null_count for name in fields}
+    kinds = [name for name, count in present.items() if count]
+    if len(kinds) != 1 or present[kinds[0]] != len(values) or values.null_count:
+        raise _Fallback  # mixed kinds, empty values, or bytes/kvlist: the record-by-record path decides
+    return kinds[0]
+
+
+def _scalar(values: pa.StructArray, field: str) -> pa.Array:
+    column = values.field(field)
+    if field == "intValue":
+        digits = pc.match_substring_regex(column, r"^-?[0-9]{1,19}$")
+        if not pc.all(digits).as_py():
+            raise _Fallback
+        return pc.cast(column, pa.int64())  # raises ArrowInvalid on overflow: the caller falls back
+    return column
+
+
+def _typed(values: pa.StructArray) -> tuple[str, pa.Array]:
+    kind = _value_kind(values)
+    if kind in _KIND_OF_FIELD:
+        return _KIND_OF_FIELD[kind], _scalar(values, kind)
+    if kind != "arrayValue":
+        raise _Fallback
+    lists = values.field("arrayValue").field("values")
+    if lists.null_count:  # `"arrayValue": {}`: proto3 JSON omits an empty list
+        lists = pc.fill_null(lists, pa.scalar([], type=lists.type))
+    items = lists.flatten()
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    if len(items) == 0:
+        return "[]", pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+    item_kind = _value_kind(items, tuple(_KIND_OF_FIELD))
+    return _KIND_OF_FIELD[item_kind] + "[]", pa.ListArray.from_arrays(offsets, _scalar(items, item_kind))
+
+
+def _attribute_columns(attributes: pa.Array, n: int) -> dict[str, pa.Array]:
+    key_values, owner = _flatten(attributes)
+    if key_values.null_count or key_values.field("key").null_count:
+        raise _Fallback
+    encoded = key_values.field("key").dictionary_encode()
+    codes = encoded.indices.to_numpy()
+    keys = encoded.dictionary.to_pylist()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(keys)))])
+    values = key_values.field("value")
+    out: dict[str, pa.Array] = {}
+    for code, key in enumerate(keys):
+        picked = order[bounds[code]:bounds[code + 1]]
+        rows = owner[picked]
+        if len(np.unique(rows)) != len(rows):
+            raise _Fallback  # a key repeated within one span
+        kind, typed = _typed(values.take(pa.array(picked)))
+        declared = DECLARED_ATTRIBUTES.get(key)
+        if declared is not None and kind != declared:
+            if kind == "[]" and declared.endswith("[]"):
+                typed = typed.cast(VALUE_TYPES[declared])
+            elif declared == "double" and kind == "int":
+                typed = typed.cast(pa.float64())
+            elif declared == "double[]" and kind == "int[]":
+                typed = typed.cast(pa.list_(pa.float64()))
+            else:
+                raise _Fallback
+        elif declared is None and kind == "[]":
+            typed = typed.cast(pa.list_(pa.string()))
+        index = np.full(n, -1, dtype=np.int64)
+        index[rows] = np.arange(len(rows))
+        out[attribute_column(key)] = typed.take(pa.array(index, mask=index < 0))
+    for key, declared in DECLARED_ATTRIBUTES.items():
+        if attribute_column(key) not in out:
+            out[attribute_column(key)] = pa.nulls(n, VALUE_TYPES[declared])
+    return out
