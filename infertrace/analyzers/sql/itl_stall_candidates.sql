@@ -2,6 +2,8 @@
 -- chunk, or the host paused inside it), with its victims: the requests whose gap between two tokens
 -- contains the step (`itl_token_gaps`).
 --
+-- A step inside a run of decode steps (a host pause ends a run at the step it fell in) also stalls the
+-- run's own decodes, whose previous token came at the end of the step before.
 -- Answers: for each such step, how long it took, what it computed, who waited for it and with how much
 -- context (the victims' decode-only step cost depends on their number and summed context).
 -- Parameters: $max_gap_steps: gaps longer than this many steps are not expanded (a request that waits
@@ -34,12 +36,24 @@ victim_itl AS (
     JOIN steps s_to ON s_to.instance = v.instance AND s_to.step_index = v.first_step_index
     JOIN steps s_from ON s_from.instance = v.instance AND s_from.step_index = v.prev_last_step_index
 ),
+in_run AS (
+    SELECT m.request_id, c.instance, c.step_index, 0::BIGINT AS context_tokens, c.duration_ns AS itl_ns
+    FROM candidate c
+    JOIN steps s ON s.instance = c.instance AND s.step_index = c.step_index AND s.run_position > 0
+    JOIN step_membership m ON m.trace_id = s.trace_id AND m.span_id = s.span_id AND m.role = 'decode'
+),
+every_victim AS (
+    SELECT request_id, instance, step_index, coalesce(input_tokens, 0) + tokens_before AS context_tokens, itl_ns
+    FROM victim_itl
+    UNION ALL
+    SELECT * FROM in_run
+),
 grouped AS (
     SELECT instance, step_index,
            list(request_id ORDER BY request_id) AS victims,
-           sum(coalesce(input_tokens, 0) + tokens_before)::BIGINT AS victim_context_tokens,
+           sum(context_tokens)::BIGINT AS victim_context_tokens,
            list(itl_ns ORDER BY request_id) AS victim_itls_ns
-    FROM victim_itl
+    FROM every_victim
     GROUP BY instance, step_index
 )
 SELECT c.*, coalesce(g.victims, []::VARCHAR[]) AS victims, coalesce(g.victim_context_tokens, 0) AS victim_context_tokens,

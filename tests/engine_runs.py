@@ -1,0 +1,49 @@
+"""Small engine runs written to a real store, for the analyzer tests: the engine's own records (the
+tracer's spans, ingested) and what the engine knows (its cost model, its step reports) side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from reference_engine.config import EngineConfig
+from reference_engine.cost_model import StepCostModel
+from reference_engine.engine import LLMEngine, StepReport
+from reference_engine.executor import SimulatedExecutor
+from reference_engine.hardware import hardware
+from reference_engine.models import model
+from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.sequence import Request, Sequence
+from reference_engine.tracer import EngineTracer, engine_resource
+
+T0 = 1_767_225_600 * 10**9
+
+
+class StepLog:
+    """Every step report, as the engine made it."""
+
+    def __init__(self) -> None:
+        self.reports: list[StepReport] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+
+    def on_finish(self, seq: Sequence) -> None:
+        pass
+
+
+def run_to_store(tmp: Path, config: EngineConfig, requests: list[Request],
+                 pauses: list[tuple[int, int]] = ()) -> tuple[Store, LLMEngine, StepLog]:  # type: ignore[assignment]
+    trace = tmp / f"{config.instance_id}.jsonl"
+    writer = OtlpJsonLinesWriter(trace)
+    tracer = EngineTracer(writer, engine_resource(config), seed=1)
+    log = StepLog()
+    cost = StepCostModel(model(config.model), hardware(config.hardware), tensor_parallel=config.tensor_parallel,
+                         prefill_microbatch=config.prefill_microbatch, params=config.cost)
+    engine = LLMEngine(config, SimulatedExecutor(cost, pauses), observers=[log, tracer])
+    engine.run(requests)
+    tracer.close()
+    writer.close()
+    ingest_paths(tmp / f"store-{config.instance_id}", [trace])
+    return Store.open(tmp / f"store-{config.instance_id}"), engine, log

@@ -1,0 +1,109 @@
+"""ITL spike attribution on hand-built engine runs whose answer is known without the analyzer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.analyzers.itl_requests import attribute_store_requests, iteration_spikes, parse_iteration_log
+from reference_engine.config import EngineConfig
+from reference_engine.prompt import Prompt
+from reference_engine.sequence import Request
+from tests.engine_runs import T0, run_to_store
+
+COLLISION = T0 + 3 * 10**9
+
+
+def _victims(n: int) -> list[Request]:
+    return [Request(f"victim-{i:02d}", T0 + i * 1000, Prompt(((f"user-victim-{i}", 2047),)), 400, 2048)
+            for i in range(n)]
+
+
+def test_a_4096_token_prefill_under_prefill_first_stalls_all_64_decodes_for_its_whole_step(tmp_path: Path) -> None:
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM", policy="prefill_first")
+    culprit = Request("culprit", COLLISION, Prompt((("user-culprit", 4096),)), 8, 2048, tenant="tenant-x")
+    store, _, log = run_to_store(tmp_path, config, [*_victims(64), culprit])
+    # The engine's own record: the step that prefilled the culprit, alone, while 64 requests were decoding.
+    (step,) = [r for r in log.reports if any(s.request_id == "culprit" for s, _ in r.batch.prefills)]
+    duration = int(step.durations[0])
+    with store:
+        result = analyze_itl(store)
+    (stall,) = [s for s in result.stalls if any(c.request_id == "culprit" for c in s.culprits)]
+    assert stall.step_index == step.index
+    assert stall.duration_ns == duration
+    assert stall.excess_ns == duration  # prefill-only: the victims got nothing from the step
+    assert stall.causes == ("prefill",)
+    assert sorted(stall.victims) == [f"victim-{i:02d}" for i in range(64)]
+    (c,) = stall.culprits
+    assert (c.chunk_tokens, c.computed_tokens, c.share, c.tenant) == (4096, 0, 1.0, "tenant-x")
+    # Every victim's ITL across it is the step plus one decode step, several times a decode step.
+    assert all(itl > duration for itl in stall.victim_itls_ns)
+    engine = result.engines[0]
+    assert max(stall.victim_itls_ns) > 5 * engine.decode_step_p50_ns
+    summary = next(s for s in result.culprits if s.request_id == "culprit")
+    assert (summary.victims, summary.stall_ns, summary.victim_stall_ns) == (64, duration, 64 * duration)
+    # The 64 victims' admissions were prefills too (they stalled those already decoding); nothing else.
+    assert {c.request_id for s in result.stalls for c in s.culprits} <= {"culprit", *stall.victims}
+    assert result.pairs() >= {("engine-0", step.index, "culprit")}
+    assert not result.unexplained
+
+
+def test_decode_first_with_a_small_chunk_budget_leaves_no_stall_to_attribute(tmp_path: Path) -> None:
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM", policy="decode_first", chunked_prefill=True,
+                          max_num_batched_tokens=128, max_num_seqs=64)
+    culprit = Request("culprit", COLLISION, Prompt((("user-culprit", 4096),)), 8, 2048)
+    store, _, log = run_to_store(tmp_path, config, [*_victims(32), culprit])
+    chunk_steps = [r for r in log.reports if any(s.request_id == "culprit" for s, _ in r.batch.prefills)]
+    assert len(chunk_steps) > 30  # the prompt went through in many small chunks next to the decodes
+    with store:
+        result = analyze_itl(store)
+    assert not [s for s in result.stalls if any(c.request_id == "culprit" for c in s.culprits)]
+
+
+def test_a_host_pause_is_labelled_host_pause_with_no_culprit(tmp_path: Path) -> None:
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM", policy="decode_first", chunked_prefill=True,
+                          max_num_batched_tokens=256)
+    pause_at, pause = T0 + 2 * 10**9, 150_000_000
+    store, _, log = run_to_store(tmp_path, config, _victims(16), pauses=[(pause_at, pause)])
+    paused = [r for r in log.reports if r.pause_ns]
+    assert len(paused) == 1
+    with store:
+        result = analyze_itl(store)
+    (stall,) = result.stalls
+    assert stall.causes == ("host_pause",)
+    assert stall.culprits == ()
+    assert stall.pause_ns == pause
+    assert stall.step_index == paused[0].index + len(paused[0].durations) - 1
+    assert len(stall.victims) == 16
+    assert result.pairs() == set()
+
+
+def test_request_spans_and_token_times_alone_name_the_colliding_prefill(tmp_path: Path) -> None:
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM", policy="prefill_first")
+    culprit = Request("culprit", COLLISION, Prompt((("user-culprit", 4096),)), 8, 2048)
+    store, _, log = run_to_store(tmp_path, config, [*_victims(64), culprit])
+    (step,) = [r for r in log.reports if any(s.request_id == "culprit" for s, _ in r.batch.prefills)]
+    start, end = step.start_ns, step.start_ns + int(step.durations[0])
+    with store:
+        result = attribute_store_requests(store)
+    (stall,) = [s for s in result.stalls if any(c.request_id == "culprit" for c in s.culprits)]
+    assert stall.start_ns <= start and end <= stall.end_ns  # the window holds the prefill step
+    assert len(stall.victims) == 64
+    (c,) = stall.culprits
+    assert (c.confidence, c.contained, c.uncached_tokens) == (1.0, True, 4096)
+
+
+def test_vllm_iteration_log_lines_are_parsed_and_the_prefill_iteration_is_the_spike() -> None:
+    lines = ["INFO 01-01 00:00:00 [core.py:231] Iteration(1): 0 context requests, 0 context tokens, "
+             "4 generation requests, 4 generation tokens, iteration elapsed time: 12.00 ms"] * 5
+    lines += ["(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [core.py:231] Iteration(6): 1 context requests, "
+              "2048 context tokens, 4 generation requests, 4 generation tokens, iteration elapsed time: 61.50 ms",
+              "DEBUG unrelated line",
+              "INFO 01-01 00:00:00 [core.py:231] Iteration(7): 0 context requests, 0 context tokens, 4 generation "
+              "requests, 4 generation tokens, iteration elapsed time: 12.10 ms"]
+    iterations = parse_iteration_log(lines)
+    assert [i.iteration for i in iterations] == [1, 1, 1, 1, 1, 6, 7]
+    assert iterations[5].context_tokens == 2048 and iterations[5].elapsed_ns == 61_500_000
+    spikes = iteration_spikes(iterations, year=2026)
+    assert spikes["iteration"].tolist() == [6]
+    assert spikes["excess_ns"].tolist() == [61_500_000 - 12_000_000]
