@@ -42,8 +42,16 @@ def serve(requests: list[Request], *, dtype: str = "float64", backend: str = "nu
     cfg = EngineConfig(model="tiny", hardware="CPU-host", num_kv_blocks=num_kv_blocks, **config)  # type: ignore[arg-type]
     executor = RealExecutor(SPEC, num_kv_blocks, cfg.block_size, model=shared_model(dtype, backend),
                             keep_logits=True, record_steps=True)
-    ended = LLMEngine(cfg, executor).run(requests)
-    return executor, ended
+    if backend != "torch":
+        return executor, LLMEngine(cfg, executor).run(requests)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread only waits on a shared CPU
+    try:
+        return executor, LLMEngine(cfg, executor).run(requests)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def request(rid: str, segments: tuple[tuple[str, int], ...], output: int, arrival_ns: int = 0) -> Request:
