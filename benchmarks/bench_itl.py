@@ -1,0 +1,95 @@
+"""Full ITL analysis (`analyze_itl`, from opening the store to the typed result) on one simulated hour of a
+4-model fleet, and, in the same run, a straightforward pandas `merge_asof` token-to-step join (every token
+of every request matched to the step that produced it, then ITL by `groupby().shift()`) for comparison.
+
+    .venv/bin/python benchmarks/bench_itl.py [--duration 3600] [--seed 1] [--work DIR] [--threads 2]
+
+The fleet is `reference_engine.scenarios.random_fleet` with 4 models; its traces are simulated and ingested
+into DIR once (reused when present). Target: the full analysis ≤ 10 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+
+
+def prepare(work: Path, duration: float, seed: int) -> Path:
+    store_dir = work / "store"
+    if (store_dir / "READY").is_file():
+        return store_dir
+    from reference_engine.fleet import Fleet
+    from reference_engine.fleet_workload import fleet_requests
+    from reference_engine.otlp import OtlpJsonLinesWriter
+    from reference_engine.scenarios import random_fleet
+
+    work.mkdir(parents=True, exist_ok=True)
+    fleet = random_fleet(random.Random(seed), "bench-itl", num_models=4)
+    trace = work / "fleet.jsonl.gz"
+    writer = OtlpJsonLinesWriter(trace)
+    started = time.perf_counter()
+    try:
+        Fleet(fleet, writer, seed).run(fleet_requests(fleet, duration, seed))
+    finally:
+        writer.close()
+    print(f"simulated {duration:.0f} s of the fleet in {time.perf_counter() - started:.0f} s")
+    started = time.perf_counter()
+    ingest_paths(store_dir, [trace])
+    print(f"ingested in {time.perf_counter() - started:.0f} s")
+    (store_dir / "READY").write_text("ok\n")
+    return store_dir
+
+
+def merge_asof_join(store: Store) -> tuple[int, float]:
+    """Tokens (one row per token, from the decode memberships) joined to steps by time with merge_asof."""
+    steps = store.sql("SELECT instance, end_ns, step_index FROM steps ORDER BY end_ns").df()
+    members = store.sql("SELECT request_id, instance, start_ns, run_steps FROM step_membership "
+                        "WHERE role = 'decode'").df()
+    started = time.perf_counter()
+    # Each decode member gets a token at every step end of its span: expand by step ends of that span.
+    idx = np.repeat(np.arange(len(members)), members["run_steps"].to_numpy())
+    tokens = pd.DataFrame({"request_id": members["request_id"].to_numpy()[idx],
+                           "instance": members["instance"].to_numpy()[idx],
+                           "after_ns": members["start_ns"].to_numpy()[idx]})
+    runs = members["run_steps"].to_numpy()
+    tokens["k"] = np.arange(len(idx)) - np.repeat(np.cumsum(runs) - runs, runs)  # place in the span
+    spans = steps.sort_values(["instance", "end_ns"])
+    first = pd.merge_asof(tokens.sort_values("after_ns"), spans.rename(columns={"end_ns": "after_ns"}),
+                          on="after_ns", by="instance", direction="forward")
+    first["step_index"] = first["step_index"] + first["k"]
+    joined = first.merge(spans, on=["instance", "step_index"], how="left").sort_values(["request_id", "end_ns"])
+    joined["itl_ns"] = joined["end_ns"] - joined.groupby("request_id")["end_ns"].shift()
+    return len(joined), time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3600.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/infertrace-bench-itl"))
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    store_dir = prepare(args.work, args.duration, args.seed)
+    started = time.perf_counter()
+    with Store.open(store_dir, threads=args.threads) as store:
+        result = analyze_itl(store)
+        analysis_s = time.perf_counter() - started
+        tokens = sum(e.tokens for e in result.engines)
+        steps = store.sql("SELECT count(*) FROM steps").fetchone()[0]  # type: ignore[index]
+        rows, asof_s = merge_asof_join(store)
+    print(f"engines {len(result.engines)}, steps {steps:,}, tokens {tokens:,}, stalls {len(result.stalls):,}")
+    print(f"analyze_itl (open store → result): {analysis_s:.2f} s")
+    print(f"pandas merge_asof token-to-step join + ITL: {asof_s:.2f} s for {rows:,} tokens")
+
+
+if __name__ == "__main__":
+    main()
