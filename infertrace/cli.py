@@ -439,6 +439,124 @@ def evaluate(
         print("\n\n".join(EVALUATORS[name][1](result) for name, result in results.items()))
 
 
+@app.command()
+def report(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    since: Annotated[str | None, typer.Option(help="Window start: ISO 8601 (UTC), epoch s or ns")] = None,
+    until: Annotated[str | None, typer.Option(help="Window end (exclusive)")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, json or html")] = "table",
+    fail_on: Annotated[str, typer.Option(
+        help="Exit 1 when a finding is at least this severe: info, warning, critical, or never")] = "critical",
+    slo: Annotated[list[str] | None, typer.Option(
+        help="SLO target KEY=VALUE (repeatable): ttft|itl|e2e_p50|p95|p99_ms, error_rate, rejected_rate")] = None,
+    section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the report to this file instead of stdout")] = None,
+) -> None:
+    """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
+    recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error."""
+    from infertrace.analyzers.slo import parse_target, with_targets
+    from infertrace.report import FORMATS, SEVERITIES, ReportOptions, build_report, render, severity_at_least
+    from infertrace.report.model import SECTIONS
+    from infertrace.runbook import parse_time_ns
+
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fail_on not in (*SEVERITIES[1:], "never"):
+        raise fail(f"--fail-on must be info, warning, critical or never, got {fail_on!r}")
+    unknown = sorted(set(section or ()) - set(SECTIONS))
+    if unknown:
+        raise fail(f"--section: unknown {unknown}; known: {', '.join(SECTIONS)}")
+    try:
+        targets = with_targets([parse_target(t) for t in slo or ()])
+        since_ns = parse_time_ns(since) if since is not None else None
+        until_ns = parse_time_ns(until) if until is not None else None
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise fail(f"--since {since} is not before --until {until}")
+    options = ReportOptions(since_ns=since_ns, until_ns=until_ns, model=model, tenant=tenant, targets=targets,
+                            sections=tuple(section) if section else SECTIONS)
+    from infertrace.store.store import Store
+
+    try:
+        with Store.open(store) as opened:
+            if not opened.segments:
+                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            doc = build_report(opened, options)
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    text = render(doc, fmt)
+    if out is None:
+        print(text, end="")
+    else:
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise fail(f"--out {out}: {e}") from None
+    if fail_on != "never" and severity_at_least(doc["severity"], fail_on):
+        raise typer.Exit(1)
+
+
+@app.command()
+def dashboard(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    port: Annotated[int, typer.Option(help="Port to serve on")] = 8501,
+    address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+) -> None:
+    """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook)."""
+    import subprocess
+    import sys
+
+    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    if not app_path.is_file():
+        raise fail(f"{app_path}: the dashboard app is missing (run from a clone of the repository)")
+    if not store.is_dir():
+        raise fail(f"--store {store}: no such store directory")
+    command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
+               "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
+               "--", "--store", str(store.resolve())]
+    print(f"infertrace dashboard: http://{address}:{port}/ on store {store}", flush=True)
+    try:
+        raise typer.Exit(subprocess.call(command))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Store directory to create (the scenario goes into OUT/scenario)")] = (
+        Path("demo-store")),
+    fmt: Annotated[str, typer.Option("--format", help="Report format: table, markdown, json or html")] = "table",
+    seed: Annotated[int, typer.Option(help="Seed of the incident's onset, length and magnitude")] = 7,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of traffic")] = 300.0,
+) -> None:
+    """Simulate a canonical multi-model incident (a shared router degrading two of three models, prefill
+    collisions on one), ingest it, print the report, and say how to open the dashboard on that store."""
+    from infertrace.demo import injected, run_demo
+    from infertrace.report import FORMATS, build_report, render
+    from infertrace.store.store import Store
+
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if duration < 60:
+        raise fail(f"--duration must be ≥ 60 simulated seconds (a baseline, then the incident), got {duration}")
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {out} exists and is not a directory")
+    err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …")
+    try:
+        run = run_demo(out, seed, duration)
+    except OSError as e:
+        raise fail(f"--out {out}: {e}") from None
+    err.print(injected(run.truth))
+    with Store.open(out) as store:
+        print(render(build_report(store), fmt), end="")
+    err.print(f"\nOpen the dashboard on this store:\n  infertrace dashboard --store {out}\n"
+              f"then browse http://127.0.0.1:8501/ (ITL spikes, incidents, runbook). Ask the runbook:\n"
+              f"  infertrace query --store {out} worst_itl_gaps --param top=5")
+
+
 def main() -> None:
     app()
 

@@ -32,3 +32,13 @@ def incident_store(family: str, seed: int = 1, duration_s: float = 120.0) -> Inc
     traces = root / "scenario" / truth["traces"]
     ingest_paths(root / "store", [traces])
     return IncidentStore(root / "store", traces, truth)
+
+
+@functools.cache
+def demo_store() -> IncidentStore:
+    """The `infertrace demo` incident (a degraded shared router; prefill collisions), at its default seed."""
+    from infertrace.demo import run_demo
+
+    root = Path(tempfile.mkdtemp(prefix="infertrace-demo-"))
+    run = run_demo(root / "store")
+    return IncidentStore(run.store, run.scenario_dir / run.truth["traces"], run.truth)

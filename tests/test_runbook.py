@@ -14,14 +14,14 @@ from infertrace.runbook import RunbookError, get_query, load_queries, parse_time
 from infertrace.runbook.catalog import parse_query
 from infertrace.runbook.document import runbook_markdown
 from infertrace.store.store import Store
-from tests.incident_stores import incident_store
+from tests.incident_stores import demo_store, incident_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def storm() -> Store:
-    with Store.open(incident_store("prefill_storm").store) as store:
+def demo() -> Store:
+    with Store.open(demo_store().store) as store:
         store.materialize()
         yield store
 
@@ -51,28 +51,28 @@ def _values_for(store: Store) -> dict[str, str]:
             "since": str(lo + (hi - lo) // 3), "until": str(lo + 2 * (hi - lo) // 3)}
 
 
-def test_every_query_runs_on_a_real_store_and_most_return_rows(storm: Store) -> None:
-    values = _values_for(storm)
+def test_every_query_runs_on_a_real_store_and_most_return_rows(demo: Store) -> None:
+    values = _values_for(demo)
     empty = []
     for q in load_queries().values():
-        frame = run_query(storm, q, {p.name: values[p.name] for p in q.parameters if p.required})
+        frame = run_query(demo, q, {p.name: values[p.name] for p in q.parameters if p.required})
         if frame.empty:
             empty.append(q.name)
-    # the prefill storm has no KV transfers (not disaggregated) and no preemptions or 429s in its fleet
-    assert set(empty) <= {"kv_transfer_by_link", "preemptions", "errors_by_component"}, empty
+    # the demo fleet is not disaggregated (no KV transfers) and its KV cache never runs out (no preemptions)
+    assert set(empty) <= {"kv_transfer_by_link", "preemptions"}, empty
 
 
-def test_slowest_requests_returns_exactly_the_top_ttfts_of_the_requests_relation(storm: Store) -> None:
-    frame = run_query(storm, "slowest_requests", {"top": "5"})
-    expected = storm.sql("SELECT request_id FROM requests ORDER BY ttft_ns DESC, request_id LIMIT 5").fetchall()
+def test_slowest_requests_returns_exactly_the_top_ttfts_of_the_requests_relation(demo: Store) -> None:
+    frame = run_query(demo, "slowest_requests", {"top": "5"})
+    expected = demo.sql("SELECT request_id FROM requests ORDER BY ttft_ns DESC, request_id LIMIT 5").fetchall()
     assert frame["request_id"].tolist() == [r[0] for r in expected]
 
 
-def test_prefills_colliding_with_the_worst_stalled_request_name_the_ground_truth_culprit(storm: Store) -> None:
-    truth = incident_store("prefill_storm").truth["itl"]["stalled_steps"]
+def test_prefills_colliding_with_the_worst_stalled_request_name_the_ground_truth_culprit(demo: Store) -> None:
+    truth = demo_store().truth["itl"]["stalled_steps"]
     worst = max(truth, key=lambda s: s["duration_ns"] - s["decode_only_ns"])
     victim = worst["victims"][0]
-    frame = run_query(storm, "prefills_colliding_with_request", {"request_id": victim, "top": "1"})
+    frame = run_query(demo, "prefills_colliding_with_request", {"request_id": victim, "top": "1"})
     assert set(frame["prefill_request_id"]) & {c["request"] for c in worst["culprits"]}
 
 
@@ -91,27 +91,27 @@ def test_rate_limiter_query_counts_every_429_of_the_flapping_limiter() -> None:
 INJECTION = "x' OR '1'='1"
 
 
-def test_parameters_are_bound_so_a_quoted_value_matches_nothing_instead_of_everything(storm: Store) -> None:
+def test_parameters_are_bound_so_a_quoted_value_matches_nothing_instead_of_everything(demo: Store) -> None:
     q = get_query("request_tokens")
-    assert run_query(storm, q, {"request_id": INJECTION}).empty
+    assert run_query(demo, q, {"request_id": INJECTION}).empty
     # The same value formatted into the SQL would have matched every token: the probe is meaningful.
     formatted = q.sql.replace("$request_id", f"'{INJECTION}'").replace("$min_itl_ms", "0")
-    assert len(storm.sql(formatted).fetchall()) > 0
+    assert len(demo.sql(formatted).fetchall()) > 0
     # and a value that tries to end the statement is only a value
-    assert run_query(storm, q, {"request_id": "x'; DROP VIEW requests; --"}).empty
-    assert storm.sql("SELECT count(*) FROM requests").fetchall()[0][0] > 0
+    assert run_query(demo, q, {"request_id": "x'; DROP VIEW requests; --"}).empty
+    assert demo.sql("SELECT count(*) FROM requests").fetchall()[0][0] > 0
 
 
-def test_query_text_never_contains_a_bound_value(storm: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_query_text_never_contains_a_bound_value(demo: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, object]] = []
-    original = storm.sql
+    original = demo.sql
 
     def spy(query: str, params: object = None) -> object:
         seen.append((query, params))
         return original(query, params)
 
-    monkeypatch.setattr(storm, "sql", spy)
-    run_query(storm, "ttft_breakdown", {"model": "needle-model-name"})
+    monkeypatch.setattr(demo, "sql", spy)
+    run_query(demo, "ttft_breakdown", {"model": "needle-model-name"})
     (text, params), = seen
     assert "needle-model-name" not in text
     assert params["model"] == "needle-model-name"
@@ -146,7 +146,7 @@ def test_runbook_md_is_generated_from_the_headers_and_not_stale() -> None:
 
 
 def test_cli_lists_runs_and_exits_2_on_a_missing_store_or_a_bad_parameter(tmp_path: Path) -> None:
-    store = str(incident_store("prefill_storm").store)
+    store = str(demo_store().store)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "infertrace.cli", *args], capture_output=True, text=True,

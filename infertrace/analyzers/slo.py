@@ -1,0 +1,267 @@
+"""Fleet SLO summary: TTFT, ITL and E2E percentiles per model (whole window and per time bucket), error and
+429 rates at the gateway, each checked against configurable SLO targets.
+
+TTFT and E2E are as the client sees them: from the start of the request's gateway span (arrival at the
+engine when the trace has none) to its first / last token in the `requests` relation; ITL comes from the
+`tokens` relation (every token after a request's first), errors and 429s from the gateway's calls in
+`component_calls` (a request rejected at the gateway never reaches an engine). A window and model/tenant
+filters select requests by arrival; a request's tokens go with it.
+
+A target is breached when the observed value exceeds it; the breach is `critical` when the observed value is
+at least `critical_ratio` times the target, else `warning`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infertrace.store.store import Store
+
+SEVERITIES = ("ok", "warning", "critical")
+QUANTILES = (0.5, 0.95, 0.99)
+METRICS = ("ttft", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class SloTarget:
+    metric: str  # ttft | itl | e2e (milliseconds at `quantile`) or error_rate | rejected_rate (fractions)
+    quantile: float | None  # 0.5, 0.95 or 0.99 for latency metrics; None for rates
+    threshold: float
+
+    @property
+    def key(self) -> str:
+        if self.quantile is None:
+            return self.metric
+        return f"{self.metric}_p{round(self.quantile * 100)}_ms"
+
+
+DEFAULT_TARGETS = (SloTarget("ttft", 0.99, 1000.0), SloTarget("itl", 0.99, 100.0), SloTarget("e2e", 0.99, 30000.0),
+                   SloTarget("error_rate", None, 0.01), SloTarget("rejected_rate", None, 0.01))
+
+
+def parse_target(text: str) -> SloTarget:
+    """`ttft_p99_ms=500`, `itl_p95_ms=80`, `e2e_p50_ms=4000`, `error_rate=0.02`, `rejected_rate=0.05`."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    try:
+        threshold = float(value)
+    except ValueError:
+        raise ValueError(f"SLO {text!r}: expected KEY=NUMBER") from None
+    if not sep or threshold < 0:
+        raise ValueError(f"SLO {text!r}: expected KEY=NUMBER with a number ≥ 0")
+    if key in ("error_rate", "rejected_rate"):
+        return SloTarget(key, None, threshold)
+    parts = key.split("_")
+    if len(parts) == 3 and parts[0] in METRICS and parts[2] == "ms" and parts[1] in ("p50", "p95", "p99"):
+        return SloTarget(parts[0], int(parts[1][1:]) / 100, threshold)
+    raise ValueError(f"SLO {text!r}: unknown key {key!r}; use ttft|itl|e2e _p50|_p95|_p99 _ms, error_rate or "
+                     "rejected_rate")
+
+
+def with_targets(overrides: list[SloTarget], base: tuple[SloTarget, ...] = DEFAULT_TARGETS) -> tuple[SloTarget, ...]:
+    """`base` with each override replacing the target of the same metric (a latency metric keeps one target)."""
+    merged = {t.metric: t for t in base}
+    for t in overrides:
+        merged[t.metric] = t
+    return tuple(merged.values())
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+
+    def at(self, quantile: float) -> float | None:
+        return {0.5: self.p50_ms, 0.95: self.p95_ms, 0.99: self.p99_ms}[quantile]
+
+
+@dataclass(frozen=True)
+class SloCheck:
+    target: SloTarget
+    observed: float | None
+    severity: str  # ok | warning | critical
+
+    @property
+    def ratio(self) -> float | None:
+        if self.observed is None or self.target.threshold == 0:
+            return None
+        return self.observed / self.target.threshold
+
+
+@dataclass(frozen=True)
+class ModelSlo:
+    model: str
+    gateway_requests: int  # requests the gateway answered for this model
+    errors: int  # gateway outcome error (5xx, timeouts)
+    rejected: int  # HTTP 429
+    engine_requests: int  # requests that reached an engine (rows of `requests`)
+    ttft: Percentiles
+    itl: Percentiles
+    e2e: Percentiles
+    checks: tuple[SloCheck, ...]
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.gateway_requests if self.gateway_requests else None
+
+    @property
+    def rejected_rate(self) -> float | None:
+        return self.rejected / self.gateway_requests if self.gateway_requests else None
+
+    @property
+    def severity(self) -> str:
+        return max((c.severity for c in self.checks), key=SEVERITIES.index, default="ok")
+
+
+@dataclass(frozen=True)
+class SloBucket:
+    model: str
+    start_ns: int
+    requests: int  # requests arriving in the bucket
+    percentiles_ms: dict[str, float | None]  # "ttft_p99_ms" → value, for every metric × quantile
+    breached: tuple[str, ...]  # target keys breached in this bucket (latency targets only)
+
+
+@dataclass(frozen=True)
+class SloSummary:
+    since_ns: int | None
+    until_ns: int | None
+    start_ns: int | None  # first request arrival in the selection
+    end_ns: int | None  # last request finish in the selection
+    model_filter: str | None
+    tenant_filter: str | None
+    targets: tuple[SloTarget, ...]
+    critical_ratio: float
+    bucket_ns: int
+    models: tuple[ModelSlo, ...]
+    buckets: tuple[SloBucket, ...] = field(default=())
+
+    @property
+    def severity(self) -> str:
+        return max((m.severity for m in self.models), key=SEVERITIES.index, default="ok")
+
+    def model(self, name: str) -> ModelSlo:
+        return next(m for m in self.models if m.model == name)
+
+
+# The selected requests, with TTFT and E2E as the client sees them: from the gateway span's start when the
+# request's trace has one (gateway components and routing included), else from arrival at the engine.
+_SELECTED = """
+WITH r AS (
+    SELECT q.request_id, q.model, q.tenant, coalesce(g.start_ns, q.arrival_ns) AS arrival_ns, q.finish_ns,
+           q.first_token_ns - coalesce(g.start_ns, q.arrival_ns) AS ttft_ns,
+           q.finish_ns - coalesce(g.start_ns, q.arrival_ns) AS e2e_ns
+    FROM requests q
+    LEFT JOIN component_calls g ON g.trace_id = q.trace_id AND g.component = 'gateway'
+    WHERE ($since IS NULL OR coalesce(g.start_ns, q.arrival_ns) >= $since)
+      AND ($until IS NULL OR coalesce(g.start_ns, q.arrival_ns) < $until)
+      AND ($model IS NULL OR q.model = $model) AND ($tenant IS NULL OR q.tenant = $tenant)
+)
+"""
+
+_PERCENTILES = _SELECTED + """
+SELECT r.model, 'ttft' AS metric, count(r.ttft_ns) AS n,
+       quantile_cont(r.ttft_ns, [0.5, 0.95, 0.99]) AS q{bucket_col}
+FROM r GROUP BY ALL
+UNION ALL
+SELECT r.model, 'e2e', count(r.e2e_ns), quantile_cont(r.e2e_ns, [0.5, 0.95, 0.99]){bucket_col}
+FROM r GROUP BY ALL
+UNION ALL
+SELECT r.model, 'itl', count(t.itl_ns), quantile_cont(t.itl_ns, [0.5, 0.95, 0.99]){bucket_col}
+FROM r JOIN tokens t ON t.request_id = r.request_id AND t.itl_ns IS NOT NULL
+GROUP BY ALL
+"""
+
+_GATEWAY = """
+SELECT g.model, count(*) AS n,
+       count(*) FILTER (WHERE g.outcome = 'error') AS errors,
+       count(*) FILTER (WHERE g.http_status = 429) AS rejected
+FROM component_calls g
+WHERE g.component = 'gateway' AND g.model IS NOT NULL
+  AND ($since IS NULL OR g.start_ns >= $since) AND ($until IS NULL OR g.start_ns < $until)
+  AND ($model IS NULL OR g.model = $model) AND ($tenant IS NULL OR g.tenant = $tenant)
+GROUP BY ALL
+"""
+
+_EXTENT = _SELECTED + "SELECT min(r.arrival_ns), max(r.finish_ns), count(*) FROM r"
+
+
+def _ms(ns: Any) -> float | None:
+    return None if ns is None else float(ns) / 1e6
+
+
+def _severity(observed: float | None, threshold: float, critical_ratio: float) -> str:
+    if observed is None or observed <= threshold:
+        return "ok"
+    return "critical" if observed >= critical_ratio * threshold else "warning"
+
+
+def bucket_width_ns(span_ns: int, target_buckets: int = 60) -> int:
+    """A round bucket width (1, 2, 5, 10, 15, 30 s, 1, 2, 5, 10, 15, 30 min, 1 h) giving about
+    `target_buckets` buckets over `span_ns`."""
+    widths_s = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+    wanted = span_ns / max(target_buckets, 1) / 1e9
+    return next((w for w in widths_s if w >= wanted), widths_s[-1]) * 10**9
+
+
+def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | None = None, model: str | None = None,
+                tenant: str | None = None, targets: tuple[SloTarget, ...] = DEFAULT_TARGETS,
+                critical_ratio: float = 2.0, bucket_ns: int | None = None) -> SloSummary:
+    """Percentiles per model and per time bucket for the selected requests, checked against `targets`."""
+    params = {"since": since_ns, "until": until_ns, "model": model, "tenant": tenant}
+    start, end, _count = store.sql(_EXTENT, params=params).fetchall()[0]
+    if bucket_ns is None:
+        bucket_ns = bucket_width_ns((end - start) if start is not None else 0)
+    overall: dict[tuple[str, str], Percentiles] = {}
+    for row_model, metric, n, q in store.sql(
+            _PERCENTILES.format(bucket_col=""), params=params).fetchall():
+        qs = list(q) if q is not None else [None, None, None]
+        overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
+    gateway = {row[0]: row[1:] for row in store.sql(_GATEWAY, params=params).fetchall()}
+    models = sorted({m for m, _ in overall} | set(gateway))
+    empty = Percentiles(0, None, None, None)
+    results = []
+    for name in models:
+        n_gw, errors, rejected = gateway.get(name, (0, 0, 0))
+        pct = {metric: overall.get((name, metric), empty) for metric in METRICS}
+        engine_requests = pct["ttft"].count
+        slo = ModelSlo(name, int(n_gw), int(errors), int(rejected), engine_requests, pct["ttft"], pct["itl"],
+                       pct["e2e"], ())
+        checks = []
+        for t in targets:
+            if t.quantile is None:
+                observed = slo.error_rate if t.metric == "error_rate" else slo.rejected_rate
+            else:
+                observed = pct[t.metric].at(t.quantile)
+            checks.append(SloCheck(t, observed, _severity(observed, t.threshold, critical_ratio)))
+        results.append(ModelSlo(name, int(n_gw), int(errors), int(rejected), engine_requests, pct["ttft"],
+                                pct["itl"], pct["e2e"], tuple(checks)))
+    buckets = _buckets(store, params, bucket_ns, start, targets) if start is not None else ()
+    return SloSummary(since_ns, until_ns, start, end, model, tenant, targets, critical_ratio, bucket_ns,
+                      tuple(results), buckets)
+
+
+def _buckets(store: Store, params: dict[str, Any], bucket_ns: int, start: int,
+             targets: tuple[SloTarget, ...]) -> tuple[SloBucket, ...]:
+    bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket"
+    sql = _PERCENTILES.format(bucket_col=bucket_col)
+    counts_sql = _SELECTED + "SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width, count(*) " \
+        "FROM r GROUP BY ALL"
+    bound = {**params, "origin": start, "width": bucket_ns}
+    values: dict[tuple[str, int], dict[str, float | None]] = {}
+    for row_model, metric, _n, q, bucket in store.sql(sql, params=bound).fetchall():
+        cell = values.setdefault((row_model, int(bucket)), {})
+        for quantile, v in zip(QUANTILES, q or [None] * 3, strict=True):
+            cell[f"{metric}_p{round(quantile * 100)}_ms"] = _ms(v)
+    requests = {(m, int(b)): int(n) for m, b, n in store.sql(counts_sql, params=bound).fetchall()}
+    out = []
+    for (row_model, bucket), cell in sorted(values.items()):
+        breached = tuple(t.key for t in targets if t.quantile is not None
+                         and (cell.get(t.key) or 0.0) > t.threshold)
+        full = {f"{m}_p{round(q * 100)}_ms": cell.get(f"{m}_p{round(q * 100)}_ms") for m in METRICS for q in QUANTILES}
+        out.append(SloBucket(row_model, bucket, requests.get((row_model, bucket), 0), full, breached))
+    return tuple(out)

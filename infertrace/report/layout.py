@@ -1,0 +1,149 @@
+"""The report document laid out as blocks (headings, paragraphs, tables) that every text format renders the
+same way. Layout chooses columns and wording; the numbers are the document's, unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int  # 1: report, 2: section
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    text: str
+    severity: str | None = None  # shown as a marker/colour when set
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    severities: tuple[str | None, ...] = ()  # per row, for colouring
+
+
+Block = Heading | Paragraph | Table
+
+TITLES = {
+    "slo": "Fleet SLO summary",
+    "incidents": "Incidents and ranked causes",
+    "itl": "ITL spikes and their culprit prefills",
+    "ttft": "TTFT decomposition",
+    "prefix_cache": "Prefix cache and billing",
+    "prefill_throughput": "Prefill throughput against the roofline",
+}
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
+    if isinstance(value, list | tuple):
+        return ", ".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _selection(doc: dict[str, Any]) -> str:
+    sel = doc["selection"]
+    parts = [f"{k} {v}" for k, v in sel.items() if v is not None]
+    store = doc["store"]
+    scope = f"store of {store['spans']} spans in {store['segments']} segments, {store['first_span']} to " \
+            f"{store['last_span']}"
+    return f"{scope}; selection: {', '.join(parts) if parts else 'everything'}."
+
+
+def _slo(section: dict[str, Any]) -> list[Block]:
+    targets = ", ".join(f"{t['key']} ≤ {cell(t['threshold'])}" for t in section["targets"])
+    blocks: list[Block] = [Paragraph(f"Targets: {targets}; critical at {cell(section['critical_ratio'])}× a "
+                                     f"target. TTFT and E2E from the gateway to the first/last token.")]
+    rows, sev = [], []
+    for m in section["models"]:
+        rows.append((m["model"], m["severity"], m["gateway_requests"], m["engine_requests"],
+                     m["ttft_ms"]["p50"], m["ttft_ms"]["p95"], m["ttft_ms"]["p99"],
+                     m["itl_ms"]["p50"], m["itl_ms"]["p95"], m["itl_ms"]["p99"],
+                     m["e2e_ms"]["p50"], m["e2e_ms"]["p99"], m["error_rate"], m["rejected_rate"]))
+        sev.append(m["severity"])
+    blocks.append(Table(("model", "slo", "gateway req", "engine req", "ttft p50 ms", "ttft p95 ms", "ttft p99 ms",
+                         "itl p50 ms", "itl p95 ms", "itl p99 ms", "e2e p50 ms", "e2e p99 ms", "error rate",
+                         "429 rate"), tuple(rows), tuple(sev)))
+    return blocks
+
+
+def _incidents(section: dict[str, Any]) -> list[Block]:
+    if not section["incidents"]:
+        return [Paragraph("No incident: no model's TTFT, decode speed, errors or 429s departed from its own "
+                          "baseline.")]
+    blocks: list[Block] = []
+    for inc in section["incidents"]:
+        blocks.append(Paragraph(inc["summary"], "critical"))
+        for a in inc["anomalies"]:
+            blocks.append(Paragraph(f"{a['model']}: " + "; ".join(s["phrase"] for s in a["shifts"])))
+        rows = tuple((c["rank"], c["id"], c["kind"], c["score"], c["ochiai"], c["own_anomaly"]["score"],
+                      c["own_anomaly"]["what"], f"{c['e_f']}/{c['e_f'] + c['n_f']}", c["e_p"])
+                     for c in inc["causes"])
+        blocks.append(Table(("rank", "candidate", "kind", "score", "ochiai", "own anomaly", "signal",
+                             "anomalous covered", "normal through"), rows))
+        if inc["causes"]:
+            blocks.append(Paragraph("Evidence for #1: " + " ".join(inc["causes"][0]["evidence"])))
+        if inc["commonality"]:
+            blocks.append(Paragraph(inc["commonality"]))
+    return blocks
+
+
+def _itl(section: dict[str, Any]) -> list[Block]:
+    by_cause = ", ".join(f"{k} {v}" for k, v in section["stalls_by_cause"].items())
+    blocks: list[Block] = [Paragraph(
+        f"{section['stalls']} stalled steps in the selection ({by_cause}). A step stalls its decoding requests "
+        f"when it adds at least {cell(section['stall_ratio'])}× their decode-only step and at least "
+        f"{cell(section['min_excess_ms'])} ms.")]
+    blocks.append(Table(
+        ("engine", "model", "policy", "itl p50 ms", "itl p99 ms", "decode step ms", "prefill stalls",
+         "prefill share of p99", "p99 w/o prefill ms", "p99 with budget ms", "budget tokens"),
+        tuple((e["instance"], e["model"], e["policy"], e["itl_p50_ms"], e["itl_p99_ms"], e["decode_step_p50_ms"],
+               e["stalls"].get("prefill", 0), e["prefill_share_of_p99"], e["itl_p99_without_prefill_ms"],
+               e["itl_p99_with_chunk_budget_ms"], e["chunk_budget_tokens"]) for e in section["engines"])))
+    if section["top_culprits"]:
+        blocks.append(Paragraph("Top culprit prefills (by delay handed to decoding requests):"))
+        blocks.append(Table(
+            ("culprit request", "tenant", "engine", "prompt tokens", "cached", "stalls", "victims", "engine ms added",
+             "victim ms total"),
+            tuple((c["request_id"], c["tenant"], c["instance"], c["prompt_tokens"], c["cached_tokens"], c["stalls"],
+                   c["victims"], c["stall_ms"], c["victim_stall_ms"]) for c in section["top_culprits"])))
+    if section["worst_stalls"]:
+        blocks.append(Paragraph("Worst stalls:"))
+        blocks.append(Table(
+            ("end", "engine", "step", "duration ms", "decode-only ms", "added ms", "causes", "culprits", "victims"),
+            tuple((s["end"], s["instance"], s["step_index"], s["duration_ms"], s["decode_only_ms"], s["added_ms"],
+                   s["causes"], s["culprits"], s["victims"]) for s in section["worst_stalls"])))
+    return blocks
+
+
+RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl}
+
+
+def layout(doc: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = [Heading(f"infertrace report: {doc['severity']}", 1), Paragraph(_selection(doc))]
+    if doc["findings"]:
+        blocks.append(Heading("Findings", 2))
+        blocks += [Paragraph(f["title"], f["severity"]) for f in doc["findings"]]
+    for name, section in doc["sections"].items():
+        blocks.append(Heading(TITLES.get(name, name), 2))
+        if section.get("status") != "ok":
+            blocks.append(Paragraph(f"Not available: {section.get('reason', 'no result')}."))
+            continue
+        blocks += RENDERERS[name](section)
+    blocks.append(Heading("Recommendations", 2))
+    if not doc["recommendations"]:
+        blocks.append(Paragraph("None: no rule's evidence held in this selection."))
+    for r in doc["recommendations"]:
+        blocks.append(Paragraph(f"{r['action']} Because: {r['because']}"))
+    return blocks

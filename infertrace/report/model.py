@@ -1,0 +1,270 @@
+"""The report as one JSON-ready document (schema `infertrace.report/1`, `schema.json`, docs/report.md), built
+from the analyzers' results. Every renderer (table, markdown, html, json) renders this document; nothing
+here computes a statistic: numbers are copied from analyzer results, converted to milliseconds and rounded.
+
+    doc = build_report(store, ReportOptions(since_ns=..., model="llama-3-8b"))
+    exit_code = 1 if severity_at_least(doc["severity"], "warning") else 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from infertrace.analyzers.slo import DEFAULT_TARGETS, SloSummary, SloTarget, slo_summary
+from infertrace.report.recommendations import recommend
+
+if TYPE_CHECKING:
+    from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.rca import RcaReport
+    from infertrace.store.store import Store
+
+SCHEMA_ID = "infertrace.report/1"
+SEVERITIES = ("ok", "info", "warning", "critical")
+SECTIONS = ("slo", "incidents", "itl", "ttft", "prefix_cache", "prefill_throughput")
+# Sections whose analyzers the report does not render yet; each says so in the document.
+NOT_RENDERED = {
+    "ttft": "the TTFT decomposition analyzer (infertrace.analyzers.ttft) is not rendered by this report yet",
+    "prefix_cache": "the prefix-cache analyzer (infertrace.analyzers.prefix_cache) is not rendered by this report "
+                    "yet",
+    "prefill_throughput": "the prefill roofline analyzer (infertrace.analyzers.roofline) is not rendered by this "
+                          "report yet",
+}
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    since_ns: int | None = None
+    until_ns: int | None = None
+    model: str | None = None
+    tenant: str | None = None
+    targets: tuple[SloTarget, ...] = DEFAULT_TARGETS
+    critical_ratio: float = 2.0
+    top: int = 5  # rows per list (culprits, stalls, causes)
+    sections: tuple[str, ...] = field(default=SECTIONS)
+
+
+def severity_at_least(severity: str, level: str) -> bool:
+    return SEVERITIES.index(severity) >= SEVERITIES.index(level)
+
+
+def iso(ns: int | None) -> str | None:
+    """UTC ISO 8601 with nanoseconds, e.g. 2026-01-01T00:00:30.123456789Z."""
+    if ns is None:
+        return None
+    seconds, rest = divmod(int(ns), 10**9)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{rest:09d}Z"
+
+
+def ms(ns: float | None, digits: int = 3) -> float | None:
+    return None if ns is None else round(float(ns) / 1e6, digits)
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+# ------------------------------------------------------------------------------------------ sections
+def slo_section(summary: SloSummary) -> dict[str, Any]:
+    def pct(p: Any) -> dict[str, Any]:
+        return {"count": p.count, "p50": _r(p.p50_ms, 3), "p95": _r(p.p95_ms, 3), "p99": _r(p.p99_ms, 3)}
+
+    return {
+        "status": "ok",
+        "first_arrival": iso(summary.start_ns),
+        "last_finish": iso(summary.end_ns),
+        "critical_ratio": summary.critical_ratio,
+        "targets": [{"key": t.key, "metric": t.metric, "quantile": t.quantile, "threshold": t.threshold}
+                    for t in summary.targets],
+        "models": [{
+            "model": m.model,
+            "severity": m.severity,
+            "gateway_requests": m.gateway_requests,
+            "engine_requests": m.engine_requests,
+            "errors": m.errors,
+            "rejected_429": m.rejected,
+            "error_rate": _r(m.error_rate, 6),
+            "rejected_rate": _r(m.rejected_rate, 6),
+            "ttft_ms": pct(m.ttft),
+            "itl_ms": pct(m.itl),
+            "e2e_ms": pct(m.e2e),
+            "checks": [{"key": c.target.key, "threshold": c.target.threshold,
+                        "observed": _r(c.observed, 6), "severity": c.severity} for c in m.checks],
+        } for m in summary.models],
+    }
+
+
+def _overlaps(start: int, end: int, options: ReportOptions) -> bool:
+    return ((options.until_ns is None or start < options.until_ns)
+            and (options.since_ns is None or end >= options.since_ns))
+
+
+def incidents_section(rca: RcaReport, options: ReportOptions) -> dict[str, Any]:
+    out = []
+    for d in rca.diagnoses:
+        inc = d.incident
+        if not _overlaps(inc.onset_ns, inc.end_ns, options):
+            continue
+        if options.model is not None and options.model not in inc.models:
+            continue
+        top_lift = d.commonality.top() if d.commonality is not None else None
+        out.append({
+            "id": inc.id,
+            "onset": iso(inc.onset_ns),
+            "end": iso(inc.end_ns),
+            "models": list(inc.models),
+            "tenants": list(inc.tenants),
+            "severity_score": _r(inc.severity, 3),
+            "summary": inc.sentence(),
+            "requests_in_window": d.requests,
+            "anomalous_requests": d.anomalous_requests,
+            "anomalies": [{"model": a.key, "onset": iso(a.onset_ns), "end": iso(a.end_ns), "metric": a.metric,
+                           "peak_score": _r(a.peak_score, 3),
+                           "shifts": [{"metric": s.metric, "baseline": _r(s.baseline, 4),
+                                       "observed": _r(s.observed, 4), "score": _r(s.score, 3),
+                                       "phrase": s.phrase()} for s in a.shifts]}
+                          for a in inc.anomalies],
+            "causes": [{
+                "rank": c.rank,
+                "id": c.candidate.id,
+                "kind": c.candidate.kind,
+                "shared": c.candidate.shared,
+                "models_served": list(c.candidate.models),
+                "score": _r(c.score, 4),
+                "ochiai": _r(c.ochiai, 4),
+                "e_f": c.e_f, "n_f": c.n_f, "e_p": c.e_p,
+                "own_anomaly": {"signal": c.own.signal, "what": c.own.what, "score": _r(c.own.score, 4),
+                                "share_before": _r(c.own.share_before, 4),
+                                "share_during": _r(c.own.share_during, 4)},
+                "sentence": c.sentence(),
+                "evidence": list(c.evidence()),
+            } for c in d.causes[:options.top]],
+            "commonality": None if top_lift is None else top_lift.sentence(),
+        })
+    return {"status": "ok", "incidents": out}
+
+
+def itl_section(itl: ItlAnalysis, options: ReportOptions, tenants: dict[str, str | None]) -> dict[str, Any]:
+    """ITL spikes attributed to prefills. Engines are the analyzer's whole-store summaries; stalls and
+    culprits are those in the window, on the model's engines, and (with a tenant filter) with a culprit or
+    victim of that tenant."""
+    def selected(s: Any) -> bool:
+        if not _overlaps(s.start_ns, s.end_ns, options):
+            return False
+        if options.model is not None and s.model != options.model:
+            return False
+        if options.tenant is not None:
+            people = [c.tenant for c in s.culprits] + [tenants.get(v) for v in s.victims]
+            return options.tenant in people
+        return True
+
+    stalls = [s for s in itl.stalls if selected(s)]
+    in_window = {(c.request_id, s.instance) for s in stalls for c in s.culprits}
+    culprits = [c for c in itl.culprits if (c.request_id, c.instance) in in_window]
+    worst = sorted(stalls, key=lambda s: (-s.added_ns, s.end_ns, s.instance))[:options.top]
+    engines = [e for e in itl.engines if options.model is None or e.model == options.model]
+    return {
+        "status": "ok",
+        "stall_ratio": itl.params.stall_ratio,
+        "min_excess_ms": ms(itl.params.min_excess_ns),
+        "engines": [{
+            "instance": e.instance, "model": e.model, "policy": e.policy, "tokens": e.tokens,
+            "itl_p50_ms": ms(e.itl_p50_ns), "itl_p99_ms": ms(e.itl_p99_ns),
+            "decode_step_p50_ms": ms(e.decode_step_p50_ns), "stalls": dict(sorted(e.stalls.items())),
+            "unexplained_spikes": e.unexplained_spikes,
+            "prefill_share_of_p99": _r(e.prefill_share_of_p99, 4),
+            "itl_p99_without_prefill_ms": ms(e.itl_p99_without_prefill_ns),
+            "chunk_budget_tokens": e.chunk_budget_tokens,
+            "itl_p99_with_chunk_budget_ms": ms(e.itl_p99_with_chunk_budget_ns),
+        } for e in engines],
+        "stalls": len(stalls),
+        "stalls_by_cause": {cause: sum(cause in s.causes for s in stalls) for cause in ("prefill", "recompute",
+                                                                                         "host_pause")},
+        "top_culprits": [{
+            "request_id": c.request_id, "tenant": c.tenant, "instance": c.instance,
+            "prompt_tokens": c.prompt_tokens, "cached_tokens": c.cached_tokens, "chunk_tokens": c.chunk_tokens,
+            "stalls": c.stalls, "victims": c.victims, "stall_ms": ms(c.stall_ns),
+            "victim_stall_ms": ms(c.victim_stall_ns), "recompute": c.recompute,
+        } for c in culprits[:options.top]],
+        "worst_stalls": [{
+            "instance": s.instance, "model": s.model, "step_index": s.step_index, "end": iso(s.end_ns),
+            "duration_ms": ms(s.duration_ns), "decode_only_ms": ms(s.decode_only_ns), "added_ms": ms(s.added_ns),
+            "causes": list(s.causes), "culprits": [c.request_id for c in s.culprits], "victims": len(s.victims),
+        } for s in worst],
+    }
+
+
+# ------------------------------------------------------------------------------------------ findings
+def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the report flags, with the severity the analyzers gave it: SLO checks (warning/critical by the
+    SLO analyzer's breach ratio), incidents (critical: the anomaly detector already scored them above its
+    threshold), ITL stalls (info: evidence for the SLO findings, not an alarm by themselves)."""
+    out: list[dict[str, Any]] = []
+    sections = doc["sections"]
+    slo = sections.get("slo", {})
+    for m in slo.get("models", []):
+        for c in m["checks"]:
+            if c["severity"] != "ok":
+                out.append({"id": f"slo:{m['model']}:{c['key']}", "severity": c["severity"], "section": "slo",
+                            "title": f"{m['model']}: {c['key']} {c['observed']} exceeds the SLO of {c['threshold']}",
+                            "evidence": {"observed": c["observed"], "threshold": c["threshold"]}})
+    for inc in sections.get("incidents", {}).get("incidents", []):
+        top = inc["causes"][0] if inc["causes"] else None
+        title = inc["summary"] + (f" Most likely cause: {top['id']} ({top['kind']})." if top else "")
+        evidence: dict[str, Any] = {"models": len(inc["models"]), "severity_score": inc["severity_score"]}
+        if top:
+            evidence.update(cause=top["id"], score=top["score"], ochiai=top["ochiai"])
+        out.append({"id": f"incident:{inc['id']}", "severity": "critical", "section": "incidents", "title": title,
+                    "evidence": evidence})
+    itl = sections.get("itl", {})
+    if itl.get("status") == "ok" and itl["stalls"]:
+        top = itl["top_culprits"][0] if itl["top_culprits"] else None
+        title = f"{itl['stalls']} engine steps stalled decoding requests"
+        evidence = {"stalls": itl["stalls"], **{f"stalls_{k}": v for k, v in itl["stalls_by_cause"].items()}}
+        if top:
+            title += (f"; worst culprit {top['request_id']} ({top['tenant']}, {top['chunk_tokens']} prompt tokens) "
+                      f"stalled {top['victims']} requests by {top['victim_stall_ms']} ms in total")
+            evidence.update(culprit=top["request_id"], victims=top["victims"], victim_stall_ms=top["victim_stall_ms"])
+        out.append({"id": "itl:stalls", "severity": "info", "section": "itl", "title": title, "evidence": evidence})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ building
+def build_report(store: Store, options: ReportOptions | None = None, *, rca: RcaReport | None = None,
+                 itl: ItlAnalysis | None = None) -> dict[str, Any]:
+    """The report document for the store. `rca` and `itl` may be passed in when already computed (the
+    dashboard caches them); otherwise the analyzers run here."""
+    o = options or ReportOptions()
+    sections: dict[str, Any] = {}
+    if "slo" in o.sections:
+        sections["slo"] = slo_section(slo_summary(store, since_ns=o.since_ns, until_ns=o.until_ns, model=o.model,
+                                                  tenant=o.tenant, targets=o.targets, critical_ratio=o.critical_ratio))
+    if "incidents" in o.sections:
+        if rca is None:
+            from infertrace.analyzers.rca import analyze_incidents
+
+            rca = analyze_incidents(store)
+        sections["incidents"] = incidents_section(rca, o)
+    if "itl" in o.sections:
+        if itl is None:
+            from infertrace.analyzers.itl import analyze_itl
+
+            itl = analyze_itl(store)
+        tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
+        sections["itl"] = itl_section(itl, o, tenants)
+    for name, reason in NOT_RENDERED.items():
+        if name in o.sections:
+            sections[name] = {"status": "unavailable", "reason": reason}
+    extent = store.sql("SELECT min(start_ns), max(end_ns), count(*) FROM spans").fetchall()[0]
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_ID,
+        "store": {"segments": len(store.segments), "spans": int(extent[2]), "first_span": iso(extent[0]),
+                  "last_span": iso(extent[1])},
+        "selection": {"since": iso(o.since_ns), "until": iso(o.until_ns), "model": o.model, "tenant": o.tenant},
+        "sections": sections,
+    }
+    doc["findings"] = findings(doc)
+    doc["severity"] = max((f["severity"] for f in doc["findings"]), key=SEVERITIES.index, default="ok")
+    doc["recommendations"] = recommend(doc)
+    return doc
