@@ -1,0 +1,161 @@
+"""Ingest throughput and peak memory: `infertrace ingest` against a naive pandas `json_normalize` baseline,
+measured side by side in one run.
+
+    .venv/bin/python benchmarks/bench_ingest.py --spans 1000000 --baseline-spans 100000
+
+The input is real engine output: the reference engine replaying the Azure LLM conversation trace (one hour)
+with different seeds (so different trace and span ids), concatenated until the file has `--spans` spans.
+Each contender runs in a fresh subprocess that reports its own wall time and peak RSS (ru_maxrss):
+
+- `columnar`: `ingest_paths` as `infertrace ingest` runs it, on the whole file and on its first
+  `--baseline-spans` spans (memory must not grow with the file);
+- `record`: the record-by-record fallback path on the prefix (for reference);
+- `pandas`: `json.loads` per line, `pandas.json_normalize` of the spans and of their attributes, pivoted to
+  one column per key, on the prefix. It does not write its result, which flatters it. On the whole file it
+  would need ≈ 14 GB (DESIGN.md), so by default it runs on the prefix, and the ratio compares both on that
+  same prefix (`--baseline-spans 0` runs it on the whole file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AZURE = ROOT.parent / "shared" / "workloads" / "azure_conv_2023.csv"
+
+
+def generate(path: Path, spans: int) -> int:
+    """Writes whole OTLP JSON lines until at least `spans` spans; returns the exact count."""
+    from reference_engine.config import EngineConfig
+    from reference_engine.otlp import OtlpJsonLinesWriter
+    from reference_engine.simulate import WorkloadSpec, simulate
+
+    total = 0
+    seed = 0
+    with open(path, "wb") as out:
+        while total < spans:
+            part = path.with_suffix(f".part{seed}")
+            config = EngineConfig(instance_id=f"engine-{seed}")
+            requests = WorkloadSpec("azure", AZURE).requests(3600.0, seed, config.model)
+            writer = OtlpJsonLinesWriter(part)
+            simulate(config, requests, writer, seed)
+            with open(part, "rb") as f:
+                for line in f:
+                    if total >= spans:
+                        break
+                    out.write(line)
+                    total += line.count(b'"spanId"')
+            part.unlink()
+            seed += 1
+    return total
+
+
+def prefix(src: Path, dst: Path, spans: int) -> int:
+    total = 0
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        for line in f:
+            if total >= spans:
+                break
+            out.write(line)
+            total += line.count(b'"spanId"')
+    return total
+
+
+CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+kind, path, store = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+import pandas as pd
+from infertrace.store.ingest import ingest_paths
+start = time.perf_counter()  # after the imports
+if kind in ("columnar", "record"):
+    summary = ingest_paths(store, [path], columnar=kind == "columnar")
+    spans = summary.spans_read
+else:
+    frames = []
+    with open(path, "rb") as f:
+        for line in f:
+            data = json.loads(line)
+            frames.append(pd.json_normalize(data["resourceSpans"], record_path=["scopeSpans", "spans"],
+                                            meta=["resource"]))
+    df = pd.concat(frames, ignore_index=True)
+    attributes = df["attributes"].explode().dropna()
+    long = pd.json_normalize(attributes.tolist())
+    long.index = attributes.index
+    values = long.drop(columns=["key"])
+    wide = values.set_index(long["key"], append=True).unstack("key")
+    wide.columns = [f"{key}.{field}" for field, key in wide.columns]
+    df = df.drop(columns=["attributes"]).join(wide)
+    spans = len(df)
+elapsed = time.perf_counter() - start
+print(json.dumps({"spans": spans, "seconds": elapsed,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run(kind: str, path: Path, store: Path) -> dict[str, float]:
+    shutil.rmtree(store, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store)], capture_output=True, text=True,
+                          cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["spans_per_s"] = result["spans"] / result["seconds"]
+    result["mb_per_s"] = path.stat().st_size / 1e6 / result["seconds"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spans", type=int, default=1_000_000)
+    parser.add_argument("--baseline-spans", type=int, default=100_000,
+                        help="spans of the prefix the baseline runs on (0: the whole file)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/infertrace-bench-ingest"))
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    full = args.workdir / f"azure-{args.spans}.jsonl"
+    if not full.exists():
+        t = time.perf_counter()
+        n = generate(full, args.spans)
+        print(f"generated {full} ({n} spans, {full.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
+              file=sys.stderr)
+    part = full
+    if args.baseline_spans:
+        part = args.workdir / f"azure-{args.spans}-first-{args.baseline_spans}.jsonl"
+        prefix(full, part, args.baseline_spans)
+    store = args.workdir / "store"
+    results = {
+        "columnar, whole file": run("columnar", full, store),
+        "columnar, prefix": run("columnar", part, store),
+        "record, prefix": run("record", part, store),
+        "pandas json_normalize, prefix": run("pandas", part, store),
+    }
+    results["ratio columnar/pandas on the prefix"] = {
+        "spans_per_s": results["columnar, prefix"]["spans_per_s"] / results["pandas json_normalize, prefix"][
+            "spans_per_s"]}
+    load = os.getloadavg()
+    print(f"file: {full.stat().st_size / 1e6:.0f} MB, {results['columnar, whole file']['spans']} spans "
+          f"({full.stat().st_size / results['columnar, whole file']['spans']:.0f} bytes/span); "
+          f"load average at the end {load[0]:.1f} on {os.cpu_count()} cores")
+    print("| contender | spans | seconds | spans/s | MB/s | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for name, r in results.items():
+        if "seconds" in r:
+            print(f"| {name} | {r['spans']} | {r['seconds']:.1f} | {r['spans_per_s']:,.0f} | {r['mb_per_s']:.1f} | "
+                  f"{r['peak_rss_mb']:.0f} |")
+    ratio = results["ratio columnar/pandas on the prefix"]["spans_per_s"]
+    print(f"ratio columnar / pandas (same prefix): {ratio:.1f}×")
+    if args.json:
+        args.json.write_text(json.dumps({"load_average": load, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
