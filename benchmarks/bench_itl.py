@@ -62,7 +62,7 @@ def merge_asof_join(store: Store) -> tuple[int, float]:
                            "after_ns": members["start_ns"].to_numpy()[idx]})
     runs = members["run_steps"].to_numpy()
     tokens["k"] = np.arange(len(idx)) - np.repeat(np.cumsum(runs) - runs, runs)  # place in the span
-    spans = steps.sort_values(["instance", "end_ns"])
+    spans = steps.sort_values("end_ns")
     first = pd.merge_asof(tokens.sort_values("after_ns"), spans.rename(columns={"end_ns": "after_ns"}),
                           on="after_ns", by="instance", direction="forward")
     first["step_index"] = first["step_index"] + first["k"]
@@ -84,7 +84,7 @@ def main() -> None:
         result = analyze_itl(store)
         analysis_s = time.perf_counter() - started
         tokens = sum(e.tokens for e in result.engines)
-        steps = store.sql("SELECT count(*) FROM steps").fetchone()[0]  # type: ignore[index]
+        steps = store.sql("SELECT count(*) FROM steps").fetchall()[0][0]
         rows, asof_s = merge_asof_join(store)
     print(f"engines {len(result.engines)}, steps {steps:,}, tokens {tokens:,}, stalls {len(result.stalls):,}")
     print(f"analyze_itl (open store → result): {analysis_s:.2f} s")
