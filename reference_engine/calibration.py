@@ -1,7 +1,8 @@
 """Calibrate the simulated executor's cost model against measured step times.
 
-The roofline model (`cost_model.py`) has four free parameters, `CostParams`: the efficiencies of dense compute
-(η_c), memory reads (η_m) and attention (η_a) relative to the hardware spec's peaks, and a per-step overhead.
+The roofline model (`cost_model.py`) has six free parameters, `CostParams`: the efficiencies of dense compute
+(η_c), weight reads (η_m), attention FLOPs (η_a) and KV-cache reads (η_kv) relative to the hardware spec's
+peaks, a per-step overhead and a per-sequence overhead.
 Given measured steps (from the real executor, or a CSV of measured prefill and decode times), the fit minimises
 the relative error, log(predicted / measured), with prefill and decode steps weighted equally however many of
 each there are. The error is then reported per phase through `StepCostModel` itself, the code the simulator runs.
@@ -57,7 +58,10 @@ class Calibration:
         p = self.params
         lines = [f"Calibrated cost model for {self.model} on {self.hardware}:",
                  f"  compute_efficiency {p.compute_efficiency:.4g}  memory_efficiency {p.memory_efficiency:.4g}  "
-                 f"attention_efficiency {p.attention_efficiency:.4g}  step_overhead {p.step_overhead_s * 1e3:.3f} ms",
+                 f"attention_efficiency {p.attention_efficiency:.4g}  "
+                 f"kv_memory_efficiency {p.kv_memory_efficiency or p.memory_efficiency:.4g}",
+                 f"  step_overhead {p.step_overhead_s * 1e3:.3f} ms  "
+                 f"per_sequence_overhead {p.per_sequence_overhead_s * 1e3:.3f} ms",
                  f"  {'phase':<8} {'steps':>6} {'median ms':>10} {'median err':>11} {'p90 err':>8}"]
         for e in self.phases:
             lines.append(f"  {e.phase:<8} {e.steps:>6} {e.median_measured_ms:>10.3f} {e.median_error:>11.1%} "
@@ -120,15 +124,15 @@ def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec) 
         pairs = s.decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in s.chunks)
         kv_tokens = s.decode_ctx + sum(c + n for n, c in s.chunks)
         rows.append((2 * tokens * spec.active_block_params + 2 * s.sampled * spec.head_params, weights,
-                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens))
+                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens, s.num_decodes + len(s.chunks)))
     f = np.asarray(rows, dtype=np.float64)
-    return f / np.array([hw.peak_flops, hw.mem_bandwidth, hw.peak_flops, hw.mem_bandwidth])
+    return f / np.array([hw.peak_flops, hw.mem_bandwidth, hw.peak_flops, hw.mem_bandwidth, 1.0])
 
 
 def _vector_seconds(x: np.ndarray, f: np.ndarray) -> np.ndarray:
-    eta_c, eta_m, eta_a, overhead = np.exp(x)
-    return (np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + np.maximum(f[:, 2] / eta_a, f[:, 3] / eta_m)
-            + overhead)
+    eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = np.exp(x)
+    return (np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + np.maximum(f[:, 2] / eta_a, f[:, 3] / eta_kv)
+            + overhead + per_sequence * f[:, 4])
 
 
 def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
@@ -157,8 +161,8 @@ def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         steps = [s for s in steps if s.is_prefill == (phase == "prefill")]
-    if len(steps) < 4:
-        raise ValueError(f"need at least 4 measured steps to fit 4 parameters, got {len(steps)}")
+    if len(steps) < 6:
+        raise ValueError(f"need at least 6 measured steps to fit 6 parameters, got {len(steps)}")
     f = _features(steps, spec, hw)
     measured = np.array([s.duration_ns / 1e9 for s in steps])
     is_prefill = np.array([s.is_prefill for s in steps])
@@ -168,21 +172,21 @@ def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
     def residuals(x: np.ndarray) -> np.ndarray:
         return weight * (np.log(_vector_seconds(x, f)) - log_measured)
 
-    lower = np.log([1e-7, 1e-7, 1e-7, 1e-6])
-    upper = np.log([1.0, 1.0, 1.0, 10.0])
+    lower = np.log([1e-7, 1e-7, 1e-7, 1e-7, 1e-6, 1e-9])
+    upper = np.log([1.0, 1.0, 1.0, 1.0, 10.0, 1.0])
     overhead0 = float(np.min(measured))
     best = None
     for eta in (1.0, 0.1, 0.01, 0.001):
         for share in (0.9, 0.3):
-            x0 = np.log([eta, eta, eta, max(overhead0 * share, 2e-6)])
+            x0 = np.log([eta, eta, eta, eta, max(overhead0 * share, 2e-6), 1e-6])
             result = least_squares(residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
                                    x_scale=1.0, loss="soft_l1", f_scale=0.1)
             if best is None or result.cost < best.cost:
                 best = result
     assert best is not None
-    eta_c, eta_m, eta_a, overhead = (float(v) for v in np.exp(best.x))
+    eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = (float(v) for v in np.exp(best.x))
     params = CostParams(compute_efficiency=eta_c, memory_efficiency=eta_m, attention_efficiency=eta_a,
-                        step_overhead_s=overhead)
+                        kv_memory_efficiency=eta_kv, step_overhead_s=overhead, per_sequence_overhead_s=per_sequence)
     phases, median = evaluate(steps, spec, hw, params)
     return Calibration(spec.name, hw.name, params, phases, median)
 

@@ -6,7 +6,9 @@ tokens and S sampled positions:
     F_lin  = 2·N·P_blk + 2·S·P_head                B_w  = b·(P_blk + P_head)   (read once per micro-batch)
     F_attn = 4·L·n_q·d·[Σ(n_i·c_i + n_i(n_i+1)/2) + Σ ctx_j]
     B_kv   = 2·L·n_kv·d·b·[Σ(c_i + n_i) + Σ ctx_j]
-    t      = max(F_lin/(Π·η_c), B_w/(β·η_m)) + max(F_attn/(Π·η_a), B_kv/(β·η_m)) + t_overhead (+ all-reduce)
+    t      = max(F_lin/(Π·η_c), B_w/(β·η_m)) + max(F_attn/(Π·η_a), B_kv/(β·η_kv)) + t_overhead (+ all-reduce)
+
+(η_kv = η_m unless calibrated apart; an optional per-sequence overhead adds t_seq per sequence in the step.)
 
 Tensor parallelism divides FLOPs and bytes by the degree and adds two ring all-reduces per layer. A MoE
 multiplies each token by its routed experts only, and reads the experts that some token of the micro-batch
@@ -29,9 +31,22 @@ class CostParams:
     """Efficiencies and overheads; the defaults reproduce the worked examples in DESIGN.md."""
 
     compute_efficiency: float = 0.70  # η_c, dense GEMMs (Vidur's profiles: 0.70–0.75)
-    memory_efficiency: float = 0.85  # η_m, weight and KV reads (0.75–0.85)
+    memory_efficiency: float = 0.85  # η_m, weight reads (0.75–0.85)
     attention_efficiency: float = 0.45  # η_a, attention FLOPs (0.4–0.6)
     step_overhead_s: float = 0.001  # scheduling, sampling, kernel launches per step
+    # KV-cache reads by the attention kernel; None: as efficient as weight reads (η_m). Paged gathers of
+    # many short sequences can fall well below a GEMM's streaming bandwidth.
+    kv_memory_efficiency: float | None = None
+    per_sequence_overhead_s: float = 0.0  # per sequence in a step: input preparation, sampling, bookkeeping
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.kv_memory_efficiency is not None and not 0 < self.kv_memory_efficiency <= 1:
+            raise ValueError(f"kv_memory_efficiency must be in (0, 1], got {self.kv_memory_efficiency}")
+        if self.step_overhead_s < 0 or self.per_sequence_overhead_s < 0:
+            raise ValueError("overheads must be ≥ 0 seconds")
 
 
 class StepCostModel:
@@ -52,11 +67,13 @@ class StepCostModel:
         self._flop_rate = hw.peak_flops * p.compute_efficiency * tensor_parallel
         self._byte_rate = hw.mem_bandwidth * p.memory_efficiency * tensor_parallel
         self._attn_flop_rate = hw.peak_flops * p.attention_efficiency * tensor_parallel
+        kv_efficiency = p.memory_efficiency if p.kv_memory_efficiency is None else p.kv_memory_efficiency
+        self._kv_byte_rate = hw.mem_bandwidth * kv_efficiency * tensor_parallel
         # Attention per context token: FLOPs for one query against it, bytes to read its K and V.
         self._attn_flops_per_pair = 4 * m.num_layers * m.num_heads * m.head_dim
         self._kv_bytes_per_token = m.kv_bytes_per_token
         self._attn_s_per_decode_ctx = max(self._attn_flops_per_pair / self._attn_flop_rate,
-                                          self._kv_bytes_per_token / self._byte_rate)
+                                          self._kv_bytes_per_token / self._kv_byte_rate)
 
     # ---------------------------------------------------------------------------------- linear layers
     def _experts_touched(self, tokens: int) -> float:
@@ -107,13 +124,15 @@ class StepCostModel:
         pairs = decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in chunks)
         kv_tokens = decode_ctx + sum(c + n for n, c in chunks)
         attention = max(self._attn_flops_per_pair * pairs / self._attn_flop_rate,
-                        self._kv_bytes_per_token * kv_tokens / self._byte_rate)
+                        self._kv_bytes_per_token * kv_tokens / self._kv_byte_rate)
+        p = self.params
         return (self.linear_seconds(tokens, sampled) + attention + self.allreduce_seconds(tokens)
-                + self.params.step_overhead_s)
+                + p.step_overhead_s + p.per_sequence_overhead_s * (num_decodes + len(chunks)))
 
     def decode_run_ns(self, num_decodes: int, decode_ctx: int, steps: int) -> np.ndarray:
         """Durations of `steps` decode-only steps; every sequence's context grows by one per step."""
+        p = self.params
         fixed = (self.linear_seconds(num_decodes, num_decodes) + self.allreduce_seconds(num_decodes)
-                 + self.params.step_overhead_s)
+                 + p.step_overhead_s + p.per_sequence_overhead_s * num_decodes)
         ctx = decode_ctx + num_decodes * np.arange(steps, dtype=np.float64)
         return np.rint((fixed + self._attn_s_per_decode_ctx * ctx) * 1e9).astype(np.int64)
