@@ -175,23 +175,35 @@ def _resource_attributes(attributes: list[dict[str, Any]] | None) -> dict[str, A
     return decode_attributes(_strip_nulls(attributes), DECLARED_RESOURCE)
 
 
+def _event_attributes(attributes: list[dict[str, Any]] | None) -> str:
+    out: dict[str, Any] = {}
+    for kv in attributes or ():
+        value = kv["value"]
+        number = int(value["intValue"]) if value["intValue"] is not None else None
+        if number is not None and -(1 << 63) <= number < (1 << 63) and value["stringValue"] is None \
+                and value["arrayValue"] is None:
+            out[kv["key"]] = number
+        elif value["stringValue"] is not None and value["intValue"] is None and value["arrayValue"] is None:
+            out[kv["key"]] = value["stringValue"]
+        else:  # anything less common: the general decoder
+            out.update({k: v for k, (_, v) in decode_attributes(_strip_nulls([kv]), {}).items()})
+    return json.dumps(out, separators=(",", ":"))
+
+
 def _events(events: pa.Array) -> pa.Array:
-    """Events are few (a couple per request span): built per event in Python."""
-    out: list[list[dict[str, Any]] | None] = []
-    for span_events in events.to_pylist():
-        if not span_events:
-            out.append(None)
-            continue
+    """Events are few (a couple per request span): built per event in Python, for the spans that have any."""
+    lengths = pc.fill_null(pc.list_value_length(events), 0).to_numpy()
+    with_events = np.flatnonzero(lengths)
+    out: list[list[dict[str, Any]] | None] = [None] * len(events)
+    for row, span_events in zip(with_events.tolist(), events.take(pa.array(with_events)).to_pylist(), strict=True):
         built = []
         for event in span_events:
-            attributes = decode_attributes(_strip_nulls(event["attributes"]), {})
             time = event["timeUnixNano"] or "0"
             if not time.isdigit() or int(time) > (1 << 63) - 1:
                 raise _Fallback
             built.append({"time_ns": int(time), "name": event["name"] or "",
-                          "attributes": json.dumps({k: v for k, (_, v) in attributes.items()},
-                                                   separators=(",", ":"))})
-        out.append(built)
+                          "attributes": _event_attributes(event["attributes"])})
+        out[row] = built
     return pa.array(out, type=SPAN_FIELDS[11].type)
 
 
