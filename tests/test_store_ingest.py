@@ -408,3 +408,19 @@ def test_both_parsing_paths_agree_or_the_fast_one_defers(spans: list[dict[str, A
     slow = batch.table()
     if fast is not None:  # mixed value kinds under one key across spans make the fast path defer
         assert fast.schema == slow.schema and fast.equals(slow)
+
+
+def test_materialized_relations_answer_like_the_views_and_unknown_names_are_refused(
+        trace_file: Path, tmp_path: Path) -> None:
+    ingest_paths(tmp_path / "store", [trace_file])
+    query = "SELECT request_id, count(*), sum(itl_ns) FROM tokens GROUP BY ALL ORDER BY request_id"
+    with Store.open(tmp_path / "store") as store:
+        as_views = store.sql(query).fetchall()
+        store.materialize(["steps", "tokens"])
+        assert store.sql(query).fetchall() == as_views
+        assert store.relation("tokens").aggregate("count(*)").fetchall() == [(sum(n for _, n, _ in as_views),)]
+        with pytest.raises(KeyError):
+            store.relation("nope")
+        rid = as_views[0][0]
+        assert store.sql("SELECT count(*) FROM tokens WHERE request_id = $rid", {"rid": rid}).fetchall() == [
+            (as_views[0][1],)]
