@@ -157,7 +157,9 @@ def _spans_table(lines: pa.Table) -> pa.Table:
     columns.update(_attribute_columns(spans.field("attributes"), n))
     schema = base_schema()
     fields = list(schema) + [pa.field(name, columns[name].type) for name in columns if name not in schema.names]
-    return pa.Table.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
+    table = pa.Table.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
+    table.validate(full=True)
+    return table
 
 
 def _strip_nulls(value: Any) -> Any:
@@ -243,7 +245,9 @@ def _typed(values: pa.StructArray) -> tuple[str, pa.Array]:
     if len(items) == 0:
         return "[]", pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
     item_kind = _value_kind(items, tuple(_KIND_OF_FIELD))
-    return _KIND_OF_FIELD[item_kind] + "[]", pa.ListArray.from_arrays(offsets, _scalar(items, item_kind))
+    rebuilt = pa.ListArray.from_arrays(offsets, _scalar(items, item_kind))
+    rebuilt.validate(full=True)  # offsets and items must agree before anything reads them
+    return _KIND_OF_FIELD[item_kind] + "[]", rebuilt
 
 
 def _attribute_columns(attributes: pa.Array, n: int) -> dict[str, pa.Array]:
