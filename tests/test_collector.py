@@ -227,3 +227,28 @@ def test_fuzzed_json_exports_are_stored_or_rejected_never_crash(collector: Colle
     for body in ({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": spans}]}]}, junk):
         r = requests.post(_url(collector), data=json.dumps(body), headers={"Content-Type": "application/json"})
         assert r.status_code in (200, 400), r.text
+
+
+def test_the_same_export_sent_concurrently_is_stored_once(tmp_path: Path) -> None:
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, queue_size=16)
+    thread = threading.Thread(target=c.serve_forever, daemon=True)
+    thread.start()
+    body = _export_body(50)
+    codes: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def send() -> None:
+        barrier.wait()
+        codes.append(requests.post(_url(c), data=body, headers={"Content-Type": "application/x-protobuf"}).status_code)
+
+    try:
+        senders = [threading.Thread(target=send) for _ in range(8)]
+        for s in senders:
+            s.start()
+        for s in senders:
+            s.join(30)
+    finally:
+        c.shutdown()
+    assert codes == [200] * 8
+    assert len(_spans_in(c.root)) == 50
+    assert not list(c.root.rglob("*.tmp"))

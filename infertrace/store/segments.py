@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def _fsync_dir(path: Path) -> None:
 
 def write_atomically(path: Path, write: object) -> None:
     """Calls `write(file_object)` on a temporary file beside `path`, fsyncs, renames into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Per process and thread: two collector threads storing the same spans must not share a temporary.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     with open(tmp, "wb") as f:
         write(f)  # type: ignore[operator]
         f.flush()
@@ -120,7 +122,7 @@ def remove_stale_temporaries(root: Path) -> int:
     """Deletes temporary files left by a writer that died mid-write (never visible to readers)."""
     removed = 0
     for tmp in [*root.glob(f"{SPANS_DIR}/*/*/.*.tmp"), *root.glob(f"{QUARANTINE_DIR}/.*.tmp")]:
-        pid = tmp.name.rsplit(".", 2)[-2]
+        pid = tmp.name.rsplit(".", 2)[-2].split("-")[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
         tmp.unlink(missing_ok=True)
