@@ -14,6 +14,7 @@ join them.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import random
 from collections.abc import Callable, Iterable
@@ -431,6 +432,10 @@ class Fleet:
         self.summary.per_model = per_model
         heap = self._heap
         loops = 0
+        # The loop keeps every in-flight request alive and makes no reference cycles: the cyclic garbage
+        # collector would only rescan them (≈ 15% of the run). Reference counting still frees everything.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             for r in requests:
                 self._arrive(r)
@@ -477,6 +482,8 @@ class Fleet:
                 if on_progress is not None and loops % 2048 == 0:
                     on_progress(t)
         finally:
+            if collecting:
+                gc.enable()
             self.close()
         return self.summary
 
