@@ -77,25 +77,28 @@ class RequestOnlyAttribution:
 def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
                             params: RequestOnlyParams | None = None) -> RequestOnlyAttribution:
     """`requests`: request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, cached_tokens
-    (the `requests` relation has them). `token_times`: request_id, time_ns, one row per token as a
-    streaming client recorded them."""
+    (the `requests` relation has them; with disaggregation a request has one row per worker). `token_times`:
+    request_id, time_ns (and instance, when known), one row per token as a streaming client recorded them."""
     p = params or RequestOnlyParams()
-    tok = token_times[["request_id", "time_ns"]].sort_values(["request_id", "time_ns"], kind="stable")
+    if "instance" not in token_times:  # one engine request span per request: its instance
+        where = requests.drop_duplicates("request_id", keep="last").set_index("request_id")["instance"]
+        token_times = token_times.assign(instance=where.reindex(token_times["request_id"]).to_numpy())
+    tok = token_times[["request_id", "instance", "time_ns"]].dropna(subset=["instance"]).sort_values(
+        ["request_id", "time_ns"], kind="stable")
     rid = tok["request_id"].to_numpy()
+    inst = tok["instance"].to_numpy()
     t = tok["time_ns"].to_numpy(dtype=np.int64)
-    same = np.r_[False, rid[1:] == rid[:-1]]
+    same = np.r_[False, (rid[1:] == rid[:-1]) & (inst[1:] == inst[:-1])]
     itl = np.where(same, t - np.r_[0, t[:-1]], -1)
-    gaps = pd.DataFrame({"request_id": rid[same], "start_ns": t[np.r_[same[1:], False]], "end_ns": t[same],
-                         "itl_ns": itl[same]})
+    gaps = pd.DataFrame({"request_id": rid[same], "instance": inst[same], "start_ns": t[np.r_[same[1:], False]],
+                         "end_ns": t[same], "itl_ns": itl[same]})
     if gaps.empty:
         return RequestOnlyAttribution(p, (), 0, int(tok["request_id"].nunique()))
     median = gaps.groupby("request_id")["itl_ns"].transform("median").to_numpy(dtype=np.float64)
     excess = gaps["itl_ns"].to_numpy() - median
     spikes = gaps[excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)].copy()
     spikes["excess_ns"] = excess[excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)]
-    req = requests.set_index("request_id")
-    spikes["instance"] = req["instance"].reindex(spikes["request_id"]).to_numpy()
-    spikes = spikes.dropna(subset=["instance"]).sort_values(["instance", "start_ns", "end_ns"])
+    spikes = spikes.sort_values(["instance", "start_ns", "end_ns"])
 
     stalls: list[RequestStall] = []
     prefill = requests.dropna(subset=["scheduled_ns", "first_token_ns"])
@@ -168,7 +171,7 @@ def attribute_store_requests(store: Store, params: RequestOnlyParams | None = No
     streaming client's records, the token times of the `tokens` relation (no step membership is used)."""
     requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, "
                          "cached_tokens FROM requests WHERE instance IS NOT NULL").df()
-    tokens = store.sql("SELECT request_id, time_ns FROM tokens").df()
+    tokens = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
     return attribute_from_requests(requests, tokens, params)
 
 
