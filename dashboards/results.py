@@ -1,0 +1,77 @@
+"""Analyzer and runbook results for the dashboard, cached per store snapshot.
+
+Every cached function opens its own reader on the store (a private in-memory DuckDB connection: sessions
+never share one) and takes the store directory and `snapshot`, the names of the store's segments: when a
+collector or `infertrace ingest` adds a segment the snapshot changes and the results are recomputed; until
+then every page and rerun reuses them. Nothing here computes a statistic: it calls the analyzers and the
+runbook and returns their results.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from infertrace.store.segments import list_segments
+from infertrace.store.store import Store
+
+STORE_ENV = "INFERTRACE_STORE"
+
+
+def store_dir() -> Path | None:
+    """The store: `--store DIR` after `--` on the streamlit command line, else $INFERTRACE_STORE."""
+    args = sys.argv[1:]
+    if "--store" in args and args.index("--store") + 1 < len(args):
+        return Path(args[args.index("--store") + 1])
+    env = os.environ.get(STORE_ENV)
+    return Path(env) if env else None
+
+
+def snapshot(root: Path) -> tuple[str, ...]:
+    return tuple(p.name for p in list_segments(root))
+
+
+@st.cache_data(max_entries=4, show_spinner="SLO summary …")
+def slo(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.analyzers.slo import slo_summary
+
+    with Store.open(root) as store:
+        return slo_summary(store)
+
+
+@st.cache_data(max_entries=4, show_spinner="ITL spikes and culprits …")
+def itl(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.analyzers.itl import analyze_itl
+
+    with Store.open(root) as store:
+        return analyze_itl(store)
+
+
+@st.cache_data(max_entries=4, show_spinner="Incidents and ranked causes …")
+def rca(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.analyzers.rca import analyze_incidents
+
+    with Store.open(root) as store:
+        return analyze_incidents(store)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def runbook(root: str, snapshot: tuple[str, ...], name: str, values: tuple[tuple[str, str], ...]) -> pd.DataFrame:
+    from infertrace.runbook import run_query
+
+    with Store.open(root) as store:
+        return run_query(store, name, dict(values))
+
+
+def current() -> tuple[str, tuple[str, ...]]:
+    """(store directory, snapshot) for the page being rendered; stops the page when there is no store."""
+    root = st.session_state.get("store_dir")
+    if not root:
+        st.info("No store: start the dashboard with `infertrace dashboard --store DIR`.")
+        st.stop()
+    return root, st.session_state.get("snapshot", ())

@@ -1,0 +1,67 @@
+"""Incidents (`infertrace.analyzers.rca`): the models × time heatmap of anomaly scores, the topology the
+traces show, and each incident's candidate components ranked with their evidence."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import results
+import streamlit as st
+
+from infertrace.report.model import iso
+
+root, snap = results.current()
+report = results.rca(root, snap)
+anomalies = report.anomalies
+
+st.title("Incidents")
+cells = pd.DataFrame([{"time": pd.Timestamp(iso(b.bucket_start_ns)), "model": b.key, "score": b.score,
+                       "metric": b.metric, "requests": b.requests}
+                      for b in anomalies.heatmap if b.scope == "model"])
+if not cells.empty:
+    st.altair_chart(alt.Chart(cells).mark_rect().encode(
+        x=alt.X("time:T", title=None), y=alt.Y("model:N", title=None),
+        color=alt.Color("score:Q", scale=alt.Scale(scheme="reds", domainMin=0),
+                        title="anomaly score"),
+        tooltip=["model", "time:T", "score:Q", "metric:N", "requests:Q"],
+    ).properties(height=40 + 30 * cells["model"].nunique()), width="stretch")
+    st.caption(f"Robust anomaly score of each model's worst metric per {anomalies.config.bucket_s:g} s bucket; "
+               f"a bucket is anomalous at {anomalies.config.threshold:g} or more.")
+
+if not report.diagnoses:
+    st.success("No incident: no model's TTFT, decode speed, errors or 429s departed from its own baseline.")
+else:
+    diagnosis = st.selectbox("Incident", list(report.diagnoses), format_func=lambda d: d.incident.sentence(),
+                             key="incident")
+    st.markdown(diagnosis.incident.sentence())
+    for a in diagnosis.incident.anomalies:
+        st.markdown(f"- {a.sentence()}")
+    st.subheader("Ranked causes")
+    st.dataframe(pd.DataFrame([{
+        "rank": c.rank, "candidate": c.candidate.id, "kind": c.candidate.kind, "score": c.score,
+        "ochiai": c.ochiai, "own anomaly": c.own.score, "signal": c.own.what,
+        "anomalous through": c.e_f, "anomalous elsewhere": c.n_f, "normal through": c.e_p,
+        "serves": ", ".join(c.candidate.models),
+    } for c in diagnosis.causes]), hide_index=True, width="stretch", key="causes")
+    if diagnosis.causes:
+        cause = st.selectbox("Evidence for", list(diagnosis.causes), key="cause",
+                             format_func=lambda c: f"#{c.rank} {c.candidate.id}")
+        for line in cause.evidence():
+            st.markdown(f"- {line}")
+    if diagnosis.commonality is not None and diagnosis.commonality.top() is not None:
+        st.info(diagnosis.commonality.top().sentence())
+
+st.subheader("Topology")
+top = {d.causes[0].candidate.id for d in report.diagnoses if d.causes}
+lines = ["digraph topology {", "rankdir=LR;", 'node [shape=box, style="rounded,filled", fillcolor="#f8fafc"];']
+for node in report.topology.nodes:
+    colour = "#fecaca" if node.instance in top else "#f8fafc"
+    lines.append(f'"{node.instance}" [label="{node.instance}\\n{node.kind}", fillcolor="{colour}"];')
+for model in report.topology.models:
+    lines.append(f'"model:{model}" [label="{model}", shape=ellipse, fillcolor="#e0ecff"];')
+for edge in report.topology.edges:
+    lines.append(f'"model:{edge.model}" -> "{edge.instance}" [label="{edge.requests}"];')
+lines.append("}")
+st.graphviz_chart("\n".join(lines), width="stretch")
+st.caption("Models (ellipses) and the instances their requests passed through, with request counts; "
+           "the top-ranked cause of each incident in red.")

@@ -1,0 +1,194 @@
+"""The Streamlit dashboard under AppTest, on a real store (the demo incident, simulated and ingested): every
+page renders without exception and shows the analyzers' numbers for that store; drill-down, deep links,
+the runbook page and refresh after new segments arrive."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.analyzers.rca import analyze_incidents
+from infertrace.analyzers.slo import slo_summary
+from infertrace.runbook import run_query
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from tests.incident_stores import demo_store, incident_store
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboards" / "app.py")
+
+
+@pytest.fixture(scope="module")
+def store_dir() -> Path:
+    return demo_store().store
+
+
+@pytest.fixture(scope="module")
+def analyses(store_dir: Path) -> dict:
+    with Store.open(store_dir) as store:
+        return {"slo": slo_summary(store), "itl": analyze_itl(store), "rca": analyze_incidents(store)}
+
+
+def app(store: Path, monkeypatch: pytest.MonkeyPatch, page: str | None = None) -> AppTest:
+    monkeypatch.setenv("INFERTRACE_STORE", str(store))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    if page is not None:
+        at.switch_page(page)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def frame(at: AppTest, column: str) -> pd.DataFrame:
+    """The first table on the page with this column (AppTest does not expose a dataframe's key)."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def charts(at: AppTest) -> list[tuple[dict, list[pd.DataFrame]]]:
+    """Each chart's Vega-Lite spec and its datasets (sent apart from the spec, as Arrow)."""
+    return [(json.loads(el.proto.spec), [pa.ipc.open_stream(d.data.data).read_pandas() for d in el.proto.datasets])
+            for el in at.get("vega_lite_chart")]
+
+
+def test_fleet_overview_shows_the_slo_analyzers_percentiles_and_severities(
+        store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch)
+    table = frame(at, "ttft p99 ms")
+    summary = analyses["slo"]
+    assert list(table["model"]) == [m.model for m in summary.models]
+    for row, m in zip(table.to_dict("records"), summary.models, strict=True):
+        assert row["slo"] == m.severity
+        assert row["ttft p99 ms"] == pytest.approx(m.ttft.p99_ms)
+        assert row["itl p50 ms"] == pytest.approx(m.itl.p50_ms)
+        assert row["e2e p95 ms"] == pytest.approx(m.e2e.p95_ms)
+    assert {"critical"} <= set(table["slo"])  # the demo's router incident breaches TTFT p99
+    (_, datasets), = charts(at)
+    series = next(d for d in datasets if "over SLO" in d.columns)
+    buckets = list(summary.buckets)
+    assert list(series["ms"]) == pytest.approx([b.percentiles_ms["ttft_p99_ms"] for b in buckets], nan_ok=True)
+    assert list(series["over SLO"]) == ["ttft_p99_ms" in b.breached for b in buckets]
+    assert series["over SLO"].any() and not series["over SLO"].all()
+    target = next(t.threshold for t in summary.targets if t.key == "ttft_p99_ms")
+    assert any(list(d.columns) == ["target"] and d["target"].iloc[0] == target for d in datasets)
+
+
+def test_drill_down_from_a_model_opens_its_itl_spikes(store_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     analyses: dict) -> None:
+    at = app(store_dir, monkeypatch)
+    at.selectbox(key="drill_model").select("mixtral-8x7b").run()
+    at.button(key="drill_itl").click().run()
+    assert not at.exception
+    assert at.selectbox(key="itl_model_box").value == "mixtral-8x7b"
+    worst = max((s for s in analyses["itl"].stalls if s.model == "mixtral-8x7b"), key=lambda s: s.added_ns)
+    assert worst.culprits[0].request_id in " ".join(m.value for m in at.markdown)
+
+
+def test_itl_page_names_the_analyzers_culprit_of_the_worst_stall_and_draws_its_timelines(
+        store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/itl_spikes.py")
+    itl = analyses["itl"]
+    worst = sorted(itl.stalls, key=lambda s: (-s.added_ns, s.end_ns, s.instance))[0]
+    stalls = frame(at, "added ms")
+    assert (stalls.iloc[0]["engine"], stalls.iloc[0]["step"]) == (worst.instance, worst.step_index)
+    assert stalls.iloc[0]["added ms"] == pytest.approx(worst.added_ns / 1e6)
+    text = " ".join(m.value for m in at.markdown)
+    for c in worst.culprits:
+        assert f"Culprit prefill: `{c.request_id}`" in text
+    engines = frame(at, "prefill stalls")
+    assert list(engines["engine"]) == [e.instance for e in itl.engines]
+    assert list(engines["prefill stalls"]) == [e.stalls["prefill"] for e in itl.engines]
+    (_, token_data), (_, step_data) = charts(at)[:2]
+    victim = at.selectbox(key="itl_victim").value
+    assert victim in worst.victims
+    with Store.open(store_dir) as store:
+        tokens = run_query(store, "request_tokens", {"request_id": victim})
+    shown = next(d for d in token_data if "itl_ms" in d.columns)
+    assert list(shown["itl_ms"])[1:] == pytest.approx(list(tokens["itl_ms"])[1:])
+    marker = next(d for d in token_data if list(d.columns) == ["time"])
+    assert marker["time"].iloc[0].value == worst.end_ns
+    steps = next(d for d in step_data if "stall" in d.columns)
+    assert list(steps.loc[steps["stall"], "step_index"]) == [worst.step_index]
+
+
+def test_a_deep_link_to_a_ground_truth_stall_shows_the_ground_truth_culprit(
+        store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    truth = demo_store().truth["itl"]["stalled_steps"]
+    # the stall the ground truth says hurt most, on an engine whose decodes it stalled
+    step = max((s for s in truth if "prefill" in s["causes"]),
+               key=lambda s: (s["duration_ns"] - s["decode_only_ns"]) * len(s["victims"]))
+    monkeypatch.setenv("INFERTRACE_STORE", str(store_dir))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("views/itl_spikes.py")
+    at.query_params["engine"] = step["engine"]
+    at.query_params["step"] = str(step["step_index"])
+    at.run()
+    assert not at.exception
+    text = " ".join(m.value for m in at.markdown)
+    assert any(f"Culprit prefill: `{c['request']}`" in text for c in step["culprits"])
+
+
+def test_incidents_page_shows_the_rca_ranking_and_its_top_cause_is_the_injected_router(
+        store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/incidents.py")
+    rca = analyses["rca"]
+    causes = frame(at, "candidate")
+    first = rca.diagnoses[0]
+    assert list(causes["candidate"]) == [c.candidate.id for c in first.causes]
+    assert list(causes["score"]) == pytest.approx([c.score for c in first.causes])
+    assert causes.iloc[0]["candidate"] == demo_store().truth["root_cause"]["instances"][0]
+    (_, heatmap), = charts(at)
+    cells = next(d for d in heatmap if "score" in d.columns)
+    expected = [b for b in rca.anomalies.heatmap if b.scope == "model"]
+    assert len(cells) == len(expected)
+    assert sorted(cells["score"]) == pytest.approx(sorted(b.score for b in expected))
+    assert len(at.get("graphviz_chart")) == 1
+
+
+def test_prefix_cache_page_shows_the_runbook_hit_rates(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/prefix_cache.py")
+    with Store.open(store_dir) as store:
+        expected = run_query(store, "prefix_cache_by_tenant", {})
+    shown = frame(at, "tenant")
+    assert list(shown["tenant"]) == list(expected["tenant"])
+    assert list(shown["hit_rate"]) == pytest.approx(list(expected["hit_rate"]))
+    assert shown["hit_rate"].max() > 0  # the demo's system prompts are shared: some prefix hits
+
+
+def test_runbook_page_runs_a_query_with_bound_parameters_and_reports_bad_values(
+        store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/runbook.py")
+    at.selectbox(key="query").select("ttft_breakdown").run()
+    at.text_input(key="param-ttft_breakdown-model").input("llama-3-8b")
+    at.button[0].click().run()
+    assert not at.exception
+    with Store.open(store_dir) as store:
+        expected = run_query(store, "ttft_breakdown", {"model": "llama-3-8b"})
+    shown = frame(at, "phase")
+    assert list(shown["phase"]) == list(expected["phase"])
+    assert list(shown["p99_ms"]) == pytest.approx(list(expected["p99_ms"]))
+    at.text_input(key="param-ttft_breakdown-since").input("yesterday")
+    at.button[0].click().run()
+    assert any("parameter since" in e.value for e in at.error)
+
+
+def test_pages_refresh_when_new_segments_arrive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(demo_store().store / "spans", store / "spans")
+    at = app(store, monkeypatch)
+    before = frame(at, "ttft p99 ms")
+    ingest_paths(store, [incident_store("rate_limiter_flapping").traces])  # a collector would write the same
+    at.run()
+    assert not at.exception
+    after = frame(at, "ttft p99 ms")
+    with Store.open(store) as opened:
+        summary = slo_summary(opened)
+    assert list(after["requests"]) == [m.gateway_requests for m in summary.models]
+    assert after["requests"].sum() > before["requests"].sum()
