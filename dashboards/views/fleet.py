@@ -30,8 +30,10 @@ table = pd.DataFrame([{
     "e2e p50 ms": m.e2e.p50_ms, "e2e p95 ms": m.e2e.p95_ms, "e2e p99 ms": m.e2e.p99_ms,
     "error rate": m.error_rate, "429 rate": m.rejected_rate,
 } for m in summary.models])
+milliseconds = {c: st.column_config.NumberColumn(format="%.1f") for c in table.columns if c.endswith(" ms")}
+rates = {c: st.column_config.NumberColumn(format="%.4f") for c in ("error rate", "429 rate")}
 st.dataframe(table.style.map(lambda v: f"background-color: {SEVERITY_COLOURS.get(v, '')}", subset=["slo"]),
-             hide_index=True, width="stretch", key="slo_table")
+             hide_index=True, width="stretch", key="slo_table", column_config={**milliseconds, **rates})
 breaches = [f"{m.model}: {c.target.key} {c.observed:.4g} > {c.target.threshold:g} ({c.severity})"
             for m in summary.models for c in m.checks if c.severity != "ok"]
 for line in breaches:
@@ -54,7 +56,7 @@ layers = [lines, points]
 if target is not None:
     layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[4, 4], color="#dc2626")
                   .encode(y="target:Q"))
-st.altair_chart(alt.layer(*layers).properties(height=320), width="stretch")
+st.altair_chart(alt.layer(*layers).resolve_scale(color="independent").properties(height=320), width="stretch")
 st.caption(f"{summary.bucket_ns / 1e9:g} s buckets; red points exceed the target.")
 
 st.subheader("Drill down")

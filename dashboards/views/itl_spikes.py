@@ -53,7 +53,9 @@ st.dataframe(pd.DataFrame([{
     "end": iso(s.end_ns), "engine": s.instance, "step": s.step_index, "duration ms": s.duration_ns / 1e6,
     "decode-only ms": s.decode_only_ns / 1e6, "added ms": s.added_ns / 1e6, "causes": ", ".join(s.causes),
     "culprits": ", ".join(c.request_id for c in s.culprits), "victims": len(s.victims),
-} for s in shown[:50]]), hide_index=True, width="stretch", key="itl_stalls")
+} for s in shown[:50]]), hide_index=True, width="stretch", key="itl_stalls",
+             column_config={c: st.column_config.NumberColumn(format="%.1f")
+                            for c in ("duration ms", "decode-only ms", "added ms")})
 
 
 def label(s: object) -> str:
@@ -86,13 +88,15 @@ tokens = results.runbook(root, snap, "request_tokens", (("request_id", victim),)
 st.subheader(f"Token timeline of {victim}")
 marker = pd.DataFrame({"time": [pd.Timestamp(iso(stall.end_ns))]})
 token_chart = alt.Chart(tokens).mark_line(point=True).encode(
-    x=alt.X("time:T", title=None), y=alt.Y("itl_ms:Q", title="ITL ms"), tooltip=["token_index", "itl_ms", "step_index"])
+    x=alt.X("time:T", title=None, axis=alt.Axis(format="%H:%M:%S")), y=alt.Y("itl_ms:Q", title="ITL ms"),
+    tooltip=["token_index", "itl_ms", "step_index"])
 rule = alt.Chart(marker).mark_rule(color="#dc2626", strokeWidth=2).encode(x="time:T")
 st.altair_chart(alt.layer(token_chart, rule).properties(height=260), width="stretch")
 
 st.subheader(f"Engine steps of {stall.instance} around the stall")
 steps = results.runbook(root, snap, "step_timeline_around",
-                        (("instance", stall.instance), ("at", str(stall.end_ns)), ("window_ms", "400")))
+                        (("instance", stall.instance), ("at", str(stall.end_ns)),
+                         ("window_ms", str(round(stall.duration_ns / 1e6 + 200)))))
 steps["stall"] = steps["step_index"] == stall.step_index
 st.altair_chart(alt.Chart(steps).mark_bar().encode(
     x=alt.X("step_index:O", title="step"), y=alt.Y("duration_ms:Q", title="step ms"),
