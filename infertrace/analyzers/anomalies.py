@@ -6,7 +6,8 @@ Scores are robust, as BARO's are: each series' buckets are compared with that se
 median absolute deviation (MAD) over the whole period, so a fault shorter than half the period cannot hide
 itself in the baseline (BARO's inter-quartile range breaks down when a fault covers a quarter of it).
 Latencies are scored on the mean of their logarithms per bucket (a slowdown is a ratio); rates on the
-binomial spread around the series' median rate. A bucket is anomalous when some metric scores
+binomial upper tail of each bucket's count (alone, and pooled with the bucket before) under the series'
+baseline rate: exact for rare events. A bucket is anomalous when some metric scores
 at least `threshold`; an anomaly is a run of at least `min_buckets` anomalous buckets (gaps up to
 `merge_gap_s` merged, so a flapping fault stays one anomaly). Its onset and end are then located at
 request resolution by a single mean-shift change-point (least squares, as one step of binary segmentation)
@@ -28,6 +29,7 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binom, norm
 
 from infertrace.store.store import Store
 
@@ -57,7 +59,7 @@ class DetectionConfig:
     stagger_s: float = 180.0  # onsets of one incident's anomalies lie within this of each other
     min_requests: int = 3  # a bucket with fewer requests has no latency score
     latency_scale_floor: float = 0.05  # in log units (≈ 5%): noise below this is not a shift
-    rate_floor: float = 0.02  # the least baseline rate a rate's binomial spread assumes
+    rate_floor: float = 0.001  # the least baseline rate a rate's binomial tail assumes
     request_threshold: float = 3.5  # robust score of a single anomalous request
 
 
@@ -196,11 +198,29 @@ def _bucket_table(requests: pd.DataFrame, scope: str, start_ns: int, bucket_ns: 
                 rates = part[metric]
                 if len(rates) < 4:
                     continue
-                p0 = float(np.median(rates))
-                spread = max(p0, config.rate_floor)
-                sigma = np.sqrt(spread * (1 - spread) / part["n"].clip(lower=1))
-                table.loc[part.index, f"{metric}_score"] = (rates - p0) / sigma
+                table.loc[part.index, f"{metric}_score"] = _rate_scores(rates.to_numpy(dtype=float),
+                                                                        part["n"].to_numpy(dtype=float), config)
     return table
+
+
+def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> np.ndarray:
+    """Per bucket, the binomial upper tail of its count under the series' baseline rate, as a normal score
+    (exact for the small counts that a rare event gives). The baseline rate is the larger of the median
+    bucket rate and the pooled rate of the buckets at or below it, smoothed by one event in the pooled
+    count (so a series that never failed still has a finite, small rate)."""
+    counts = np.round(rates * n)
+    median = float(np.median(rates))
+    low = rates <= median
+    pooled = (counts[low].sum() + 1.0) / (n[low].sum() + 2.0)
+    p = min(max(median, pooled, config.rate_floor), 0.5)
+
+    def score(k: np.ndarray, m: np.ndarray) -> np.ndarray:
+        tail = binom.sf(k - 1, m, p)  # P(K >= k)
+        return np.where(k > m * p, np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0), 0.0)
+
+    # A rare event spread thinly over a long fault shows in two buckets pooled before it shows in one.
+    pair_k, pair_n = counts + np.concatenate([[0.0], counts[:-1]]), n + np.concatenate([[0.0], n[:-1]])
+    return np.maximum(score(counts, n), score(pair_k, pair_n))
 
 
 def _mad(deviations: np.ndarray) -> float:
@@ -295,7 +315,7 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
             if refined is not None:
                 onset = refined
             refined = _refine(rows, dominant, end - bucket_ns, end + 2 * bucket_ns, rising=False)
-            if refined is not None and refined > onset:
+            if refined is not None and refined > onset + bucket_ns:
                 end = refined
             inside = rows[(rows["arrival_ns"] >= onset) & (rows["arrival_ns"] < end)]
             shifts = []

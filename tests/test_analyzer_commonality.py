@@ -1,0 +1,53 @@
+"""Attribute lift: an attribute the selected requests share is named with its lift and a significance
+test; a selection drawn at random shares nothing significant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from infertrace.analyzers.commonality import attribute_lift
+
+
+def _requests(n: int, rng: np.random.Generator) -> pd.DataFrame:
+    return pd.DataFrame({
+        "tenant": rng.choice(["acme", "globex", "initech"], n),
+        "model": rng.choice(["llama-3-8b", "qwen-2.5-1.5b"], n),
+        "input_tokens": rng.integers(100, 6000, n),
+        "cached_tokens": np.where(rng.random(n) < 0.5, 512, 0),
+        "assistant_prefill_tokens": np.where(rng.random(n) < 0.05, 40, 0),
+        "route_target": rng.choice(["e-0", "e-1"], n),
+        "system_prompt_id": rng.choice(["sys-1", None], n),
+    })
+
+
+def test_runaway_generations_are_traced_to_the_assistant_prefill() -> None:
+    rng = np.random.default_rng(1)
+    requests = _requests(4000, rng)
+    has_prefill = requests["assistant_prefill_tokens"].to_numpy() > 0
+    # 90% of the requests with a prefill run away, and a few without one
+    selected = (has_prefill & (rng.random(len(requests)) < 0.9)) | (rng.random(len(requests)) < 0.005)
+    result = attribute_lift(requests, selected)
+    top = result.top()
+    assert top is not None
+    assert (top.attribute, top.value) == ("assistant_prefill", "yes")
+    assert top.share_selected > 0.8 and top.share_population < 0.08
+    assert top.lift > 10 and top.p_value < 1e-10
+    assert "had an assistant prefill, against" in top.sentence()
+    assert all(x.attribute == "assistant_prefill" for x in result.over_represented)
+
+
+def test_a_random_selection_has_nothing_in_common() -> None:
+    rng = np.random.default_rng(2)
+    requests = _requests(4000, rng)
+    selected = rng.random(len(requests)) < 0.1
+    assert attribute_lift(requests, selected).over_represented == ()
+
+
+def test_a_tenant_that_is_over_represented_is_named() -> None:
+    rng = np.random.default_rng(3)
+    requests = _requests(3000, rng)
+    selected = (requests["tenant"].to_numpy() == "globex") & (rng.random(len(requests)) < 0.3)
+    top = attribute_lift(requests, selected).top()
+    assert top is not None and (top.attribute, top.value) == ("tenant", "globex")
+    assert 2.5 < top.lift < 3.5  # one tenant in three: lift ≈ 3

@@ -1,0 +1,44 @@
+"""RCAEval metrics: AC@k counts ties in expectation, so a ranking that cannot tell candidates apart scores
+what chance scores; the rca section of `infertrace evaluate` scores a real (tiny) scenario bank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infertrace.evaluation.rca import accuracy, evaluate_rca, hit_probabilities, render_rca
+
+
+def test_a_true_cause_ranked_second_counts_from_ac_at_2() -> None:
+    assert hit_probabilities([(3.0,), (2.0,), (1.0,)], [False, True, False], 3) == (0.0, 1.0, 1.0)
+
+
+def test_ties_count_in_expectation() -> None:
+    # four candidates tied: the true one is first with probability 1/4, in the top 2 with 1/2, ...
+    assert hit_probabilities([(0.0,)] * 4, [True, False, False, False], 5) == (0.25, 0.5, 0.75, 1.0, 1.0)
+    # one clear leader, then three tied with the true one among them
+    assert hit_probabilities([(1.0,), (0.0,), (0.0,), (0.0,)], [False, False, True, False], 4) == pytest.approx(
+        (0.0, 1 / 3, 2 / 3, 1.0))
+
+
+def test_avg_at_5_is_the_mean_of_ac_at_1_to_5() -> None:
+    result = accuracy([(0.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0)])
+    assert result.ac1 == 0.5 and result.ac3 == 1.0 and result.avg5 == pytest.approx(0.9)
+
+
+@pytest.mark.slow
+def test_a_small_generated_bank_is_scored(tmp_path: Path) -> None:
+    from reference_engine.scenarios import make_scenario, run_scenario
+
+    for k, family in enumerate(("router_degradation", "engine_regression")):
+        run_scenario(make_scenario(family, 11 + k, f"{k:03d}-{family}", duration_s=300.0), tmp_path / f"{k:03d}")
+    result = evaluate_rca(tmp_path)
+    section = result.to_json()
+    assert section["cases"] == 2
+    assert set(section["baselines"]) == {"random", "highest_own_anomaly", "most_models"}
+    assert set(section["onset_shift"]) == {"-60s", "+60s"}
+    assert section["negative_controls"]["total"] == 1
+    assert "AC@1" in render_rca(json.loads(json.dumps(section)))
+    assert section["ac@1"] == 1.0, result.scenarios
