@@ -62,7 +62,20 @@ def _render_itl(section: dict[str, Any]) -> str:
     return render_itl(section)
 
 
+def _rca(bank: Path) -> dict[str, Any]:
+    from infertrace.evaluation.rca import evaluate_rca_section
+
+    return evaluate_rca_section(bank)
+
+
+def _render_rca(section: dict[str, Any]) -> str:
+    from infertrace.evaluation.rca import render_rca
+
+    return render_rca(section)
+
+
 # Section name → (evaluator over a bank directory, table renderer of its result).
 EVALUATORS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "itl": (_itl, _render_itl),
+    "rca": (_rca, _render_rca),
 }
