@@ -177,9 +177,29 @@ def _resource_attributes(attributes: list[dict[str, Any]] | None) -> dict[str, A
     return decode_attributes(_strip_nulls(attributes), DECLARED_RESOURCE)
 
 
+_JSON_KEYS: dict[str, str] = {}
+
+
 def _event_attributes(attributes: list[dict[str, Any]] | None) -> str:
+    """An event's attributes as a JSON object (as `batch` writes them, byte for byte)."""
+    if not attributes:
+        return "{}"
+    if all(kv["value"]["intValue"] is not None and kv["value"]["stringValue"] is None
+           and kv["value"]["arrayValue"] is None and kv["value"]["doubleValue"] is None
+           and kv["value"]["boolValue"] is None for kv in attributes):  # prefill chunks: integers only
+        numbers = {kv["key"]: int(kv["value"]["intValue"]) for kv in attributes}
+        if all(-(1 << 63) <= v < (1 << 63) for v in numbers.values()):
+            parts = []
+            for key, number in numbers.items():
+                encoded = _JSON_KEYS.get(key)
+                if encoded is None:
+                    encoded = json.dumps(key)
+                    if len(_JSON_KEYS) < 1024:
+                        _JSON_KEYS[key] = encoded
+                parts.append(f"{encoded}:{number}")
+            return "{" + ",".join(parts) + "}"
     out: dict[str, Any] = {}
-    for kv in attributes or ():
+    for kv in attributes:
         value = kv["value"]
         number = int(value["intValue"]) if value["intValue"] is not None else None
         if number is not None and -(1 << 63) <= number < (1 << 63) and value["stringValue"] is None \
@@ -264,7 +284,7 @@ def _attribute_columns(attributes: pa.Array, n: int) -> dict[str, pa.Array]:
     for code, key in enumerate(keys):
         picked = order[bounds[code]:bounds[code + 1]]
         rows = owner[picked]
-        if len(np.unique(rows)) != len(rows):
+        if len(rows) > 1 and bool(np.any(rows[1:] == rows[:-1])):  # rows ascend within a key (stable sort)
             raise _Fallback  # a key repeated within one span
         kind, typed = _typed(values.take(pa.array(picked)))
         declared = DECLARED_ATTRIBUTES.get(key)
