@@ -29,6 +29,7 @@ class Fault:
     extra_ms: float = 0.0  # added to the component's latency
     reject: float = 0.0  # share of calls a rate limiter rejects with 429
     slowdown: float = 1.0  # engine: TTFT and decode time multiplied by this
+    models: tuple[str, ...] = ()  # a component fault that only hits these models' requests (default: all)
 
 
 @dataclass
@@ -49,8 +50,9 @@ class HandFleet:
         kinds = {i: k for i, (k, _) in self.components.items()}
         kinds.update({e: "engine" for es in self.engines.values() for e in es})
         span_ids = iter(range(1, 1 << 40))
-        order = ("auth", "rate_limiter", "router")
-        spans_by_kind = {"auth": sc.SPAN_AUTH, "rate_limiter": sc.SPAN_RATE_LIMIT, "router": sc.SPAN_ROUTE}
+        order = ("auth", "rate_limiter", "scheduler", "router")
+        spans_by_kind = {"auth": sc.SPAN_AUTH, "rate_limiter": sc.SPAN_RATE_LIMIT, "scheduler": sc.SPAN_GLOBAL_QUEUE,
+                         "router": sc.SPAN_ROUTE}
         n = 0
         for model, engines in self.engines.items():
             t = 0.0
@@ -75,7 +77,7 @@ class HandFleet:
                     latency = rng.lognormvariate(0, 0.25) * 1.0e6
                     code, outcome = 200, "ok"
                     for f in self.faults:
-                        if f.target == instance and f.start_s <= t < f.end_s:
+                        if f.target == instance and f.start_s <= t < f.end_s and model in (f.models or (model,)):
                             latency += f.extra_ms * 1e6
                             if f.reject and rng.random() < f.reject:
                                 code, outcome = 429, "rejected"
@@ -201,6 +203,23 @@ def test_equal_coverage_is_decided_by_the_components_own_anomaly(tmp_path: Path)
     assert first.candidate.id == "auth-1"
     assert first.ochiai == pytest.approx(second.ochiai)
     assert second.score < 0.1 * first.score
+
+
+def test_a_slow_engine_whose_waits_show_in_the_shared_queue_in_front_of_it_is_still_the_cause(tmp_path: Path) -> None:
+    # model-a's engines slow down, so the global queue in front of all three models holds model-a's requests
+    # longer: the queue has an anomaly of its own, but only on a third of its calls, and it also carries
+    # the normal requests of model-b and model-c.
+    fleet = HandFleet(engines={"model-a": ["a-0"], "model-b": ["b-0"], "model-c": ["c-0"]},
+                      components={"queue-0": ("scheduler", ["model-a", "model-b", "model-c"]),
+                                  "router-0": ("router", ["model-a", "model-b", "model-c"])},
+                      faults=[Fault("model-a", 140.0, 250.0, slowdown=3.0),
+                              Fault("queue-0", 140.0, 250.0, extra_ms=150.0, models=("model-a",))])
+    with hand_store(tmp_path, fleet) as store:
+        causes = analyze_incidents(store).diagnoses[0].causes
+    queue = next(c for c in causes if c.candidate.id == "queue-0")
+    assert queue.own.score > 0.2  # the queue's own anomaly is real
+    assert causes[0].candidate.id == "model-a engines"
+    assert queue.ochiai < causes[0].ochiai
 
 
 def test_a_flapping_rate_limiter_is_found_from_its_429s(tmp_path: Path) -> None:
