@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import resources
 
 import numpy as np
 import pandas as pd
 from scipy.stats import binom, norm
 
+from infertrace.analyzers import query_text
 from infertrace.store.store import Store
 
 # metric -> (request_outcomes column, kind, what it is)
@@ -43,11 +43,6 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "truncated": ("truncated", "rate", "share of generations cut at max_tokens"),
 }
 SCOPES = ("model", "tenant")
-
-
-def analyzer_sql(name: str) -> str:
-    """An analyzer query (`infertrace/analyzers/sql/<name>.sql`, with its header comment)."""
-    return resources.files("infertrace.analyzers").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -155,7 +150,7 @@ class AnomalyReport:
 # ---------------------------------------------------------------------------------------- loading
 def load_requests(store: Store) -> pd.DataFrame:
     """The `request_outcomes` rows, ordered by arrival."""
-    frame = store.sql(analyzer_sql("request_outcomes")).df()
+    frame = store.sql(query_text("request_outcomes")).df()
     for column in ("failed", "rejected", "truncated"):
         frame[column] = frame[column].fillna(False).astype(bool)
     return frame

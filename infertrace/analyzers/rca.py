@@ -30,13 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from infertrace.analyzers import query_text
 from infertrace.analyzers.anomalies import (
     AnomalyReport,
     DetectionConfig,
     Incident,
     _clock,
     _ms,
-    analyzer_sql,
     detect_in_requests,
     load_requests,
     request_scores,
@@ -177,8 +177,8 @@ class RcaInputs:
     @classmethod
     def load(cls, store: Store) -> RcaInputs:
         paths = load_paths(store)
-        engines = store.sql(analyzer_sql("engine_requests")).df()
-        steps = store.sql(analyzer_sql("engine_steps")).df()
+        engines = store.sql(query_text("engine_requests")).df()
+        steps = store.sql(query_text("engine_steps")).df()
         return cls(load_requests(store), paths, engines, steps, topology_from_paths(paths))
 
 

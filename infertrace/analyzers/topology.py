@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from infertrace.analyzers.anomalies import analyzer_sql
+from infertrace.analyzers import query_text
 from infertrace.store.store import Store
 
 ENGINE_KINDS = ("engine", "prefill_worker", "decode_worker")
@@ -71,7 +71,7 @@ class Topology:
 
 def load_paths(store: Store) -> pd.DataFrame:
     """The `request_paths` rows: one per (request trace, instance it passed through)."""
-    return store.sql(analyzer_sql("request_paths")).df()
+    return store.sql(query_text("request_paths")).df()
 
 
 def topology_from_paths(paths: pd.DataFrame) -> Topology:
