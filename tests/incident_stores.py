@@ -42,3 +42,16 @@ def demo_store() -> IncidentStore:
     root = Path(tempfile.mkdtemp(prefix="infertrace-demo-"))
     run = run_demo(root / "store")
     return IncidentStore(run.store, run.scenario_dir / run.truth["traces"], run.truth)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@functools.cache
+def sample_store(name: str) -> IncidentStore:
+    """A sample incident from sample_traces/, ingested into a fresh store."""
+    root = Path(tempfile.mkdtemp(prefix=f"infertrace-sample-{name}-"))
+    truth = json.loads((SAMPLES / name / "ground_truth.json").read_text(encoding="utf-8"))
+    traces = SAMPLES / name / truth["traces"]
+    ingest_paths(root / "store", [traces])
+    return IncidentStore(root / "store", traces, truth)

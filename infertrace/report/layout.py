@@ -127,7 +127,60 @@ def _itl(section: dict[str, Any]) -> list[Block]:
     return blocks
 
 
-RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl}
+def _ttft(section: dict[str, Any]) -> list[Block]:
+    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer")
+    blocks: list[Block] = [Paragraph("Share of summed TTFT per component, and the dominant one (TTFT from the "
+                                     "gateway).")]
+    blocks.append(Table(("model", "requests", "ttft p50 ms", "ttft p99 ms", *components, "dominant"),
+                        tuple((m["model"], m["requests"], m["ttft_p50_ms"], m["ttft_p99_ms"],
+                               *(m["shares"].get(c) for c in components), m["dominant"]) for m in section["models"])))
+    blocks.append(Paragraph("Prefill compute time fitted per engine: t ≈ a + b·n + q·(n·c + n²/2) over uncached "
+                            "tokens n and cached tokens c."))
+    blocks.append(Table(("engine", "model", "requests", "a ms", "b µs/token", "q ns/pair", "tokens/s",
+                         "median rel. error"),
+                        tuple((f["instance"], f["model"], f["requests"], f["intercept_ms"], f["us_per_token"],
+                               f["ns_per_attention_pair"], f["tokens_per_s"], f["median_relative_error"])
+                              for f in section["prefill_fits"])))
+    return blocks
+
+
+def _prefix_cache(section: dict[str, Any]) -> list[Block]:
+    def table(title: str, key: str, groups: list[dict[str, Any]]) -> list[Block]:
+        return [Paragraph(title), Table((key, "requests", "input tokens", "cached tokens", "hit rate"),
+                                        tuple((g["key"], g["requests"], g["input_tokens"], g["cached_tokens"],
+                                               g["hit_rate"]) for g in groups))]
+
+    b = section["billing"]
+    blocks: list[Block] = [Paragraph(
+        f"Billing: {b['input_tokens']} input tokens of which {b['cached_tokens']} from the cache, "
+        f"{b['output_tokens']} output tokens; cost ${cell(b['cost'])} with cache discounts against "
+        f"${cell(b['cost_without_cache'])} without: saved ${cell(b['savings'])}.")]
+    blocks += table("Hit rate by tenant", "tenant", section["by_tenant"])
+    blocks += table("Hit rate by model", "model", section["by_model"])
+    blocks += table("Hit rate by system prompt", "system prompt", section["by_system_prompt"])
+    if section["busting"]:
+        blocks.append(Paragraph("Cache busting:", "warning"))
+        blocks.append(Table(("tenant", "system prompt", "prompt tokens", "start", "end", "requests", "full-hit rate",
+                             "others' full-hit rate", "lost cached tokens", "lost savings $"),
+                            tuple((x["tenant"], x["system_prompt_id"], x["system_prompt_tokens"], x["start"], x["end"],
+                                   x["requests"], x["full_hit_rate"], x["other_tenants_full_hit_rate"],
+                                   x["lost_cached_tokens"], x["lost_savings"]) for x in section["busting"])))
+    else:
+        blocks.append(Paragraph("No cache busting detected."))
+    return blocks
+
+
+def _prefill_throughput(section: dict[str, Any]) -> list[Block]:
+    return [Table(("engine", "model", "hardware", "tp", "micro-batch", "median step tokens", "measured tok/s",
+                   "predicted tok/s", "ridge tokens", "diagnosis", "recommended micro-batch", "tok/s with it"),
+                  tuple((e["instance"], e["model"], e["hardware"], e["tensor_parallel"], e["microbatch_tokens"],
+                         e["median_step_tokens"], e["measured_tokens_per_s"], e["predicted_tokens_per_s"],
+                         e["ridge_tokens"], e["diagnosis"], e["recommended_microbatch_tokens"],
+                         e["fix_tokens_per_s"]) for e in section["engines"]))]
+
+
+RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl, "ttft": _ttft, "prefix_cache": _prefix_cache,
+             "prefill_throughput": _prefill_throughput}
 
 
 def layout(doc: dict[str, Any]) -> list[Block]:

@@ -17,22 +17,15 @@ from infertrace.report.recommendations import recommend
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.prefix_cache import PrefixCacheAnalysis
     from infertrace.analyzers.rca import RcaReport
+    from infertrace.analyzers.roofline import RooflineAnalysis
+    from infertrace.analyzers.ttft import TtftAnalysis
     from infertrace.store.store import Store
 
 SCHEMA_ID = "infertrace.report/1"
 SEVERITIES = ("ok", "info", "warning", "critical")
 SECTIONS = ("slo", "incidents", "itl", "ttft", "prefix_cache", "prefill_throughput")
-# Sections whose analyzers the report does not render yet; each says so in the document.
-NOT_RENDERED = {
-    "ttft": "the TTFT decomposition analyzer (infertrace.analyzers.ttft) is not rendered by this report yet",
-    "prefix_cache": "the prefix-cache analyzer (infertrace.analyzers.prefix_cache) is not rendered by this report "
-                    "yet",
-    "prefill_throughput": "the prefill roofline analyzer (infertrace.analyzers.roofline) is not rendered by this "
-                          "report yet",
-}
-
-
 @dataclass(frozen=True)
 class ReportOptions:
     since_ns: int | None = None
@@ -195,11 +188,74 @@ def itl_section(itl: ItlAnalysis, options: ReportOptions, tenants: dict[str, str
     }
 
 
+def ttft_section(ttft: TtftAnalysis, options: ReportOptions) -> dict[str, Any]:
+    """The TTFT analyzer's decomposition per model and prefill fit per engine (whole store; model filter)."""
+    def keep(model: str | None) -> bool:
+        return options.model is None or model == options.model
+
+    return {
+        "status": "ok",
+        "models": [{"model": m.model, "requests": m.requests, "ttft_p50_ms": ms(m.ttft_p50_ns),
+                    "ttft_p99_ms": ms(m.ttft_p99_ns), "shares": {k: _r(v, 4) for k, v in m.shares.items()},
+                    "dominant": m.dominant} for m in ttft.models if keep(m.model)],
+        "prefill_fits": [{"instance": f.instance, "model": f.model, "requests": f.requests,
+                          "intercept_ms": ms(f.intercept_ns), "us_per_token": _r(f.ns_per_token / 1e3, 4),
+                          "ns_per_attention_pair": _r(f.ns_per_attention_pair, 6),
+                          "tokens_per_s": _r(f.tokens_per_s, 1),
+                          "median_relative_error": _r(f.median_relative_error, 4)}
+                         for f in ttft.fits if keep(f.model)],
+    }
+
+
+def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> dict[str, Any]:
+    """The prefix-cache analyzer's hit rates, cache busting and billing (whole store; tenant filter on the
+    busting list and the tenant groups)."""
+    def groups(items: tuple[Any, ...], tenant_keyed: bool = False) -> list[dict[str, Any]]:
+        return [{"key": g.key, "requests": g.requests, "input_tokens": g.input_tokens,
+                 "cached_tokens": g.cached_tokens, "hit_rate": _r(g.hit_rate, 4)} for g in items
+                if not tenant_keyed or options.tenant is None or g.key == options.tenant]
+
+    b = cache.billing
+    return {
+        "status": "ok",
+        "block_size": cache.block_size,
+        "by_tenant": groups(cache.by_tenant, tenant_keyed=True),
+        "by_model": groups(cache.by_model),
+        "by_system_prompt": groups(cache.by_system_prompt),
+        "busting": [{"tenant": x.tenant, "system_prompt_id": x.system_prompt_id,
+                     "system_prompt_tokens": x.system_prompt_tokens, "start": iso(x.start_ns), "end": iso(x.end_ns),
+                     "requests": x.requests, "full_hits": x.full_hits, "full_hit_rate": _r(x.full_hit_rate, 4),
+                     "other_tenants_full_hit_rate": _r(x.other_tenants_full_hit_rate, 4),
+                     "lost_cached_tokens": x.lost_cached_tokens, "lost_savings": _r(x.lost_savings, 4)}
+                    for x in cache.busting if options.tenant is None or x.tenant == options.tenant],
+        "billing": {"input_tokens": b.input_tokens, "cached_tokens": b.cached_tokens,
+                    "output_tokens": b.output_tokens, "cost": _r(b.cost, 4),
+                    "cost_without_cache": _r(b.cost_without_cache, 4), "savings": _r(b.savings, 4)},
+    }
+
+
+def prefill_throughput_section(roofline: RooflineAnalysis, options: ReportOptions) -> dict[str, Any]:
+    """The roofline analyzer's measured prefill throughput per engine against the hardware's roofline."""
+    return {
+        "status": "ok",
+        "engines": [{"instance": e.instance, "model": e.model, "hardware": e.hardware,
+                     "tensor_parallel": e.tensor_parallel, "microbatch_tokens": e.microbatch_tokens,
+                     "steps": e.steps, "median_step_tokens": e.median_step_tokens,
+                     "measured_tokens_per_s": _r(e.measured_tokens_per_s, 1),
+                     "predicted_tokens_per_s": _r(e.predicted_tokens_per_s, 1),
+                     "unbatched_tokens_per_s": _r(e.unbatched_tokens_per_s, 1), "ridge_tokens": e.ridge_tokens,
+                     "diagnosis": e.diagnosis, "recommended_microbatch_tokens": e.recommended_microbatch_tokens,
+                     "fix_tokens_per_s": _r(e.fix_tokens_per_s, 1), "evidence": e.evidence}
+                    for e in roofline.engines if options.model is None or e.model == options.model],
+    }
+
+
 # ------------------------------------------------------------------------------------------ findings
 def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """What the report flags, with the severity the analyzers gave it: SLO checks (warning/critical by the
     SLO analyzer's breach ratio), incidents (critical: the anomaly detector already scored them above its
-    threshold), ITL stalls (info: evidence for the SLO findings, not an alarm by themselves)."""
+    threshold), cache busting and a memory-bound prefill micro-batch (warning: the analyzers detected a
+    misconfiguration), ITL stalls (info: evidence for the SLO findings, not an alarm by themselves)."""
     out: list[dict[str, Any]] = []
     sections = doc["sections"]
     slo = sections.get("slo", {})
@@ -227,14 +283,34 @@ def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                       f"stalled {top['victims']} requests by {top['victim_stall_ms']} ms in total")
             evidence.update(culprit=top["request_id"], victims=top["victims"], victim_stall_ms=top["victim_stall_ms"])
         out.append({"id": "itl:stalls", "severity": "info", "section": "itl", "title": title, "evidence": evidence})
+    for x in sections.get("prefix_cache", {}).get("busting", []):
+        out.append({"id": f"cache_busting:{x['tenant']}:{x['system_prompt_id']}", "severity": "warning",
+                    "section": "prefix_cache",
+                    "title": f"Tenant {x['tenant']} busts the prefix cache on {x['system_prompt_id']}: "
+                             f"{x['full_hit_rate']:.0%} of {x['requests']} requests hit its whole blocks, against "
+                             f"{_pct(x['other_tenants_full_hit_rate'])} for other tenants",
+                    "evidence": {"full_hit_rate": x["full_hit_rate"], "requests": x["requests"],
+                                 "lost_cached_tokens": x["lost_cached_tokens"], "lost_savings": x["lost_savings"]}})
+    for e in sections.get("prefill_throughput", {}).get("engines", []):
+        if e["diagnosis"] == "microbatch_memory_bound":
+            out.append({"id": f"roofline:{e['instance']}", "severity": "warning", "section": "prefill_throughput",
+                        "title": f"{e['instance']} prefills in micro-batches of {e['microbatch_tokens']} tokens, "
+                                 f"below the ridge of {e['ridge_tokens']}: memory-bound ({e['evidence']})",
+                        "evidence": {"microbatch_tokens": e["microbatch_tokens"], "ridge_tokens": e["ridge_tokens"],
+                                     "measured_tokens_per_s": e["measured_tokens_per_s"]}})
     return out
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 # ------------------------------------------------------------------------------------------ building
 def build_report(store: Store, options: ReportOptions | None = None, *, rca: RcaReport | None = None,
-                 itl: ItlAnalysis | None = None) -> dict[str, Any]:
-    """The report document for the store. `rca` and `itl` may be passed in when already computed (the
-    dashboard caches them); otherwise the analyzers run here."""
+                 itl: ItlAnalysis | None = None, ttft: TtftAnalysis | None = None,
+                 cache: PrefixCacheAnalysis | None = None, roofline: RooflineAnalysis | None = None) -> dict[str, Any]:
+    """The report document for the store. Analyzer results may be passed in when already computed (tests,
+    the dashboard); otherwise the analyzers run here."""
     o = options or ReportOptions()
     sections: dict[str, Any] = {}
     if "slo" in o.sections:
@@ -253,9 +329,18 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
             itl = analyze_itl(store)
         tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
         sections["itl"] = itl_section(itl, o, tenants)
-    for name, reason in NOT_RENDERED.items():
-        if name in o.sections:
-            sections[name] = {"status": "unavailable", "reason": reason}
+    if "ttft" in o.sections:
+        from infertrace.analyzers.ttft import analyze_ttft
+
+        sections["ttft"] = ttft_section(ttft or analyze_ttft(store), o)
+    if "prefix_cache" in o.sections:
+        from infertrace.analyzers.prefix_cache import analyze_prefix_cache
+
+        sections["prefix_cache"] = prefix_cache_section(cache or analyze_prefix_cache(store), o)
+    if "prefill_throughput" in o.sections:
+        from infertrace.analyzers.roofline import analyze_prefill_roofline
+
+        sections["prefill_throughput"] = prefill_throughput_section(roofline or analyze_prefill_roofline(store), o)
     extent = store.sql("SELECT min(start_ns), max(end_ns), count(*) FROM spans").fetchall()[0]
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,

@@ -6,7 +6,11 @@ it computes nothing new.
   p99 (prefill collisions stalled its slowest tokens);
 - disaggregation: with that budget the engine's ITL p99 would still exceed the model's ITL target, while
   without prefill interference it would meet it: only separating prefill from decode removes the rest;
-- incident: look first at the top-ranked cause of each incident, with its evidence.
+- incident: look first at the top-ranked cause of each incident, with its evidence;
+- prefill micro-batch: the roofline analyzer found an engine's micro-batch memory-bound and names a larger
+  one with its predicted throughput;
+- cache busting: the prefix-cache analyzer found a tenant whose requests stopped hitting its system prompt's
+  blocks, with the cached tokens and savings lost.
 """
 
 from __future__ import annotations
@@ -64,5 +68,29 @@ def recommend(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "because": " ".join(top["evidence"]),
             "evidence": {"score": top["score"], "ochiai": top["ochiai"], "own_anomaly": top["own_anomaly"]["score"],
                          "e_f": top["e_f"], "n_f": top["n_f"], "e_p": top["e_p"]},
+        })
+    for e in sections.get("prefill_throughput", {}).get("engines", []):
+        if e.get("recommended_microbatch_tokens") is None:
+            continue
+        out.append({
+            "id": f"microbatch:{e['instance']}", "section": "prefill_throughput",
+            "action": f"Raise the prefill micro-batch on {e['instance']} ({e['model']}) from "
+                      f"{e['microbatch_tokens']} to {e['recommended_microbatch_tokens']} tokens.",
+            "because": f"It prefills at {e['measured_tokens_per_s']} tokens/s; below {e['ridge_tokens']} tokens a "
+                       f"micro-batch re-reads the weights and is memory-bound on {e['hardware']}; the roofline "
+                       f"predicts {e['fix_tokens_per_s']} tokens/s with the larger micro-batch ({e['evidence']}).",
+            "evidence": {k: e[k] for k in ("microbatch_tokens", "recommended_microbatch_tokens", "ridge_tokens",
+                                           "measured_tokens_per_s", "fix_tokens_per_s")},
+        })
+    for x in sections.get("prefix_cache", {}).get("busting", []):
+        out.append({
+            "id": f"cache_busting:{x['tenant']}:{x['system_prompt_id']}", "section": "prefix_cache",
+            "action": f"Ask tenant {x['tenant']} to put the shared system prompt {x['system_prompt_id']} first and "
+                      f"unchanged in every request (nothing request-specific before it).",
+            "because": f"Only {x['full_hits']} of its {x['requests']} requests read the prompt's whole "
+                       f"{x['system_prompt_tokens']}-token prefix from the cache; {x['lost_cached_tokens']} cached "
+                       f"tokens were recomputed instead, ${x['lost_savings']} in lost savings.",
+            "evidence": {k: x[k] for k in ("full_hits", "requests", "full_hit_rate", "lost_cached_tokens",
+                                           "lost_savings")},
         })
     return out
