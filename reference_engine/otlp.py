@@ -103,34 +103,53 @@ def _any_value(value: Any) -> str:
     raise TypeError(f"cannot encode attribute value of type {kind.__name__}")
 
 
-_key_prefixes: dict[str, str] = {}
+_key_prefixes: dict[str, str] = {}  # attribute key -> '{"key":"…","value":'
+_names: dict[str, str] = {}  # span or event name -> its JSON string
+
+
+def _key_prefix(key: str) -> str:
+    prefix = _key_prefixes.get(key)
+    if prefix is None:
+        prefix = _key_prefixes[key] = '{"key":' + _json_string(key) + ',"value":'
+    return prefix
+
+
+def _name(name: str) -> str:
+    encoded = _names.get(name)
+    if encoded is None:
+        encoded = _names[name] = _json_string(name)
+    return encoded
 
 
 def encode_attributes(attributes: Mapping[str, Any]) -> str:
     parts = []
     for key, value in attributes.items():
-        prefix = _key_prefixes.get(key)
-        if prefix is None:
-            prefix = _key_prefixes[key] = '{"key":' + _json_string(key) + ',"value":'
-        parts.append(prefix + _any_value(value) + "}")
+        prefix = _key_prefixes.get(key) or _key_prefix(key)
+        kind = type(value)
+        if kind is int:  # the common cases first, without a call
+            parts.append(prefix + '{"intValue":"' + str(value) + '"}}')
+        elif kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            parts.append(prefix + '{"stringValue":"' + value + '"}}')
+        else:
+            parts.append(prefix + _any_value(value) + "}")
     return ",".join(parts)
 
 
 def encode_span(span: SpanRecord) -> str:
-    parent = f',"parentSpanId":"{span.parent_span_id:016x}"' if span.parent_span_id else ""
+    parent = ',"parentSpanId":"%016x"' % span.parent_span_id if span.parent_span_id else ""
     events = ""
     if span.events:
-        events = ',"events":[' + ",".join(
-            f'{{"timeUnixNano":"{t}","name":{json.dumps(name)},"attributes":[{encode_attributes(attrs)}]}}'
-            for name, t, attrs in span.events) + "]"
+        events = ',"events":[' + ",".join([
+            '{"timeUnixNano":"%d","name":%s,"attributes":[%s]}' % (t, _name(name), encode_attributes(attrs))
+            for name, t, attrs in span.events]) + "]"
     status = "{}"
     if span.status_code:
-        message = f',"message":{json.dumps(span.status_message)}' if span.status_message else ""
-        status = f'{{"code":{span.status_code}{message}}}'
-    return (f'{{"traceId":"{span.trace_id:032x}","spanId":"{span.span_id:016x}"{parent},'
-            f'"name":{json.dumps(span.name)},"kind":{span.kind},'
-            f'"startTimeUnixNano":"{span.start_ns}","endTimeUnixNano":"{span.end_ns}",'
-            f'"attributes":[{encode_attributes(span.attributes)}]{events},"status":{status}}}')
+        message = ',"message":' + _json_string(span.status_message) if span.status_message else ""
+        status = '{"code":%d%s}' % (span.status_code, message)
+    return ('{"traceId":"%032x","spanId":"%016x"%s,"name":%s,"kind":%d,"startTimeUnixNano":"%d",'
+            '"endTimeUnixNano":"%d","attributes":[%s]%s,"status":%s}') % (
+        span.trace_id, span.span_id, parent, _name(span.name), span.kind, span.start_ns, span.end_ns,
+        encode_attributes(span.attributes), events, status)
 
 
 def encode_traces_data(resource: Attributes, spans: Sequence[SpanRecord], scope: str, version: str) -> str:
@@ -153,7 +172,7 @@ class OtlpJsonLinesWriter:
             raw = open(self.path, "wb")  # noqa: SIM115 - closed in close()
             self._raw: IO[bytes] | None = raw
             self._file: IO[str] = io.TextIOWrapper(
-                gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0), encoding="utf-8")
+                gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0), encoding="utf-8")
         else:
             self._raw = None
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
