@@ -75,3 +75,11 @@ def current() -> tuple[str, tuple[str, ...]]:
         st.info("No store: start the dashboard with `infertrace dashboard --store DIR`.")
         st.stop()
     return root, st.session_state.get("snapshot", ())
+
+
+@st.cache_data(max_entries=4, show_spinner="Prefix cache …")
+def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.analyzers.prefix_cache import analyze_prefix_cache
+
+    with Store.open(root) as store:
+        return analyze_prefix_cache(store)

@@ -1,4 +1,4 @@
-"""The dashboard in a real browser: `infertrace dashboard` serves the demo incident's store on 127.0.0.1,
+"""The dashboard in a real browser: `infertrace dashboard` serves the prefill-storm sample incident on 127.0.0.1,
 headless Chromium (Debian's /usr/bin/chromium, driven over the DevTools protocol) loads it, clicks through to
 the ITL spike view and follows a deep link to the ground truth's worst stall, and must find the ground-truth
 culprit request id on the page. Screenshots go to test-artifacts/browser/."""
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.incident_stores import demo_store
+from tests.incident_stores import sample_store
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -100,7 +100,8 @@ class DevTools:
 def dashboard_url() -> Iterator[str]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "infertrace.cli", "dashboard", "--store", str(demo_store().store), "--port", str(port)],
+        [sys.executable, "-m", "infertrace.cli", "dashboard", "--store", str(sample_store("prefill_storm").store),
+         "--port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90)
@@ -149,12 +150,12 @@ def browser() -> Iterator[DevTools]:
 
 
 def _worst_truth_stall() -> dict[str, Any]:
-    truth = demo_store().truth["itl"]["stalled_steps"]
+    truth = sample_store("prefill_storm").truth["itl"]["stalled_steps"]
     return max((s for s in truth if "prefill" in s["causes"]),
                key=lambda s: (s["duration_ns"] - s["decode_only_ns"]) * len(s["victims"]))
 
 
-def test_the_itl_spike_view_of_the_demo_incident_shows_the_ground_truth_culprit(
+def test_the_itl_spike_view_of_the_prefill_storm_sample_shows_the_ground_truth_culprit(
         dashboard_url: str, browser: DevTools) -> None:
     browser.call("Page.navigate", url=dashboard_url + "/")
     browser.wait_for_text(r"Fleet overview[\s\S]*Drill down")

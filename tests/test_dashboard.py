@@ -14,12 +14,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from infertrace.analyzers.itl import analyze_itl
+from infertrace.analyzers.prefix_cache import analyze_prefix_cache
 from infertrace.analyzers.rca import analyze_incidents
 from infertrace.analyzers.slo import slo_summary
 from infertrace.runbook import run_query
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from tests.incident_stores import demo_store, incident_store
+from tests.incident_stores import demo_store, incident_store, sample_store
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboards" / "app.py")
 
@@ -152,14 +153,26 @@ def test_incidents_page_shows_the_rca_ranking_and_its_top_cause_is_the_injected_
     assert len(at.get("graphviz_chart")) == 1
 
 
-def test_prefix_cache_page_shows_the_runbook_hit_rates(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prefix_cache_page_shows_the_analyzers_hit_rates_and_billing(store_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(store_dir, monkeypatch, "views/prefix_cache.py")
     with Store.open(store_dir) as store:
-        expected = run_query(store, "prefix_cache_by_tenant", {})
+        cache = analyze_prefix_cache(store)
     shown = frame(at, "tenant")
-    assert list(shown["tenant"]) == list(expected["tenant"])
-    assert list(shown["hit_rate"]) == pytest.approx(list(expected["hit_rate"]))
-    assert shown["hit_rate"].max() > 0  # the demo's system prompts are shared: some prefix hits
+    assert list(shown["tenant"]) == [g.key for g in cache.by_tenant]
+    assert list(shown["hit rate"]) == pytest.approx([g.hit_rate for g in cache.by_tenant])
+    assert frame(at, "system prompt")["cached tokens"].sum() == sum(g.cached_tokens for g in cache.by_system_prompt)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Cost with cache discounts"] == f"${cache.billing.cost:,.2f}"
+    assert metrics["Cost without the cache"] == f"${cache.billing.cost_without_cache:,.2f}"
+
+
+def test_prefix_cache_page_names_the_busting_tenant_of_the_cache_busting_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sample = sample_store("cache_busting")
+    at = app(sample.store, monkeypatch, "views/prefix_cache.py")
+    busting = frame(at, "lost cached tokens")
+    assert set(busting["tenant"]) == {sample.truth["root_cause"]["tenant"]}
 
 
 def test_runbook_page_runs_a_query_with_bound_parameters_and_reports_bad_values(

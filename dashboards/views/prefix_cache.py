@@ -1,26 +1,54 @@
-"""Prefix cache: hit rates by tenant and by system prompt (runbook queries `prefix_cache_by_tenant` and
-`prefix_cache_by_system_prompt`)."""
+"""Prefix cache (`infertrace.analyzers.prefix_cache`): hit rates by tenant, model and system prompt,
+cache-busting tenants, and what prompt caching saved in billed tokens."""
 
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import results
 import streamlit as st
 
+from infertrace.report.model import iso
+
 root, snap = results.current()
+cache = results.prefix_cache(root, snap)
 st.title("Prefix cache")
 
-by_tenant = results.runbook(root, snap, "prefix_cache_by_tenant", ())
-st.subheader("Hit rate by tenant and model")
-st.altair_chart(alt.Chart(by_tenant).mark_bar().encode(
-    x=alt.X("hit_rate:Q", title="share of prompt tokens from the prefix cache", scale=alt.Scale(domain=[0, 1])),
-    y=alt.Y("tenant:N", title=None), color="model:N", yOffset="model:N",
-    tooltip=["tenant", "model", "requests", "input_tokens", "cached_tokens", "hit_rate"],
-).properties(height=60 + 24 * len(by_tenant)), width="stretch")
-st.dataframe(by_tenant, hide_index=True, width="stretch", key="cache_by_tenant")
+b = cache.billing
+left, middle, right = st.columns(3)
+left.metric("Prompt tokens from the cache", f"{b.cached_tokens / b.input_tokens:.1%}" if b.input_tokens else "-")
+middle.metric("Cost with cache discounts", f"${b.cost:,.2f}", f"-${b.savings:,.2f} vs no cache", delta_color="inverse")
+right.metric("Cost without the cache", f"${b.cost_without_cache:,.2f}")
 
-st.subheader("Hit rate by system prompt")
-by_prompt = results.runbook(root, snap, "prefix_cache_by_system_prompt", ())
-st.dataframe(by_prompt, hide_index=True, width="stretch", key="cache_by_prompt")
-st.caption("A system prompt whose hit rate is far below its siblings' is being busted (fresh tokens before "
-           "it, or a router that spreads its tenant over replicas).")
+
+def groups(items: tuple, key: str) -> pd.DataFrame:
+    return pd.DataFrame([{key: g.key, "requests": g.requests, "input tokens": g.input_tokens,
+                          "cached tokens": g.cached_tokens, "hit rate": g.hit_rate} for g in items])
+
+
+by_tenant = groups(cache.by_tenant, "tenant")
+st.subheader("Hit rate by tenant")
+st.altair_chart(alt.Chart(by_tenant).mark_bar().encode(
+    x=alt.X("hit rate:Q", scale=alt.Scale(domain=[0, 1]), title="share of prompt tokens from the prefix cache"),
+    y=alt.Y("tenant:N", title=None), tooltip=list(by_tenant.columns),
+).properties(height=40 + 28 * len(by_tenant)), width="stretch")
+st.dataframe(by_tenant, hide_index=True, width="stretch")
+
+st.subheader("Cache busting")
+if cache.busting:
+    st.dataframe(pd.DataFrame([{
+        "tenant": x.tenant, "system prompt": x.system_prompt_id, "prompt tokens": x.system_prompt_tokens,
+        "from": iso(x.start_ns), "to": iso(x.end_ns), "requests": x.requests, "full-hit rate": x.full_hit_rate,
+        "others' full-hit rate": x.other_tenants_full_hit_rate, "lost cached tokens": x.lost_cached_tokens,
+        "lost savings $": x.lost_savings} for x in cache.busting]), hide_index=True, width="stretch")
+    for x in cache.busting:
+        st.warning(f"Tenant {x.tenant}: only {x.full_hits} of {x.requests} requests read the whole "
+                   f"{x.system_prompt_tokens}-token system prompt {x.system_prompt_id} from the cache.")
+else:
+    st.success("No tenant busts the prefix cache.")
+
+left, right = st.columns(2)
+left.subheader("By model")
+left.dataframe(groups(cache.by_model, "model"), hide_index=True, width="stretch")
+right.subheader("By system prompt")
+right.dataframe(groups(cache.by_system_prompt, "system prompt"), hide_index=True, width="stretch")
