@@ -544,17 +544,18 @@ def demo(
         raise fail(f"--duration must be ≥ 60 simulated seconds (a baseline, then the incident), got {duration}")
     if out.exists() and not out.is_dir():
         raise fail(f"--out {out} exists and is not a directory")
-    err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …")
+    err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …",
+              soft_wrap=True, markup=False)
     try:
         run = run_demo(out, seed, duration)
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
-    err.print(injected(run.truth))
+    err.print(injected(run.truth), soft_wrap=True, markup=False)
     with Store.open(out) as store:
         print(render(build_report(store), fmt), end="")
     err.print(f"\nOpen the dashboard on this store:\n  infertrace dashboard --store {out}\n"
               f"then browse http://127.0.0.1:8501/ (ITL spikes, incidents, runbook). Ask the runbook:\n"
-              f"  infertrace query --store {out} worst_itl_gaps --param top=5")
+              f"  infertrace query --store {out} worst_itl_gaps --param top=5", soft_wrap=True, markup=False)
 
 
 def main() -> None:
