@@ -144,3 +144,27 @@ def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> N
     assert len(set(observed)) > 0
     with Store.open(store) as s:
         assert s.sql("SELECT count(*) FROM requests").fetchall() == [(batches * spans_per_batch,)]
+
+
+def test_infertrace_simulate_exports_over_otlp_http_to_infertrace_collect(tmp_path: Path) -> None:
+    store, port = tmp_path / "store", _free_port()
+    proc = _start(store, port)
+    try:
+        done = subprocess.run([sys.executable, "-m", "infertrace.cli", "simulate", "--duration", "10", "--seed", "4",
+                               "--no-progress", "--otlp-endpoint", f"http://127.0.0.1:{port}/v1/traces"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        subprocess.run([sys.executable, "-m", "infertrace.cli", "simulate", "--duration", "10", "--seed", "4",
+                        "--no-progress", "--out", str(tmp_path / "same.jsonl")], check=True, capture_output=True,
+                       timeout=120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    ingested = tmp_path / "from_file"
+    subprocess.run([sys.executable, "-m", "infertrace.cli", "ingest", "--store", str(ingested), "--no-progress",
+                    str(tmp_path / "same.jsonl")], check=True, capture_output=True, timeout=120)
+    query = "SELECT * EXCLUDE (scope_version) FROM spans ORDER BY trace_id, span_id"
+    with Store.open(store) as received, Store.open(ingested) as from_file:
+        got, want = received.sql(query).fetchall(), from_file.sql(query).fetchall()
+        requests_ = received.sql("SELECT count(*) FROM requests").fetchall()[0][0]
+    assert got == want and len(got) > 100 and requests_ > 10
