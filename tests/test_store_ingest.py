@@ -389,7 +389,7 @@ _valid_span = st.fixed_dictionaries({
              "status": st.fixed_dictionaries({"code": st.integers(0, 2)}, optional={"message": st.text(max_size=5)})})
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(spans=st.lists(_valid_span, min_size=1, max_size=6))
 def test_both_parsing_paths_agree_or_the_fast_one_defers(spans: list[dict[str, Any]]) -> None:
     from infertrace.store.batch import SpanBatch
@@ -424,3 +424,19 @@ def test_materialized_relations_answer_like_the_views_and_unknown_names_are_refu
         rid = as_views[0][0]
         assert store.sql("SELECT count(*) FROM tokens WHERE request_id = $rid", {"rid": rid}).fetchall() == [
             (as_views[0][1],)]
+
+
+def test_an_undeclared_key_with_a_scalar_in_one_span_and_an_empty_list_in_another_is_kept_as_json(
+        tmp_path: Path) -> None:
+    def span(i: int, value: dict[str, Any]) -> dict[str, Any]:
+        return {"traceId": f"{1:032x}", "spanId": f"{i:016x}", "name": "x", "startTimeUnixNano": "1",
+                "endTimeUnixNano": "2", "attributes": [{"key": "k", "value": value}]}
+
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        span(1, {"intValue": "7"}), span(2, {"arrayValue": {}}), span(3, {"arrayValue": {"values": []}})]}]}]})
+    (tmp_path / "t.jsonl").write_text(line + "\n")
+    summary = ingest_paths(tmp_path / "store", [tmp_path / "t.jsonl"])
+    assert summary.spans_read == 3 and summary.skipped == 0
+    with Store.open(tmp_path / "store") as store:
+        assert store.sql('SELECT span_id, "attr.k" FROM spans ORDER BY span_id').fetchall() == [
+            (f"{1:016x}", "7"), (f"{2:016x}", "[]"), (f"{3:016x}", "[]")]

@@ -409,7 +409,8 @@ def _typed_array(kinds: list[str | None], values: list[Any], declared: str | Non
     if declared is not None:
         return pa.array(values, type=VALUE_TYPES[declared])
     present = {k for k in kinds if k is not None and k != "[]"}
-    if len(present) == 1:
+    empty_lists = "[]" in kinds
+    if len(present) == 1 and (not empty_lists or next(iter(present)).endswith("[]")):
         kind = present.pop()
         return pa.array([[] if k == "[]" else v for k, v in zip(kinds, values, strict=True)], type=VALUE_TYPES[kind])
     if not present and any(k == "[]" for k in kinds):
