@@ -28,7 +28,6 @@ from infertrace.store.schema import (
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
 _INT64_MAX = (1 << 63) - 1
-_SCALAR_KINDS = {"stringValue": "string", "intValue": "int", "doubleValue": "double", "boolValue": "bool"}
 
 
 class BadRecord(ValueError):

@@ -13,7 +13,6 @@ import gc
 import glob
 import gzip
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -187,7 +186,3 @@ def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, 
         summary.spans_new += new
         summary.segments += len(segments)
     return whole
-
-
-def file_size(path: Path) -> int:
-    return os.path.getsize(path)
