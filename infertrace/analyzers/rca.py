@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from infertrace.analyzers import query_text
+from infertrace.analyzers import materialize_once, query_text
 from infertrace.analyzers.anomalies import (
     AnomalyReport,
     DetectionConfig,
@@ -176,6 +176,7 @@ class RcaInputs:
 
     @classmethod
     def load(cls, store: Store) -> RcaInputs:
+        materialize_once(store, ("requests", "component_calls"))  # each read by several of the queries below
         paths = load_paths(store)
         engines = store.sql(query_text("engine_requests")).df()
         steps = store.sql(query_text("engine_steps")).df()
