@@ -24,7 +24,7 @@ if root is not None and root.is_dir():
 
 VIEWS = Path(__file__).resolve().parent / "views"
 pages = [
-    st.Page(VIEWS / "fleet.py", title="Fleet overview", url_path="fleet", default=True),
+    st.Page(VIEWS / "fleet.py", title="Fleet overview", default=True),  # served at /
     st.Page(VIEWS / "itl_spikes.py", title="ITL spikes", url_path="itl"),
     st.Page(VIEWS / "incidents.py", title="Incidents", url_path="incidents"),
     st.Page(VIEWS / "prefix_cache.py", title="Prefix cache", url_path="cache"),

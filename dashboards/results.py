@@ -1,16 +1,22 @@
 """Analyzer and runbook results for the dashboard, cached per store snapshot.
 
-Every cached function opens its own reader on the store (a private in-memory DuckDB connection: sessions
-never share one) and takes the store directory and `snapshot`, the names of the store's segments: when a
-collector or `infertrace ingest` adds a segment the snapshot changes and the results are recomputed; until
-then every page and rerun reuses them. Nothing here computes a statistic: it calls the analyzers and the
-runbook and returns their results.
+A snapshot is the names of the store's segments: when a collector or `infertrace ingest` adds a segment, the
+snapshot changes and the results are recomputed; until then every page and rerun reuses them. All results
+are read through one store reader per snapshot (`reader`), whose connection keeps the relations the
+analyzers materialize: the `tokens` relation of an hour of a busy fleet takes tens of seconds to compute,
+once, not once per page. A lock serializes the reader's use (a DuckDB connection is not shared between
+threads). Analyzer results are frozen dataclasses, shared as they are (`st.cache_resource`: no copy per
+rerun); runbook tables are copied (`st.cache_data`). Nothing here computes a statistic: it calls the
+analyzers and the runbook and returns their results.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +42,42 @@ def snapshot(root: Path) -> tuple[str, ...]:
     return tuple(p.name for p in list_segments(root))
 
 
-@st.cache_data(max_entries=4, show_spinner="SLO summary …")
+_LOCK = threading.Lock()
+
+
+@st.cache_resource(max_entries=1, show_spinner=False)
+def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
+    return Store.open(root)
+
+
+@contextmanager
+def reader(root: str, snapshot: tuple[str, ...]) -> Iterator[Store]:
+    """The snapshot's store reader, for one thread at a time."""
+    with _LOCK:
+        yield _shared_reader(root, snapshot)
+
+
+@st.cache_resource(max_entries=2, show_spinner="SLO summary …")
 def slo(root: str, snapshot: tuple[str, ...]) -> Any:
     from infertrace.analyzers.slo import slo_summary
 
-    with Store.open(root) as store:
+    with reader(root, snapshot) as store:
         return slo_summary(store)
 
 
-@st.cache_data(max_entries=4, show_spinner="ITL spikes and culprits …")
+@st.cache_resource(max_entries=2, show_spinner="ITL spikes and culprits …")
 def itl(root: str, snapshot: tuple[str, ...]) -> Any:
     from infertrace.analyzers.itl import analyze_itl
 
-    with Store.open(root) as store:
+    with reader(root, snapshot) as store:
         return analyze_itl(store)
 
 
-@st.cache_data(max_entries=4, show_spinner="Incidents and ranked causes …")
+@st.cache_resource(max_entries=2, show_spinner="Incidents and ranked causes …")
 def rca(root: str, snapshot: tuple[str, ...]) -> Any:
     from infertrace.analyzers.rca import analyze_incidents
 
-    with Store.open(root) as store:
+    with reader(root, snapshot) as store:
         return analyze_incidents(store)
 
 
@@ -64,7 +85,7 @@ def rca(root: str, snapshot: tuple[str, ...]) -> Any:
 def runbook(root: str, snapshot: tuple[str, ...], name: str, values: tuple[tuple[str, str], ...]) -> pd.DataFrame:
     from infertrace.runbook import run_query
 
-    with Store.open(root) as store:
+    with reader(root, snapshot) as store:
         return run_query(store, name, dict(values))
 
 
@@ -77,9 +98,9 @@ def current() -> tuple[str, tuple[str, ...]]:
     return root, st.session_state.get("snapshot", ())
 
 
-@st.cache_data(max_entries=4, show_spinner="Prefix cache …")
+@st.cache_resource(max_entries=2, show_spinner="Prefix cache …")
 def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
     from infertrace.analyzers.prefix_cache import analyze_prefix_cache
 
-    with Store.open(root) as store:
+    with reader(root, snapshot) as store:
         return analyze_prefix_cache(store)

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.incident_stores import sample_store
+from infertrace.store.ingest import ingest_paths
+from tests.incident_stores import SAMPLES, sample_store
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -83,7 +84,8 @@ class DevTools:
         deadline = time.monotonic() + timeout_s
         while True:
             text = self.text()
-            running = self.evaluate("!!document.querySelector('[data-testid=\"stStatusWidget\"]')")
+            running = self.evaluate("!!document.querySelector("
+                                    "'[data-testid=\"stStatusWidget\"], [data-testid=\"stSpinner\"]')")
             if re.search(pattern, text) and not running:
                 return text
             if time.monotonic() > deadline:
@@ -97,11 +99,18 @@ class DevTools:
 
 
 @pytest.fixture(scope="module")
-def dashboard_url() -> Iterator[str]:
+def served_store() -> Path:
+    """A copy of the prefill_storm sample's store (the refresh test writes into it)."""
+    store = Path(tempfile.mkdtemp(prefix="infertrace-browser-")) / "store"
+    shutil.copytree(sample_store("prefill_storm").store / "spans", store / "spans")
+    return store
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(served_store: Path) -> Iterator[str]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "infertrace.cli", "dashboard", "--store", str(sample_store("prefill_storm").store),
-         "--port", str(port)],
+        [sys.executable, "-m", "infertrace.cli", "dashboard", "--store", str(served_store), "--port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90)
@@ -180,3 +189,17 @@ def test_the_itl_spike_view_of_the_prefill_storm_sample_shows_the_ground_truth_c
     found = re.findall(r"Culprit prefill: (\S+)", text)
     assert set(found) & set(culprits), f"page names {found}; ground truth culprits {culprits}"
     assert f"Step {stall['step_index']} on {stall['engine']}" in text
+
+
+def test_the_open_dashboard_refreshes_when_new_segments_arrive(dashboard_url: str, browser: DevTools,
+                                                              served_store: Path) -> None:
+    browser.call("Page.navigate", url=dashboard_url + "/")
+    text = browser.wait_for_text(r"Fleet overview[\s\S]*Drill down")
+    before = int(re.search(r"· (\d+) segments", text).group(1))
+    # what `infertrace collect` does on each export: write new segments into the store
+    ingest_paths(served_store, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
+    after_text = browser.wait_for_text(rf"· (?!{before} )\d+ segments[\s\S]*Drill down", timeout_s=120)
+    after = int(re.search(r"· (\d+) segments", after_text).group(1))
+    assert after > before
+    time.sleep(2)
+    browser.screenshot(ARTIFACTS / "04-fleet-after-new-segments.png")
