@@ -212,6 +212,9 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
                 tenant: str | None = None, targets: tuple[SloTarget, ...] = DEFAULT_TARGETS,
                 critical_ratio: float = 2.0, bucket_ns: int | None = None) -> SloSummary:
     """Percentiles per model and per time bucket for the selected requests, checked against `targets`."""
+    from infertrace.analyzers import materialize_once
+
+    materialize_once(store, ("requests", "tokens", "component_calls"))  # read twice each below
     params = {"since": since_ns, "until": until_ns, "model": model, "tenant": tenant}
     start, end, _count = store.sql(_EXTENT, params=params).fetchall()[0]
     if bucket_ns is None:
