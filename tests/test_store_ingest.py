@@ -389,7 +389,7 @@ _valid_span = st.fixed_dictionaries({
              "status": st.fixed_dictionaries({"code": st.integers(0, 2)}, optional={"message": st.text(max_size=5)})})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(spans=st.lists(_valid_span, min_size=1, max_size=6))
 def test_both_parsing_paths_agree_or_the_fast_one_defers(spans: list[dict[str, Any]]) -> None:
     from infertrace.store.batch import SpanBatch
