@@ -9,27 +9,34 @@
 --   the token: the first token, or the first after a preemption).
 -- A request in a span's decode list gets one token at the end of every step of the span; a prefilling
 -- request whose chunk completed its prompt gets one at the end of that step. Differences are exact int64.
+-- Cost: within a run of steps a token's ITL is that step's duration, so only the first token of each
+-- (request, span) needs the request's previous token: the window runs over memberships, not over tokens.
 WITH produced AS (
-    SELECT m.request_id, s.instance, s.step_index, s.end_ns AS time_ns, s.trace_id, s.span_id,
-           false AS from_prefill
-    FROM step_membership m
-    JOIN steps s ON s.trace_id = m.trace_id AND s.span_id = m.span_id
-    WHERE m.role = 'decode'
-    UNION ALL
-    SELECT m.request_id, s.instance, s.step_index, s.end_ns, s.trace_id, s.span_id, true
-    FROM step_membership m
-    JOIN steps s ON s.trace_id = m.trace_id AND s.span_id = m.span_id
-    WHERE m.role = 'prefill' AND m.samples_token
+    SELECT request_id, instance, trace_id, span_id, role, start_ns,
+           CASE WHEN role = 'decode' THEN run_steps ELSE 1 END AS n,
+           end_ns AS last_token_ns
+    FROM step_membership
+    WHERE role = 'decode' OR (role = 'prefill' AND samples_token)
+),
+runs AS (
+    SELECT
+        *,
+        coalesce(sum(n) OVER (PARTITION BY request_id ORDER BY start_ns
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS tokens_before,
+        lag(last_token_ns) OVER (PARTITION BY request_id ORDER BY start_ns) AS previous_token_ns
+    FROM produced
 )
 SELECT
-    request_id,
-    instance,
-    (row_number() OVER w - 1)::BIGINT AS token_index,
-    time_ns,
-    time_ns - lag(time_ns) OVER w AS itl_ns,
-    step_index,
-    trace_id,
-    span_id,
-    from_prefill
-FROM produced
-WINDOW w AS (PARTITION BY request_id ORDER BY time_ns, step_index)
+    r.request_id,
+    s.instance,
+    CAST(r.tokens_before + CASE WHEN r.role = 'decode' THEN s.run_position ELSE 0 END AS BIGINT) AS token_index,
+    s.end_ns AS time_ns,
+    CASE WHEN r.role = 'decode' AND s.run_position > 0 THEN s.duration_ns
+         ELSE s.end_ns - r.previous_token_ns END AS itl_ns,
+    s.step_index,
+    s.trace_id,
+    s.span_id,
+    r.role = 'prefill' AS from_prefill
+FROM runs r
+JOIN steps s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+WHERE r.role = 'decode' OR s.run_position = s.run_steps - 1
