@@ -130,6 +130,18 @@ LATENCY_TIME_IN_MODEL_DECODE: Final = _attr(
 LATENCY_E2E: Final = _attr(
     "gen_ai.latency.e2e", "double (s)", "llm_request", "Arrival to last token (vLLM).")
 
+# vLLM's own `llm_request` span (vllm/tracing.py `SpanAttributes`) uses older GenAI names for usage and
+# sampling; the store reads them so the analyzers work on vLLM's traces too. The reference engine does not
+# emit them.
+VLLM_USAGE_PROMPT_TOKENS: Final = _attr(
+    "gen_ai.usage.prompt_tokens", "int", "llm_request (vLLM)", "Prompt tokens (vLLM's name).")
+VLLM_USAGE_COMPLETION_TOKENS: Final = _attr(
+    "gen_ai.usage.completion_tokens", "int", "llm_request (vLLM)", "Generated tokens (vLLM's name).")
+VLLM_REQUEST_TEMPERATURE: Final = _attr(
+    "gen_ai.request.temperature", "double", "llm_request (vLLM)", "Sampling temperature.")
+VLLM_REQUEST_TOP_P: Final = _attr("gen_ai.request.top_p", "double", "llm_request (vLLM)", "Nucleus sampling p.")
+VLLM_REQUEST_N: Final = _attr("gen_ai.request.n", "int", "llm_request (vLLM)", "Completions per request.")
+
 # ------------------------------------------------------------------------- infertrace request attributes
 TENANT_ID: Final = _attr("infertrace.tenant.id", "string", "gateway, component spans, llm_request",
                          "Tenant (customer or API key owner).")

@@ -19,14 +19,6 @@ from infertrace import semconv as sc
 RESOURCE_PREFIX: Final = "res."
 ATTRIBUTE_PREFIX: Final = "attr."
 
-# vLLM's own `llm_request` span uses these names (vllm/tracing.py `SpanAttributes`).
-VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
-VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
-VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
-VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
-VLLM_REQUEST_N: Final = "gen_ai.request.n"
-VLLM_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
-
 EVENT_TYPE: Final = pa.list_(pa.struct([("time_ns", pa.int64()), ("name", pa.string()),
                                         ("attributes", pa.string())]))
 
@@ -67,9 +59,6 @@ def _declared() -> tuple[dict[str, str], dict[str, str]]:
             resource[c.name] = _semconv_kind(c.type)
         elif c.kind == "attribute" and c.where not in (sc.EVENT_PREFILL_CHUNK,):
             attributes[c.name] = _semconv_kind(c.type)
-    attributes.update({VLLM_USAGE_PROMPT_TOKENS: "int", VLLM_USAGE_COMPLETION_TOKENS: "int",
-                       VLLM_REQUEST_TEMPERATURE: "double", VLLM_REQUEST_TOP_P: "double", VLLM_REQUEST_N: "int",
-                       VLLM_REQUEST_MAX_TOKENS: "int"})
     return resource, attributes
 
 
