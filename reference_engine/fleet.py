@@ -4,7 +4,8 @@ Each request is one trace. The gateway's server span is its root; auth, rate-lim
 spans are its children, each from its component's own resource; the engine's `llm_request` span is a child
 of the route span (for a disaggregated model, both workers' `llm_request` spans and the `kv_transfer` span
 are). Requests take HTTP-style outcomes: 401 from auth, 429 from the rate limiter, 503 from a failing
-router, 500 when an engine rejects the request, 504 past the gateway's timeout (the engine is not aborted).
+router, 500 when an engine rejects the request or (an assistant-prefill fault in "fail" mode) its output
+breaks the response format, 504 past the gateway's timeout (the engine is not aborted).
 
 The loop: a heap of timed events (gateway hops, dispatches to engines, fault on/off) and engines, each
 engine due at its own clock while it has work. An engine runs one step, or a run of identical decode
@@ -27,6 +28,7 @@ from reference_engine.cost_model import StepCostModel
 from reference_engine.disaggregation import DecodeWorkerBlockManager, Link, kv_transfer_bytes
 from reference_engine.engine import EngineObserver, LLMEngine
 from reference_engine.fleet_config import FleetSpec, ModelDeployment
+from reference_engine.fleet_workload import prefill_failures
 from reference_engine.gateway import Auth, FaultWindow, GlobalQueue, RateLimiter, Router
 from reference_engine.otlp import SPAN_KIND_SERVER, STATUS_ERROR, Attributes, SpanRecord, SpanSink
 from reference_engine.sequence import Request, Sequence
@@ -136,6 +138,8 @@ class Fleet:
         self.spec = spec
         self.sink = sink
         self.epoch_ns = epoch_ns
+        self._seed = seed
+        self._invalid: set[str] = set()  # requests whose output an assistant-prefill fault breaks (500)
         self._rng = random.Random(f"fleet-{seed}")  # a stream of its own, apart from the engine tracers' ids
         windows: dict[str, list[FaultWindow]] = {}
         for fault in spec.faults:
@@ -321,7 +325,7 @@ class Fleet:
             target = min(candidates, key=lambda c: c.inflight)
             dispatch = t
         else:
-            latency, status = router[0].route(t)
+            latency, status = router[0].route(t, r.tenant)
             if status != 200:
                 self._component_span(router[1], call, sc.SPAN_ROUTE, t, t + latency, status, "error")
                 return self._finish(call, t + latency, status, "router_error")
@@ -385,6 +389,8 @@ class Fleet:
         elif replica.role == "prefill_worker":
             heapq.heappop(self._pending_decode[m])  # the bound pushed when the prefill ended
             self._transfer(call, replica, seq, end)
+        elif call.request.request_id in self._invalid:
+            self._finish(call, end, 500, "invalid_response", seq)
         else:
             self._finish(call, end, 200, None, seq)
         if m in self.queue:
@@ -430,6 +436,7 @@ class Fleet:
         for r in requests:
             per_model[r.model] += 1
         self.summary.per_model = per_model
+        self._invalid = prefill_failures(self.spec, requests, self._seed, self.epoch_ns)
         heap = self._heap
         loops = 0
         # The loop keeps every in-flight request alive and makes no reference cycles: the cyclic garbage

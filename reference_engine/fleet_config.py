@@ -83,10 +83,11 @@ SYNTHETIC_FIELDS = {f.name for f in fields(SyntheticWorkload)} - {"tenants"}
 
 # kind -> (what `target` names, parameters with defaults)
 FAULT_KINDS: dict[str, tuple[str, dict[str, float | str]]] = {
-    # the router adds latency to every route span (and answers 503 to a share of requests)
-    "router_latency": ("router", {"extra_ms": 300.0, "error_rate": 0.0}),
-    # the auth component takes longer to answer
-    "auth_latency": ("auth", {"extra_ms": 300.0}),
+    # the router adds latency to every route span (and answers 503 to a share of requests); with `tenant`,
+    # to that tenant's requests only
+    "router_latency": ("router", {"extra_ms": 300.0, "error_rate": 0.0, "tenant": ""}),
+    # the auth component takes longer to answer (with `tenant`: that tenant's requests only)
+    "auth_latency": ("auth", {"extra_ms": 300.0, "tenant": ""}),
     # the limiter flaps between its configured limit and limit_fraction of it (period_s, duty on)
     "rate_limiter_flapping": ("rate_limiter", {"period_s": 30.0, "duty": 0.5, "limit_fraction": 0.05}),
     # the global queue dispatches nothing
@@ -102,8 +103,9 @@ FAULT_KINDS: dict[str, tuple[str, dict[str, float | str]]] = {
                                 "output_mean": 200.0, "output_sigma": 0.5, "max_tokens": 2048.0}),
     # the tenant's prompts start with fresh tokens (e.g. a timestamp before the system prompt)
     "cache_busting": ("tenant", {}),
-    # requests with an assistant prefill make the model miss its stop token: it generates max_tokens
-    "assistant_prefill_runaway": ("model", {"probability": 0.8}),
+    # requests with an assistant prefill make the model miss its stop token: it generates max_tokens; with
+    # mode "fail", its output breaks the response format instead and the server answers 500
+    "assistant_prefill_runaway": ("model", {"probability": 0.8, "mode": "runaway"}),
 }
 
 
@@ -404,6 +406,11 @@ def _fault(table: dict[str, Any], i: int, targets: dict[str, set[str]]) -> Fault
     if kind == "request_surge" and params.get("tenant", "") not in targets["tenant"]:
         raise FleetFileError(f"{where}.tenant: a request surge comes from a tenant of this fleet "
                              f"({', '.join(sorted(targets['tenant']))}), got {params.get('tenant')!r}")
+    if kind in ("router_latency", "auth_latency") and params.get("tenant", "") not in {"", *targets["tenant"]}:
+        raise FleetFileError(f"{where}.tenant: a tenant of this fleet ({', '.join(sorted(targets['tenant']))}) "
+                             f"or none, got {params.get('tenant')!r}")
+    if kind == "assistant_prefill_runaway" and params.get("mode", "runaway") not in ("runaway", "fail"):
+        raise FleetFileError(f"{where}.mode: \"runaway\" or \"fail\", got {params.get('mode')!r}")
     return FaultSpec(kind, str(target), _positive(table.get("start_s", 0.0), f"{where}.start_s", zero_ok=True),
                      _positive(table.get("duration_s"), f"{where}.duration_s"), params)
 

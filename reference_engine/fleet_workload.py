@@ -1,6 +1,6 @@
 """The fleet's traffic: each tenant's requests (synthetic or replayed from a public trace), spread over its
 models, plus what workload-side faults change (a surge of requests, cache-busting prompts, runaway
-generations after an assistant prefill)."""
+generations after an assistant prefill), and which requests an assistant-prefill fault in "fail" mode breaks."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def fleet_requests(spec: FleetSpec, duration_s: float, seed: int, epoch_ns: int 
             for r in requests:
                 if r.tenant == fault.target and start <= r.arrival_ns < end and r.system_prompt_id is not None:
                     r.prompt = Prompt(((f"stamp-{r.request_id}", CACHE_BUSTING_TOKENS), *r.prompt.segments))
-        elif fault.kind == "assistant_prefill_runaway":
+        elif fault.kind == "assistant_prefill_runaway" and fault.params.get("mode", "runaway") == "runaway":
             p = fault.param("probability")
             for r in requests:
                 if (r.model == fault.target and r.assistant_prefill_tokens and start <= r.arrival_ns < end
@@ -94,3 +94,21 @@ def fleet_requests(spec: FleetSpec, duration_s: float, seed: int, epoch_ns: int 
                     r.output_tokens = r.max_tokens
     requests.sort(key=lambda r: (r.arrival_ns, r.request_id))
     return requests
+
+
+def prefill_failures(spec: FleetSpec, requests: list[Request], seed: int, epoch_ns: int = DEFAULT_EPOCH_NS) -> set[str]:
+    """Ids of the requests whose output an assistant-prefill fault in "fail" mode breaks: each request of the
+    model with an assistant prefill, arriving in the window, with the fault's probability (drawn in arrival
+    order from the seed, so the fleet and the ground truth agree)."""
+    failing: set[str] = set()
+    for i, fault in enumerate(spec.faults):
+        if fault.kind != "assistant_prefill_runaway" or fault.params.get("mode", "runaway") != "fail":
+            continue
+        start, end = fault.window_ns(epoch_ns)
+        rng = np.random.default_rng(seed * 1_000 + 950 + i)
+        p = fault.param("probability")
+        for r in sorted(requests, key=lambda r: (r.arrival_ns, r.request_id)):
+            if r.model == fault.target and r.assistant_prefill_tokens and start <= r.arrival_ns < end \
+                    and rng.random() < p:
+                failing.add(r.request_id)
+    return failing

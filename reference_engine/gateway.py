@@ -39,8 +39,15 @@ def _latency_ns(rng: random.Random, mean_ms: float) -> int:
     return round(rng.lognormvariate(0.0, 0.25) * mean_ms * 0.9697 * 1e6)  # 0.9697 = exp(-σ²/2)
 
 
-def _extra_ms(windows: list[FaultWindow], t: int) -> float:
-    return sum(w.fault.param("extra_ms") for w in windows if w.active(t))
+def _hits(w: FaultWindow, t: int, tenant: str) -> bool:
+    """Whether the fault window acts on a call of `tenant` at t: a fault with a `tenant` parameter acts on that
+    tenant's calls only (e.g. the one replica or cache shard that holds its keys)."""
+    only = w.fault.params.get("tenant", "")
+    return w.active(t) and (not only or only == tenant)
+
+
+def _extra_ms(windows: list[FaultWindow], t: int, tenant: str) -> float:
+    return sum(w.fault.param("extra_ms") for w in windows if _hits(w, t, tenant))
 
 
 class Auth:
@@ -52,7 +59,7 @@ class Auth:
 
     def check(self, t: int, tenant: str) -> tuple[int, int]:
         """(latency ns, HTTP status: 200 or 401)."""
-        mean = self.spec.latency_ms + (_extra_ms(self.faults, t) if self.faults else 0.0)
+        mean = self.spec.latency_ms + (_extra_ms(self.faults, t, tenant) if self.faults else 0.0)
         return _latency_ns(self._rng, mean), 401 if tenant in self.denied else 200
 
 
@@ -101,11 +108,11 @@ class Router:
         self._rng = random.Random(seed)
         self._next: dict[str, int] = {}  # round-robin position per model
 
-    def route(self, t: int) -> tuple[int, int]:
+    def route(self, t: int, tenant: str = "") -> tuple[int, int]:
         """(latency ns, HTTP status: 200, or 503 when a degraded router fails the request)."""
         mean, error_rate = self.spec.latency_ms, 0.0
         for w in self.faults:
-            if w.active(t):
+            if _hits(w, t, tenant):
                 mean += w.fault.param("extra_ms")
                 error_rate = max(error_rate, w.fault.param("error_rate"))
         status = 503 if error_rate and self._rng.random() < error_rate else 200

@@ -16,10 +16,17 @@ Families (what the fault does, and which analysis the scenario exercises):
 | cache_busting | a tenant puts fresh tokens before its system prompt: no prefix hits | cache |
 | prefill_microbatch_misconfig | a model prefills in micro-batches of 128 tokens instead of 1024 | roofline |
 | kv_transfer_congestion | the link between prefill and decode workers loses bandwidth | rca, ttft |
-| assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens | lift |
+| assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens (or fail) | lift |
 
 Every scenario's ground truth also carries the ITL truth (stalled steps with victims and culprits,
 preemptions, host pauses) recorded by the simulator, whatever the family.
+
+Confounders (`make_scenario(..., confounders=True)`, as the bank draws its root-cause scenarios): real
+incidents are not clean, so besides the root cause the scenario draws one or two smaller, shorter, unrelated
+faults that overlap its window — a latency blip on another auth or router instance (often for one tenant's
+requests only), a short flap of another rate limiter, a short slowdown or host pauses on an engine of a model
+the root cause does not serve. They act through the same mechanisms and are recorded in the ground truth as
+`confounders`, never as the root cause.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from reference_engine.fleet_config import (
     TenantSpec,
     fleet_to_toml,
 )
-from reference_engine.fleet_workload import fleet_requests
+from reference_engine.fleet_workload import fleet_requests, prefill_failures
 from reference_engine.ground_truth import StallRecorder, itl_truth
 from reference_engine.models import model as model_spec
 from reference_engine.otlp import OtlpJsonLinesWriter
@@ -79,6 +86,8 @@ class Scenario:
     root_cause: dict[str, Any] = field(default_factory=dict)
     window_s: tuple[float, float] | None = None  # the fault's window from the start; None: the whole run
     details: dict[str, Any] = field(default_factory=dict)  # family-specific truth
+    # unrelated faults overlapping the root cause: {"fault": FaultSpec, "kind", "instances", "models"}
+    confounders: tuple[dict[str, Any], ...] = ()
 
     @property
     def fault(self) -> FaultSpec | None:
@@ -166,8 +175,10 @@ def _engines(fleet: FleetSpec, model: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ families
 def make_scenario(family: str, seed: int, name: str | None = None, duration_s: float = 600.0,
-                  fleet: FleetSpec | None = None) -> Scenario:
-    """One scenario of the family; the topology, onset, duration and magnitude are drawn from `seed`."""
+                  fleet: FleetSpec | None = None, confounders: bool = False) -> Scenario:
+    """One scenario of the family; the topology, onset, duration and magnitude are drawn from `seed`. With
+    `confounders`, a root-cause (`rca`) scenario also gets one or two unrelated, smaller faults overlapping
+    its window (drawn from a stream of their own: the root cause is the same with or without them)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(FAMILIES)}")
     rng = random.Random(f"{family}-{seed}")
@@ -175,7 +186,10 @@ def make_scenario(family: str, seed: int, name: str | None = None, duration_s: f
     base = fleet or random_fleet(rng, name)
     onset = round(rng.uniform(0.3, 0.55) * duration_s, 1)
     length = round(min(rng.uniform(0.15, 0.35) * duration_s, duration_s * 0.92 - onset), 1)
-    return _BUILDERS[family](rng, base, name, seed, duration_s, onset, length)
+    scenario = _BUILDERS[family](rng, base, name, seed, duration_s, onset, length)
+    if confounders and "rca" in scenario.tasks:
+        scenario = with_confounders(scenario, random.Random(f"{family}-{seed}-confounders"))
+    return scenario
 
 
 def _scenario(family: str, name: str, seed: int, duration_s: float, fleet: FleetSpec, tasks: tuple[str, ...],
@@ -309,20 +323,107 @@ def _kv_congestion(rng: random.Random, fleet: FleetSpec, name: str, seed: int, d
     return _scenario("kv_transfer_congestion", name, seed, duration_s, fleet, ("rca", "ttft"), root, fault)
 
 
+RUNAWAY_MIN_AFFECTED = 30  # expected requests a runaway (or failure) fault hits: well above a bucket's noise
+
+
+def _model_rate(fleet: FleetSpec, model: str) -> float:
+    """Requests per second the fleet's synthetic tenants send to the model."""
+    rate = 0.0
+    for t in fleet.tenants:
+        total = sum(t.models.values())
+        if t.workload == "synthetic" and total > 0:
+            rate += t.synthetic.rate * t.models.get(model, 0.0) / total
+    return rate
+
+
 def _runaway(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
              onset: float, length: float) -> Scenario:
     model = rng.choice(fleet.model_names)
     fraction = round(rng.uniform(0.06, 0.15), 3)
+    probability = round(rng.uniform(0.6, 0.95), 2)
+    mode = "fail" if rng.random() < 0.35 else "runaway"
+    # An on-call-visible incident every time: enough requests with an assistant prefill reach the model in
+    # the window (a higher share of prefills, then a longer window) to hit RUNAWAY_MIN_AFFECTED in expectation.
+    rate = _model_rate(fleet, model) * probability
+    if rate > 0:
+        fraction = round(min(max(fraction, RUNAWAY_MIN_AFFECTED / (rate * length)), 0.4), 3)
+        length = round(min(max(length, RUNAWAY_MIN_AFFECTED / (rate * fraction)), duration_s * 0.92 - onset), 1)
     tenants = tuple(replace(t, synthetic=replace(t.synthetic, assistant_prefill_fraction=fraction, max_tokens=2048))
                     for t in fleet.tenants)
     fleet = replace(fleet, tenants=tenants)
-    fault = FaultSpec("assistant_prefill_runaway", model, onset, length,
-                      {"probability": round(rng.uniform(0.6, 0.95), 2)})
+    fault = FaultSpec("assistant_prefill_runaway", model, onset, length, {"probability": probability, "mode": mode})
     root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
-    details = {"attribute": "infertrace.request.assistant_prefill_tokens", "condition": "> 0",
-               "effect": "output_tokens == max_tokens (finish reason length)"}
+    effect = ("output_tokens == max_tokens (finish reason length)" if mode == "runaway"
+              else "HTTP 500 invalid_response (the output breaks the response format)")
+    details = {"attribute": "infertrace.request.assistant_prefill_tokens", "condition": "> 0", "mode": mode,
+               "effect": effect, "assistant_prefill_fraction": fraction}
     return _scenario("assistant_prefill_runaway", name, seed, duration_s, fleet, ("lift",), root, fault,
                      details=details)
+
+
+# ---------------------------------------------------------------------------------------- confounders
+def _others(components: list[Any], root: set[str]) -> list[Any]:
+    return [c for c in components if c.id not in root]
+
+
+def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
+    """The scenario with one or two unrelated, smaller faults overlapping its window: background noise the
+    root-cause analysis must see through. Each acts through the simulated mechanism on a component that is
+    not the root cause (an engine confounder only on a model the root cause does not name); a negative
+    control (one model's engines) gets gateway confounders only, so its own model stays the only slow one."""
+    if scenario.window_s is None:
+        return scenario
+    fleet, duration = scenario.fleet, scenario.duration_s
+    root = set(scenario.root_cause.get("instances", ()))
+    root_models = set(scenario.root_cause.get("models", ()))
+    tenants = [t.name for t in fleet.tenants]
+    other_models = [m for m in fleet.model_names if m not in root_models]
+    start, end = scenario.window_s
+    options: list[str] = []
+    if _others(list(fleet.auth), root):
+        options.append("auth")
+    if _others(list(fleet.routers), root):
+        options.append("router")
+    if _others(list(fleet.rate_limiters), root):
+        options.append("rate_limiter")
+    if other_models and not scenario.negative_control:
+        options += ["engine", "host_pauses"]
+    if not options:
+        return scenario
+    picked = rng.sample(options, min(rng.choice([1, 1, 2]), len(options)))
+    drawn = []
+    for kind in picked:
+        length = round(rng.uniform(10, 40), 1)
+        at = round(min(max(rng.uniform(start - 0.25 * (end - start), start + 0.75 * (end - start)), 0.1 * duration),
+                       0.95 * duration - length), 1)
+        models: list[str]
+        if kind in ("auth", "router"):
+            component = rng.choice(_others(list(fleet.auth if kind == "auth" else fleet.routers), root))
+            params: dict[str, Any] = {"extra_ms": round(rng.uniform(50, 400), 1)}
+            if rng.random() < 0.7:
+                params["tenant"] = rng.choice(tenants)
+            fault = FaultSpec("auth_latency" if kind == "auth" else "router_latency", component.id, at, length, params)
+            instances, models = [component.id], list(component.models)
+        elif kind == "rate_limiter":
+            component = rng.choice(_others(list(fleet.rate_limiters), root))
+            fault = FaultSpec("rate_limiter_flapping", component.id, at, length, {
+                "period_s": round(rng.uniform(4, 12), 1), "duty": 0.5,
+                "limit_fraction": round(rng.uniform(0.05, 0.2), 3)})
+            instances, models = [component.id], list(component.models)
+        elif kind == "engine":
+            model = rng.choice(other_models)
+            fault = FaultSpec("engine_slowdown", model, at, length, {"factor": round(rng.uniform(1.3, 2.2), 2)})
+            instances, models = _engines(fleet, model), [model]
+        else:
+            model = rng.choice(other_models)
+            instance = rng.choice(_engines(fleet, model))
+            fault = FaultSpec("host_pauses", instance, at, length, {
+                "pause_ms": round(rng.uniform(50, 300), 1), "every_s": round(rng.uniform(1, 3), 1)})
+            instances, models = [instance], [model]
+        drawn.append({"fault": fault, "kind": "engine" if kind in ("engine", "host_pauses") else kind,
+                      "instances": instances, "models": models})
+    fleet = fleet.with_faults((*fleet.faults, *(d["fault"] for d in drawn)))
+    return replace(scenario, fleet=fleet, confounders=tuple(drawn))
 
 
 _BUILDERS: dict[str, Callable[..., Scenario]] = {
@@ -379,6 +480,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
     affected = _affected(scenario, requests, epoch_ns)
     runaway = sorted(r.request_id for r in requests if r.assistant_prefill_tokens and r.output_tokens == r.max_tokens
                      and scenario.family == "assistant_prefill_runaway")
+    failing = sorted(prefill_failures(scenario.fleet, requests, scenario.seed, epoch_ns))
     recorders: list[StallRecorder] = []
 
     def observe(instance: str, engine: LLMEngine) -> list[EngineObserver]:
@@ -400,6 +502,15 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
     details = dict(scenario.details)
     if runaway:
         details["runaway_requests"] = runaway
+    if failing:
+        details["failed_requests"] = failing
+    confounders = []
+    for c in scenario.confounders:
+        f: FaultSpec = c["fault"]
+        start, end = f.window_ns(epoch_ns)
+        confounders.append({"fault": {"kind": f.kind, "target": f.target, "params": f.params},
+                            "window": {"start_ns": start, "end_ns": end}, "kind": c["kind"],
+                            "instances": c["instances"], "models": c["models"]})
     truth = {
         "schema": SCHEMA,
         "scenario": scenario.name,
@@ -415,6 +526,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         "fault": None if fault is None else {"kind": fault.kind, "target": fault.target, "params": fault.params},
         "window": window,
         "root_cause": scenario.root_cause,
+        "confounders": confounders,
         "affected": affected,
         "details": details,
         "topology": _topology(scenario.fleet),
@@ -431,7 +543,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
 
 def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, ...] = FAMILIES) -> list[Scenario]:
     """`count` scenarios cycling through the families (in an order drawn from `seed`), each with its own
-    random topology, onset, duration and magnitude."""
+    random topology, onset, duration and magnitude; root-cause scenarios with confounders."""
     rng = random.Random(seed)
     order = list(families)
     rng.shuffle(order)
@@ -439,7 +551,7 @@ def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, 
     for k in range(count):
         family = order[k % len(order)]
         scenario_seed = rng.randrange(1 << 30)
-        scenarios.append(make_scenario(family, scenario_seed, f"{k:03d}-{family}", duration_s))
+        scenarios.append(make_scenario(family, scenario_seed, f"{k:03d}-{family}", duration_s, confounders=True))
     return scenarios
 
 

@@ -261,18 +261,90 @@ def test_a_preemption_storm_records_the_same_preemptions_as_the_spans(tmp_path: 
     assert not [s for s in truth["itl"]["stalled_steps"] if s["engine"] in engines and "prefill" in s["causes"]]
 
 
-def test_runaway_generations_follow_the_assistant_prefill(tmp_path: Path) -> None:
-    truth, traces = _run(tmp_path, "assistant_prefill_runaway", seed=9)
+def _prefill_outcomes(truth: dict[str, Any], traces: Traces, outcome: Any) -> dict[bool, list[bool]]:
+    """For the model's requests that arrived in the window: outcome(...) per request, by assistant prefill."""
     model = truth["root_cause"]["models"][0]
     start, end = _window(truth)
-    arrivals = {p.span.trace_id: p.span.start_time_unix_nano for p in traces.named(sc.SPAN_GATEWAY)}
+    gateway = {p.span.trace_id: p for p in traces.named(sc.SPAN_GATEWAY)}
     groups: dict[bool, list[bool]] = defaultdict(list)
     for p in traces.named(sc.SPAN_REQUEST):
-        if p.attrs[sc.REQUEST_MODEL] == model and start <= arrivals[p.span.trace_id] < end:
-            groups[p.attrs[sc.ASSISTANT_PREFILL_TOKENS] > 0].append(
-                p.attrs[sc.RESPONSE_FINISH_REASONS] == ["length"])
+        if p.attrs[sc.REQUEST_MODEL] == model and start <= gateway[p.span.trace_id].span.start_time_unix_nano < end:
+            groups[p.attrs[sc.ASSISTANT_PREFILL_TOKENS] > 0].append(outcome(p, gateway[p.span.trace_id]))
+    return groups
+
+
+def test_runaway_generations_follow_the_assistant_prefill(tmp_path: Path) -> None:
+    truth, traces = _run(tmp_path, "assistant_prefill_runaway", seed=8)
+    assert truth["details"]["mode"] == "runaway"
+    groups = _prefill_outcomes(truth, traces, lambda p, _: p.attrs[sc.RESPONSE_FINISH_REASONS] == ["length"])
     assert statistics.mean(groups[True]) > 0.5 > 0.05 > statistics.mean(groups[False])
-    assert len(truth["details"]["runaway_requests"]) == sum(groups[True])
+    assert len(truth["details"]["runaway_requests"]) == sum(groups[True]) >= 20
+
+
+def test_requests_with_an_assistant_prefill_fail_far_more_often_in_the_fail_variant(tmp_path: Path) -> None:
+    truth, traces = _run(tmp_path, "assistant_prefill_runaway", seed=9)
+    assert truth["details"]["mode"] == "fail" and "runaway_requests" not in truth["details"]
+    groups = _prefill_outcomes(truth, traces, lambda _, g: g.attrs[sc.HTTP_STATUS_CODE] == 500)
+    assert statistics.mean(groups[True]) > 0.5 > 0.05 > statistics.mean(groups[False])
+    failed = {g.attrs[sc.REQUEST_ID] for g in traces.named(sc.SPAN_GATEWAY) if g.attrs.get(sc.ERROR_TYPE)
+              == "invalid_response"}
+    assert failed == set(truth["details"]["failed_requests"]) and len(failed) >= 20
+
+
+def test_every_assistant_prefill_scenario_of_a_bank_hits_enough_requests_to_be_seen() -> None:
+    from reference_engine.scenarios import RUNAWAY_MIN_AFFECTED, _model_rate
+
+    scenarios = [s for s in bank(7, 60, 600.0, ("assistant_prefill_runaway",))]
+    modes = Counter(s.fault.params["mode"] for s in scenarios if s.fault is not None)
+    assert modes["fail"] >= 10 and modes["runaway"] >= 10
+    for s in scenarios:
+        assert s.fault is not None
+        fraction = s.details["assistant_prefill_fraction"]
+        expected = _model_rate(s.fleet, s.fault.target) * s.fault.param("probability") * fraction * s.fault.duration_s
+        assert expected >= RUNAWAY_MIN_AFFECTED - 0.5 or fraction == 0.4, (s.name, expected)
+
+
+def test_confounders_are_unrelated_smaller_faults_in_the_truth_not_the_root_cause(tmp_path: Path) -> None:
+    scenario = make_scenario("router_degradation", 6, duration_s=DURATION_S, fleet=fleet_from_toml(THREE_MODELS),
+                             confounders=True)
+    assert scenario.confounders and scenario.fault is not None and scenario.fault.kind == "router_latency"
+    assert scenario.fleet.faults[0] == scenario.fault  # the root cause's fault stays first
+    clean = make_scenario("router_degradation", 6, duration_s=DURATION_S, fleet=fleet_from_toml(THREE_MODELS))
+    assert clean.fault == scenario.fault and clean.root_cause == scenario.root_cause and not clean.confounders
+    truth = run_scenario(scenario, tmp_path)
+    assert truth["fault"]["target"] == truth["root_cause"]["instances"][0]
+    start, end = _window(truth)
+    for c in truth["confounders"]:
+        assert not set(c["instances"]) & set(truth["root_cause"]["instances"])
+        w = c["window"]
+        assert w["start_ns"] < end and start < w["end_ns"]  # overlaps the incident
+        assert w["end_ns"] - w["start_ns"] <= 40e9 < end - start
+    # every draw over a bank: never the root cause, never another engine for a negative control
+    for s in bank(5, 40, 600.0, ("router_degradation", "auth_slowdown", "engine_regression", "global_queue_stall")):
+        root = set(s.root_cause["instances"])
+        for c in s.confounders:
+            assert not set(c["instances"]) & root
+            assert not (s.negative_control and c["kind"] == "engine")
+            assert c["kind"] != "engine" or not set(c["models"]) & set(s.root_cause["models"])
+
+
+def test_a_tenant_scoped_latency_blip_slows_only_that_tenants_calls(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from reference_engine.fleet_config import FaultSpec
+
+    scenario = make_scenario("engine_regression", 2, duration_s=DURATION_S, fleet=fleet_from_toml(THREE_MODELS))
+    blip = FaultSpec("auth_latency", "auth-0", 60.0, 60.0, {"extra_ms": 300.0, "tenant": "tenant-b"})
+    scenario = replace(scenario, fleet=scenario.fleet.with_faults((*scenario.fleet.faults, blip)))
+    truth = run_scenario(scenario, tmp_path)
+    traces = Traces.read(tmp_path / TRACES_FILE)
+    lo, hi = truth["start_ns"] + 60e9, truth["start_ns"] + 120e9
+    slow: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for p in traces.named(sc.SPAN_AUTH):
+        slow[(p.attrs[sc.TENANT_ID], lo <= p.span.start_time_unix_nano < hi)].append(
+            (p.span.end_time_unix_nano - p.span.start_time_unix_nano) / 1e6)
+    assert statistics.median(slow[("tenant-b", True)]) > 200 > 20 > statistics.median(slow[("tenant-a", True)])
+    assert statistics.median(slow[("tenant-b", False)]) < 20
 
 
 def test_the_bank_draws_every_family_and_is_reproducible() -> None:
