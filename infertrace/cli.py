@@ -506,7 +506,7 @@ def dashboard(
     address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
 ) -> None:
     """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook)."""
-    import subprocess
+    import os
     import sys
 
     app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
@@ -518,10 +518,11 @@ def dashboard(
                "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
                "--", "--store", str(store.resolve())]
     print(f"infertrace dashboard: http://{address}:{port}/ on store {store}", flush=True)
+    # Become the Streamlit server (same process id), so a signal to this command stops the server.
     try:
-        raise typer.Exit(subprocess.call(command))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+        os.execv(sys.executable, command)
+    except OSError as e:
+        raise fail(f"cannot start streamlit with {sys.executable}: {e}") from None
 
 
 @app.command()
