@@ -205,21 +205,23 @@ def _local_scale(times: np.ndarray, ratios: np.ndarray, at: np.ndarray) -> np.nd
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> int:
+    """The smallest value whose cumulative weight (over distinct values, in order) reaches q of the total."""
     if len(values) == 0:
         return 0
-    uniq, inverse = np.unique(values, return_inverse=True)
-    w = np.bincount(inverse, weights)
-    cum = np.cumsum(w)
+    order = np.argsort(values, kind="stable")  # near-linear on the concatenation of a few sorted runs
+    ordered = values[order]
+    last = np.flatnonzero(np.append(ordered[1:] != ordered[:-1], True))  # last element of each distinct value
+    cum = np.cumsum(weights[order])[last]  # integer-valued weights: the same sums as per distinct value first
     if cum[-1] <= 0:
         return 0
-    return int(uniq[min(int(np.searchsorted(cum, q * cum[-1], side="left")), len(uniq) - 1)])
+    return int(ordered[last[min(int(np.searchsorted(cum, q * cum[-1], side="left")), len(last) - 1)]])
 
 
-def _counterfactual_p99(values: np.ndarray, weights: np.ndarray, cut: dict[tuple[str, int], int]) -> int:
-    """p99 of the ITLs with each listed (victim, ITL) token's ITL reduced by its cut."""
-    olds = np.array([itl for (_, itl) in cut], dtype=np.int64)
-    news = np.array([itl - x for (_, itl), x in cut.items()], dtype=np.int64)
-    return _weighted_quantile(np.concatenate([values, olds, news]),
+def _counterfactual_p99(values: np.ndarray, weights: np.ndarray, olds: np.ndarray, cuts: np.ndarray) -> int:
+    """p99 of the ITLs with each listed token's ITL (`olds`, one (victim, ITL) token each) reduced by its cut."""
+    olds = olds.astype(np.int64)
+    news = olds - cuts.astype(np.int64)
+    return _weighted_quantile(np.concatenate([values, np.sort(olds), np.sort(news)]),
                               np.concatenate([weights, -np.ones(len(olds)), np.ones(len(news))]), 0.99)
 
 
@@ -246,7 +248,7 @@ def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
     _register(store)
     decode = store.sql(query_text("itl_decode_steps")).df()
     cand = store.sql(query_text("itl_stall_candidates"), {"max_gap_steps": p.max_gap_steps}).df()
-    itls = store.sql(query_text("itl_token_itls")).df()
+    itls = store.sql(query_text("itl_token_itls") + "\nORDER BY instance, itl_ns").df()
 
     models: dict[str, DecodeStepModel] = {}
     local: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -353,6 +355,37 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA else int(value)
 
 
+def _mean(values: list[float]) -> float:
+    """`np.mean` of a short list, bit for bit (numpy sums fewer than 8 values in order), without its overhead."""
+    return sum(values) / len(values) if len(values) < 8 else float(np.mean(values))
+
+
+def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, stall_culprits: list[tuple[ChunkCulprit, ...]],
+                  culprit_ids: pd.Index) -> np.ndarray:
+    """Per victim code, the culprit that added the most to it over all its stalls (ties: the first met, in stall
+    order then culprit order); -1 where none. Returns codes into `culprit_ids`."""
+    per_stall = np.array([len(c) for c in stall_culprits], dtype=np.int64)
+    flat = [c for cs in stall_culprits for c in cs]
+    top = np.full(int(victim_codes.max()) + 1 if len(victim_codes) else 0, -1, dtype=np.int64)
+    if not flat:
+        return top
+    c_code = culprit_ids.get_indexer([c.request_id for c in flat]).astype(np.int64)
+    c_excess = np.array([c.excess_ns for c in flat], dtype=np.int64)
+    c_start = np.cumsum(per_stall) - per_stall  # first culprit of each stall in the flat arrays
+    n = per_stall[victim_stall]  # culprits per victim row
+    keep = n > 0
+    rows = np.repeat(np.flatnonzero(keep), n[keep])
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(n[keep]) - n[keep], n[keep])
+    flat_idx = c_start[victim_stall[rows]] + within  # position in `flat`: stall order, then culprit order
+    frame = pd.DataFrame({"victim": victim_codes[rows], "culprit": c_code[flat_idx], "excess": c_excess[flat_idx],
+                          "first": flat_idx})
+    agg = frame.groupby(["victim", "culprit"], sort=False).agg(excess=("excess", "sum"), first=("first", "min"))
+    agg = agg.reset_index().sort_values(["victim", "excess", "first"], ascending=[True, False, True])
+    best = agg.drop_duplicates("victim", keep="first")
+    top[best["victim"].to_numpy()] = best["culprit"].to_numpy()
+    return top
+
+
 def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itls: pd.DataFrame,
                cand: pd.DataFrame, models: dict[str, DecodeStepModel],
                unexplained: list[tuple[str, int]]) -> ItlAnalysis:
@@ -361,36 +394,52 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
         start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"]), duration_ns=int(r["duration_ns"]),
         decode_only_ns=int(r["decode_only_ns"]), excess_ns=int(r["excess_ns"]), pause_ns=int(r["pause_ns"]),
         threshold_ns=int(r["threshold_ns"]), causes=tuple(r["causes"]), culprits=tuple(r["culprits"]),
-        victims=tuple(r["victims"]), victim_itls_ns=tuple(int(x) for x in r["victim_itls_ns"]))
+        victims=tuple(r["victims"]), victim_itls_ns=tuple(np.asarray(r["victim_itls_ns"], dtype=np.int64).tolist()))
         for r in stall_rows)
 
     # Per culprit.
     culprit_acc: dict[tuple[str, str], dict[str, Any]] = {}
-    victim_acc: dict[tuple[str, str], dict[str, Any]] = {}
     for s in stalls:
         for c in s.culprits:
-            a = culprit_acc.setdefault((s.instance, c.request_id), {
-                "tenant": c.tenant, "chunk_tokens": 0, "stalls": 0, "victims": set(), "stall_ns": 0,
-                "victim_stall_ns": 0, "recompute": c.recompute})
+            a = culprit_acc.get((s.instance, c.request_id))
+            if a is None:
+                a = culprit_acc[(s.instance, c.request_id)] = {
+                    "tenant": c.tenant, "chunk_tokens": 0, "stalls": 0, "victims": set(), "stall_ns": 0,
+                    "victim_stall_ns": 0, "recompute": c.recompute}
             a["chunk_tokens"] += c.chunk_tokens
             a["stalls"] += 1
             a["victims"].update(s.victims)
             a["stall_ns"] += c.excess_ns
             a["victim_stall_ns"] += c.excess_ns * len(s.victims)
-        top = max(s.culprits, key=lambda c: c.excess_ns).request_id if s.culprits else None
-        for v, itl in zip(s.victims, s.victim_itls_ns, strict=True):
-            a = victim_acc.setdefault((s.instance, v), {"stalls": 0, "worst": 0, "added": 0, "by": defaultdict(int)})
-            a["stalls"] += 1
-            a["worst"] = max(a["worst"], itl)
-            a["added"] += s.added_ns
-            if top is not None:
-                for c in s.culprits:
-                    a["by"][c.request_id] += c.excess_ns
+
+    # Per victim, vectorized: one row per (stall, victim).
+    n_victims = np.array([len(s.victims) for s in stalls], dtype=np.int64)
+    victim_stall = np.repeat(np.arange(len(stalls)), n_victims)
+    stall_instance = np.array([s.instance for s in stalls], dtype=object)
+    victim_ids = np.array([v for s in stalls for v in s.victims], dtype=object)
+    victim_itls = np.array([x for s in stalls for x in s.victim_itls_ns], dtype=np.int64)
+    victim_added = np.array([s.added_ns for s in stalls], dtype=np.int64)[victim_stall]
+    # (instance, victim) codes in order of first appearance, from integer codes (no string tuples).
+    inst_codes, inst_names = pd.factorize(stall_instance[victim_stall])
+    id_codes, id_names = pd.factorize(victim_ids)
+    victim_codes, pair_codes = pd.factorize(inst_codes.astype(np.int64) * max(len(id_names), 1) + id_codes)
+    pair_codes = np.asarray(pair_codes, dtype=np.int64)
+    inst_list = np.asarray(inst_names, dtype=object).tolist()
+    id_list = np.asarray(id_names, dtype=object).tolist()
+    victim_keys = [(inst_list[c // max(len(id_names), 1)], id_list[c % max(len(id_names), 1)])
+                   for c in pair_codes.tolist()]
+    victims_frame = pd.DataFrame({"code": victim_codes, "itl": victim_itls, "added": victim_added})
+    per_victim = victims_frame.groupby("code", sort=True).agg(
+        stalls=("itl", "size"), worst=("itl", "max"), added=("added", "sum"))
+    culprit_ids = pd.Index(sorted({c.request_id for s in stalls for c in s.culprits}))
+    top = _top_culprits(victim_codes, victim_stall, [s.culprits for s in stalls], culprit_ids)
+
     prompts: dict[str, tuple[int | None, int | None]] = {}
     if culprit_acc:
         ids = sorted({rid for _, rid in culprit_acc})
         for rid, inp, cached in store.sql(
-                "SELECT request_id, input_tokens, cached_tokens FROM requests WHERE list_contains($ids, request_id)",
+                "SELECT r.request_id, r.input_tokens, r.cached_tokens FROM requests r "
+                "JOIN (SELECT unnest($ids::VARCHAR[]) AS request_id) w ON w.request_id = r.request_id",
                 {"ids": ids}).fetchall():
             prompts[rid] = (_opt_int(inp), _opt_int(cached))
     culprits = tuple(sorted((CulpritSummary(
@@ -398,34 +447,53 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
         a["stall_ns"], a["victim_stall_ns"], a["recompute"]) for (inst, rid), a in culprit_acc.items()),
         key=lambda c: (-c.victim_stall_ns, c.request_id)))
     victims = tuple(sorted((VictimSummary(
-        rid, inst, a["stalls"], a["worst"], a["added"], max(a["by"], key=a["by"].get) if a["by"] else None)
-        for (inst, rid), a in victim_acc.items()), key=lambda v: (-v.added_ns, v.request_id)))
+        victim_keys[code][1], victim_keys[code][0], int(n), max(int(worst), 0), int(added),
+        str(culprit_ids[top[code]]) if top[code] >= 0 else None)
+        for code, n, worst, added in zip(per_victim.index.to_numpy(), per_victim["stalls"].to_numpy(),
+                                         per_victim["worst"].to_numpy(), per_victim["added"].to_numpy(), strict=True)),
+        key=lambda v: (-v.added_ns, v.request_id)))
+
+    # Per stall: the prefill excess its victims would lose without the collision, and with a chunk budget.
+    prefill_excess = np.zeros(len(stalls), dtype=np.int64)
+    bounded_excess = np.zeros(len(stalls), dtype=np.int64)
+    for k, (s, row) in enumerate(zip(stalls, stall_rows, strict=True)):
+        excess = sum(c.excess_ns for c in s.culprits if not c.recompute)
+        if not excess:
+            continue
+        _, beta, gamma = row["cost_fit"]
+        budget = p.chunk_budget_tokens
+        ctx = _mean([c.computed_tokens + c.chunk_tokens / 2 for c in s.culprits]) if s.culprits else 0.0
+        chunk_cost = beta * budget + gamma * (budget * ctx + budget * (budget + 1) / 2)
+        prefill_excess[k] = excess
+        bounded_excess[k] = max(excess - round(chunk_cost), 0)
+    # Each victim token once (a gap may span several stalls): its ITL and the prefill excess in it.
+    cut_rows = prefill_excess[victim_stall] > 0
+    cuts = pd.DataFrame({"victim": victim_codes[cut_rows], "itl": victim_itls[cut_rows],
+                         "removed": prefill_excess[victim_stall][cut_rows],
+                         "bounded": bounded_excess[victim_stall][cut_rows]})
+    cuts = cuts.groupby(["victim", "itl"], sort=False)[["removed", "bounded"]].sum().reset_index()
+    cuts["instance"] = pair_codes[cuts["victim"].to_numpy()] // max(len(id_names), 1)
+    cuts_by_instance = {inst_list[int(k)]: rows for k, rows in cuts.groupby("instance", sort=False)}
 
     engines = []
     meta = cand.groupby("instance")[["model", "policy"]].first().to_dict("index") if not cand.empty else {}
+    stalls_by_instance: dict[str, list[Stall]] = defaultdict(list)
+    for s in stalls:
+        stalls_by_instance[s.instance].append(s)
+    unexplained_by_instance: dict[str, int] = defaultdict(int)
+    for i, _ in unexplained:
+        unexplained_by_instance[i] += 1
     for instance, rows in itls.groupby("instance", sort=True):
         inst = str(instance)
         values = rows["itl_ns"].to_numpy(dtype=np.int64)
         weights = rows["tokens"].to_numpy(dtype=np.float64)
         p99 = _weighted_quantile(values, weights, 0.99)
-        mine = [s for s in stalls if s.instance == inst]
+        mine = stalls_by_instance.get(inst, [])
         by_cause = {c: sum(c in s.causes for s in mine) for c in CAUSES}
-        # Each victim token once (a gap may span several stalls): its ITL and the prefill excess in it.
-        removed: dict[tuple[str, int], int] = defaultdict(int)
-        bounded: dict[tuple[str, int], int] = defaultdict(int)
-        for s, row in zip(mine, (r for r in stall_rows if r["instance"] == inst), strict=True):
-            prefill_excess = sum(c.excess_ns for c in s.culprits if not c.recompute)
-            if not prefill_excess:
-                continue
-            _, beta, gamma = row["cost_fit"]
-            budget = p.chunk_budget_tokens
-            ctx = np.mean([c.computed_tokens + c.chunk_tokens / 2 for c in s.culprits]) if s.culprits else 0.0
-            chunk_cost = beta * budget + gamma * (budget * ctx + budget * (budget + 1) / 2)
-            for v, itl in zip(s.victims, s.victim_itls_ns, strict=True):
-                removed[(v, itl)] += prefill_excess
-                bounded[(v, itl)] += max(prefill_excess - round(chunk_cost), 0)
+        mine_cuts = cuts_by_instance.get(inst, cuts.iloc[:0])
+        olds = mine_cuts["itl"].to_numpy(dtype=np.int64)
         p99_tokens = float(weights[values >= p99].sum())
-        stalled_p99 = sum(1 for (_, itl) in removed if itl >= p99)
+        stalled_p99 = int((olds >= p99).sum())
         share = stalled_p99 / p99_tokens if p99_tokens else 0.0
 
         m = models.get(inst)
@@ -434,6 +502,8 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
         engines.append(EngineItl(
             inst, info.get("model"), info.get("policy"), int(weights.sum()), decode_p50, p99,
             int(np.median(m.levels_ns)) if m else decode_p50, by_cause,
-            sum(1 for i, _ in unexplained if i == inst), share, _counterfactual_p99(values, weights, removed),
-            p.chunk_budget_tokens, _counterfactual_p99(values, weights, bounded), m))
+            unexplained_by_instance.get(inst, 0), share,
+            _counterfactual_p99(values, weights, olds, mine_cuts["removed"].to_numpy()),
+            p.chunk_budget_tokens,
+            _counterfactual_p99(values, weights, olds, mine_cuts["bounded"].to_numpy()), m))
     return ItlAnalysis(p, tuple(engines), stalls, culprits, victims, tuple(unexplained))

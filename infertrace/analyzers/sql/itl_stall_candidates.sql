@@ -14,15 +14,15 @@
 --   across the step, in the order of `victims`).
 WITH candidate AS (
     SELECT instance, model, policy, step_index, start_ns, end_ns, duration_ns, pause_ns, prefill_tokens,
-           num_prefills, num_decodes, decode_context_tokens
+           num_prefills, num_decodes, decode_context_tokens, trace_id, span_id, run_position
     FROM steps
     WHERE num_prefills > 0 OR pause_ns > 0
 ),
 gap AS (
-    SELECT g.request_id, g.instance, g.first_step_index, g.prev_last_step_index, g.tokens_before,
+    SELECT g.request_id, g.instance, g.first_step_index, g.prev_last_step_index, g.tokens_before, g.itl_ns,
            unnest(range(g.prev_last_step_index + 1, g.first_step_index + 1)) AS step_index
     FROM itl_token_gaps g
-    WHERE g.gap_steps <= $max_gap_steps
+    WHERE g.gap_steps <= $max_gap_steps AND g.itl_ns IS NOT NULL
 ),
 victim AS (
     SELECT gap.*, r.input_tokens
@@ -30,21 +30,15 @@ victim AS (
     JOIN candidate c ON c.instance = gap.instance AND c.step_index = gap.step_index
     LEFT JOIN requests r ON r.request_id = gap.request_id
 ),
-victim_itl AS (
-    SELECT v.*, s_to.end_ns - s_from.end_ns AS itl_ns
-    FROM victim v
-    JOIN steps s_to ON s_to.instance = v.instance AND s_to.step_index = v.first_step_index
-    JOIN steps s_from ON s_from.instance = v.instance AND s_from.step_index = v.prev_last_step_index
-),
 in_run AS (
     SELECT m.request_id, c.instance, c.step_index, 0::BIGINT AS context_tokens, c.duration_ns AS itl_ns
     FROM candidate c
-    JOIN steps s ON s.instance = c.instance AND s.step_index = c.step_index AND s.run_position > 0
-    JOIN step_membership m ON m.trace_id = s.trace_id AND m.span_id = s.span_id AND m.role = 'decode'
+    JOIN step_membership m ON m.trace_id = c.trace_id AND m.span_id = c.span_id AND m.role = 'decode'
+    WHERE c.run_position > 0
 ),
 every_victim AS (
     SELECT request_id, instance, step_index, coalesce(input_tokens, 0) + tokens_before AS context_tokens, itl_ns
-    FROM victim_itl
+    FROM victim
     UNION ALL
     SELECT * FROM in_run
 ),
@@ -56,7 +50,7 @@ grouped AS (
     FROM every_victim
     GROUP BY instance, step_index
 )
-SELECT c.*, coalesce(g.victims, []::VARCHAR[]) AS victims, coalesce(g.victim_context_tokens, 0) AS victim_context_tokens,
+SELECT c.* EXCLUDE (trace_id, span_id, run_position), coalesce(g.victims, []::VARCHAR[]) AS victims, coalesce(g.victim_context_tokens, 0) AS victim_context_tokens,
        coalesce(g.victim_itls_ns, []::BIGINT[]) AS victim_itls_ns
 FROM candidate c
 LEFT JOIN grouped g ON g.instance = c.instance AND g.step_index = c.step_index

@@ -9,7 +9,7 @@
 --   requests' context lengths at this step), running, waiting, kv_used_blocks, kv_total_blocks (end of the
 --   span), num_preempted, pause_ns (on the span's last step only: the engine ends a run at the step a host
 --   pause fell in).
--- Step i of a span ends at span start + sum(durations_ns[1..i]); the sums are exact integers.
+-- Step i of a span ends at span start + sum(durations_ns[1..i]); the sums are exact integers (HUGEINT).
 WITH span AS (
     SELECT
         trace_id, span_id, start_ns AS span_start_ns,
@@ -35,29 +35,28 @@ WITH span AS (
     WHERE name = 'engine_step'
 ),
 step AS (
+    -- Each step's end relative to the span's start: the running sum of the durations, computed per span
+    -- with list functions (a window over every step of the store would sort them all).
     SELECT
-        * EXCLUDE (durations),
+        * EXCLUDE (durations, offsets),
         unnest(range(len(durations))) AS run_position,
         unnest(durations) AS duration_ns,
+        unnest(offsets) AS end_offset_ns,
         len(durations) AS run_steps
-    FROM span
-),
-timed AS (
-    SELECT
-        *,
-        CAST(span_start_ns + sum(duration_ns) OVER (PARTITION BY trace_id, span_id ORDER BY run_position)
-             AS BIGINT) AS end_ns
-    FROM step
+    FROM (
+        SELECT *, list_transform(durations, lambda d, i: list_sum(durations[1:i])) AS offsets
+        FROM span
+    )
 )
 SELECT
     instance, service, model, hardware, policy,
     first_index + run_position AS step_index,
-    end_ns - duration_ns AS start_ns,
-    end_ns,
+    CAST(span_start_ns + end_offset_ns AS BIGINT) - duration_ns AS start_ns,
+    CAST(span_start_ns + end_offset_ns AS BIGINT) AS end_ns,
     duration_ns,
     trace_id, span_id, run_position, run_steps,
     prefill_tokens, decode_tokens, num_prefills, num_decodes,
     context_tokens + run_position * num_decodes AS decode_context_tokens,
     running, waiting, kv_used_blocks, kv_total_blocks, num_preempted,
     CASE WHEN run_position = run_steps - 1 THEN pause_ns ELSE 0 END AS pause_ns
-FROM timed
+FROM step
