@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from infertrace import semconv as sc
 from tests.otlp_proto import spans
 
@@ -30,6 +32,7 @@ def test_simulate_writes_a_trace_and_summarises_it_in_one_paragraph(tmp_path: Pa
     assert {p.resource[sc.ENGINE_POLICY] for p in requests} == {"decode_first"}
 
 
+@pytest.mark.skipif(not WORKLOADS.is_dir(), reason="../shared/workloads is not beside this clone")
 def test_simulate_replays_the_azure_trace(tmp_path: Path) -> None:
     out = tmp_path / "azure.jsonl"
     result = infertrace("simulate", "--workload", "azure", "--workload-file", str(WORKLOADS / "azure_conv_2023.csv"),

@@ -194,8 +194,13 @@ def test_the_same_seed_writes_the_same_bytes(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- fleet files
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+
+
 @pytest.mark.parametrize("path", sorted(Path("examples/fleets").glob("*.toml")), ids=lambda p: p.stem)
 def test_example_fleet_files_load_and_write_back_as_the_same_fleet(path: Path) -> None:
+    if "shared/workloads" in path.read_text() and not WORKLOADS.is_dir():
+        pytest.skip("replays ../shared/workloads, which is not beside this clone")
     spec = load_fleet(path)
     assert parse_fleet(tomllib.loads(fleet_to_toml(spec))) == spec
 

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (`infertrace dashboard --store DIR`): renders analyzer results only."""

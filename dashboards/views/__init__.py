@@ -1,0 +1,1 @@
+"""One Streamlit page per file."""
