@@ -63,6 +63,7 @@ class AttributeLift:
     population_total: int
     lift: float
     p_value: float  # Bonferroni-corrected, one-sided Fisher exact test
+    population_name: str = "all requests"  # what the selection is compared with
 
     @property
     def share_selected(self) -> float:
@@ -75,7 +76,7 @@ class AttributeLift:
     def sentence(self, selection: str = "anomalous requests") -> str:
         name = ATTRIBUTES[self.attribute][1](self.value)
         return (f"{self.share_selected:.0%} of the {selection} ({self.selected} of {self.selected_total}) had "
-                f"{name}, against {self.share_population:.0%} of all requests (lift {self.lift:.1f}×, "
+                f"{name}, against {self.share_population:.0%} of {self.population_name} (lift {self.lift:.1f}×, "
                 f"p = {self.p_value:.1e}).")
 
 
@@ -92,9 +93,10 @@ class Commonality:
 
 
 def attribute_lift(requests: pd.DataFrame, selected: np.ndarray | pd.Series, alpha: float = 0.01,
-                   min_support: float = 0.25, attributes: tuple[str, ...] = tuple(ATTRIBUTES)) -> Commonality:
+                   min_support: float = 0.25, attributes: tuple[str, ...] = tuple(ATTRIBUTES),
+                   population_name: str = "all requests") -> Commonality:
     """Attribute values over-represented among the `selected` rows of `requests` (`request_outcomes` rows)
-    against all of them."""
+    against all of them (the population the selection was drawn from, named in sentences `population_name`)."""
     mask = np.asarray(selected, dtype=bool)
     n_selected, n_all = int(mask.sum()), len(requests)
     found: list[AttributeLift] = []
@@ -126,6 +128,6 @@ def attribute_lift(requests: pd.DataFrame, selected: np.ndarray | pd.Series, alp
         p = float(fisher_exact([[a, b], [c, d]], alternative="greater").pvalue)
         p = min(1.0, p * tested)
         if p < alpha:
-            found.append(AttributeLift(attribute, value, a, n_selected, total, n_all, lift, p))
+            found.append(AttributeLift(attribute, value, a, n_selected, total, n_all, lift, p, population_name))
     found.sort(key=lambda x: (-x.lift, x.p_value, x.attribute, x.value))
     return Commonality(n_selected, n_all, tested, alpha, tuple(found))

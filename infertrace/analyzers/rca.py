@@ -13,7 +13,7 @@ scored as
   outside the incident (`anomalies.request_scores`). One anomalous model: its engines cover exactly the
   anomalous requests; several: the shared component that serves exactly them does.
 - Own anomaly, from the candidate's own spans: the rise, from outside the incident to inside it, in the
-  share of its calls slower than its own baseline p99 (route, auth, rate-limit, queue and KV-transfer spans;
+  share of its calls slower than its own normal range (route, auth, rate-limit, queue and KV-transfer spans;
   for engines their own TTFT from arrival at the engine, and decode time per token), of its errors and of
   its rejections (429). It lies in [0, 1]: 0.97 reads "97% more of its calls were slow than before". A
   component that merely carries the anomalous requests (an auth in front of a broken router) covers them as
@@ -53,8 +53,13 @@ from infertrace.store.store import Store
 # What a component's own spans are called in sentences.
 SPAN_WORDS = {"auth": "auth", "rate_limiter": "rate-limit", "router": "route", "scheduler": "global-queue",
               "link": "KV-transfer"}
-LATENCY_FLOOR_NS = 500_000  # a component call must be this much slower than its baseline p99 to count as slow
-P99_MARGIN = 1.1
+LATENCY_FLOOR_NS = 500_000  # a component call must be this much slower than its normal range to count as slow
+# A call (or step) is slow when its log latency (or log step-time ratio) lies more than SLOW_Z robust standard
+# deviations (1.4826 × MAD, at least LOG_SCALE_FLOOR) above the baseline median. Median and MAD, not a high
+# quantile: a p99 breaks down when 1% of the baseline is itself anomalous (a blip elsewhere in the period, or
+# the first minute of the fault when the onset is estimated late); the MAD holds up to half.
+SLOW_Z = 3.5
+LOG_SCALE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class OwnAnomaly:
     share_during: float
     median_before: float  # latency in ms, or step time over the baseline fit's prediction (×)
     median_during: float
-    threshold: float  # what a slow call exceeds: baseline p99 (× margin), in the same unit
+    threshold: float  # what a slow call exceeds: the top of its normal range, in the same unit
     calls_before: int
     calls_during: int
 
@@ -89,12 +94,12 @@ class OwnAnomaly:
         if self.signal == "latency":
             return (f"{self.what} median {_ms(self.median_before)} → {_ms(self.median_during)}; "
                     f"{self.share_during:.0%} of its {self.calls_during} calls during the incident exceeded its "
-                    f"baseline p99 ({_ms(self.threshold)}), against {self.share_before:.0%} before")
+                    f"normal range ({_ms(self.threshold)}), against {self.share_before:.0%} before")
         if self.signal == "step_time":
             return (f"its steps took {self.median_during:.2f}× the time its own baseline predicts for the same work "
                     f"(prefill, decode and context tokens), against {self.median_before:.2f}× before; "
                     f"{self.share_during:.0%} of its {self.calls_during} steps during the incident exceeded the "
-                    f"baseline p99 ratio ({self.threshold:.2f}×), against {self.share_before:.0%} before")
+                    f"normal range ({self.threshold:.2f}×), against {self.share_before:.0%} before")
         if self.signal in ("errors", "rejections"):
             word = "failed" if self.signal == "errors" else "were rejected (429)"
             return (f"{self.share_during:.1%} of its {self.calls_during} calls during the incident {word}, "
@@ -200,11 +205,18 @@ def ochiai(e_f: int, n_f: int, e_p: int) -> float:
     return float(e_f / denominator) if denominator > 0 else 0.0
 
 
+def _slow_log_threshold(logs: np.ndarray) -> float:
+    """Top of the normal range of log values: median + SLOW_Z robust standard deviations."""
+    median = float(np.median(logs))
+    scale = max(float(np.median(np.abs(logs - median))) * 1.4826, LOG_SCALE_FLOOR)
+    return median + SLOW_Z * scale
+
+
 def _latency_change(before: np.ndarray, during: np.ndarray, what: str, floor_ns: float) -> OwnAnomaly | None:
     before, during = before[np.isfinite(before)], during[np.isfinite(during)]
     if len(before) < 10 or not len(during):
         return None
-    threshold = np.quantile(before, 0.99) * P99_MARGIN + floor_ns
+    threshold = np.exp(_slow_log_threshold(np.log(np.maximum(before, 1.0)))) + floor_ns
     share_before = float((before > threshold).mean())
     share_during = float((during > threshold).mean())
     return OwnAnomaly(max(share_during - share_before, 0.0), "latency", what, share_before, share_during,
@@ -234,7 +246,8 @@ def _work(steps: pd.DataFrame) -> np.ndarray:
 
 def _step_time_change(steps: pd.DataFrame, before: np.ndarray, during: np.ndarray) -> OwnAnomaly | None:
     """Per engine instance, least-squares fit of step time to its work outside the incident; then the share
-    of steps (weighted by the steps in each span) slower than the fit's p99 ratio, before and during."""
+    of steps (weighted by the steps in each span) slower than the normal range of the ratio of step time to
+    the fit, before and during."""
     ratios_before, ratios_during, weights_before, weights_during, thresholds = [], [], [], [], []
     for _, idx in steps.groupby("instance", sort=True).groups.items():
         rows = steps.index.get_indexer(idx)
@@ -245,7 +258,7 @@ def _step_time_change(steps: pd.DataFrame, before: np.ndarray, during: np.ndarra
         w = np.sqrt(steps["steps"].to_numpy(dtype=float))
         coef, *_ = np.linalg.lstsq(x[base] * w[base, None], y[base] * w[base], rcond=None)
         ratio = y / np.maximum(x @ coef, 1.0)
-        threshold = float(np.quantile(ratio[base], 0.99)) * P99_MARGIN
+        threshold = float(np.exp(_slow_log_threshold(np.log(np.maximum(ratio[base], 1e-9)))))
         ratios_before.append(ratio[base] / threshold)
         ratios_during.append(ratio[now] / threshold)
         weights_before.append(w[base] ** 2)
@@ -368,11 +381,13 @@ def rank_causes(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, 
 
 def _incident_commonality(requests: pd.DataFrame, flags: pd.DataFrame, incident: Incident,
                           window: tuple[int, int]) -> Commonality | None:
-    """What the requests showing the incident's main symptom have in common, against all requests: the
-    symptom is the metric that dominated most of the incident's model anomalies."""
+    """What the requests showing the incident's main symptom have in common, against all requests to the
+    incident's models (the population the selection is drawn from: the model the selection is restricted to is
+    no finding): the symptom is the metric that dominated most of the incident's model anomalies."""
     lo, hi = window
     arrival = requests["arrival_ns"].to_numpy()
-    inside = (arrival >= lo) & (arrival < hi) & requests["model"].isin(incident.models).to_numpy()
+    scope = requests["model"].isin(incident.models).to_numpy()
+    inside = (arrival >= lo) & (arrival < hi) & scope
     symptoms = [a.metric for a in incident.anomalies]
     symptom = max(set(symptoms), key=symptoms.count)
     reason = flags["reason"].to_numpy()
@@ -381,7 +396,8 @@ def _incident_commonality(requests: pd.DataFrame, flags: pd.DataFrame, incident:
         selected = inside & flags["anomalous"].to_numpy()
     if selected.sum() < 5:
         return None
-    return attribute_lift(requests, selected)
+    return attribute_lift(requests[scope], selected[scope],
+                          population_name=f"all requests to {', '.join(incident.models)}")
 
 
 def analyze_incidents(store: Store, config: DetectionConfig | None = None) -> RcaReport:
