@@ -479,7 +479,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
     requests = fleet_requests(scenario.fleet, scenario.duration_s, scenario.seed, epoch_ns)
     affected = _affected(scenario, requests, epoch_ns)
     runaway = sorted(r.request_id for r in requests if r.assistant_prefill_tokens and r.output_tokens == r.max_tokens
-                     and scenario.family == "assistant_prefill_runaway")
+                     and scenario.family == "assistant_prefill_runaway" and scenario.details.get("mode") == "runaway")
     failing = sorted(prefill_failures(scenario.fleet, requests, scenario.seed, epoch_ns))
     recorders: list[StallRecorder] = []
 
