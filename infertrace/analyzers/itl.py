@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from scipy.optimize import nnls
 
 from infertrace.analyzers import materialize_once, query_text
@@ -248,7 +250,7 @@ def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
     _register(store)
     decode = store.sql(query_text("itl_decode_steps")).df()
     cand = store.sql(query_text("itl_stall_candidates"), {"max_gap_steps": p.max_gap_steps}).df()
-    itls = store.sql(query_text("itl_token_itls") + "\nORDER BY instance, itl_ns").df()
+    itls = _itl_distributions(store)
 
     models: dict[str, DecodeStepModel] = {}
     local: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -319,20 +321,21 @@ def _stalls(store: Store, cand: pd.DataFrame, models: dict[str, DecodeStepModel]
         cost_fit[str(instance)] = _chunk_cost_fit(rows["excess_ns"].to_numpy(), rows["chunk_tokens"].to_numpy(),
                                                   rows["pairs"].to_numpy())
     by_step: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for row in chunks.to_dict("records"):
+    for row in _records(chunks):
         by_step[(row["instance"], int(row["step_index"]))].append(row)
     out = []
-    for row in cand[prefill_stall | pause_stall].to_dict("records"):
+    for row in _records(cand[prefill_stall | pause_stall]):
         key = (row["instance"], int(row["step_index"]))
         culprits: list[ChunkCulprit] = []
         causes: list[str] = []
         if row["prefill_stall"]:
             rows = by_step.get(key, [])
             _, beta, gamma = cost_fit.get(row["instance"], (0.0, 0.0, 0.0))
-            weights = np.array([beta * c["chunk_tokens"] + gamma * c["pairs"] for c in rows], dtype=np.float64)
-            if weights.sum() <= 0:
-                weights = np.array([float(c["chunk_tokens"]) for c in rows])
-            shares = weights / weights.sum() if weights.sum() > 0 else np.full(len(rows), 1 / max(len(rows), 1))
+            weights = [float(beta * c["chunk_tokens"] + gamma * c["pairs"]) for c in rows]
+            if _sum(weights) <= 0:
+                weights = [float(c["chunk_tokens"]) for c in rows]
+            total = _sum(weights)
+            shares = [w / total for w in weights] if total > 0 else [1 / max(len(rows), 1)] * len(rows)
             for c, share in zip(rows, shares, strict=True):
                 culprits.append(ChunkCulprit(c["request_id"], c["tenant"], int(c["chunk_tokens"]),
                                              int(c["computed_tokens"]), bool(c["recompute"]), float(share),
@@ -353,6 +356,30 @@ def _stalls(store: Store, cand: pd.DataFrame, models: dict[str, DecodeStepModel]
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA else int(value)
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """`frame.to_dict("records")` (Python scalars), column by column: several times faster on many rows."""
+    names = [str(c) for c in frame.columns]
+    columns = [_column_list(frame[c]) for c in names]
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _column_list(column: pd.Series) -> list[Any]:
+    """A column's values as Python objects, as `Series.tolist()` gives them (nulls of an Arrow-backed column as
+    `pd.NA`), but through Arrow in one call rather than element by element."""
+    if isinstance(column.dtype, pd.ArrowDtype) or hasattr(column.array, "__arrow_array__"):
+        arrow = column.array.__arrow_array__()
+        values = arrow.to_pylist()
+        if arrow.null_count and not pa.types.is_list(arrow.type):
+            values = [column.dtype.na_value if v is None else v for v in values]
+        return values
+    return column.tolist()
+
+
+def _sum(values: list[float]) -> float:
+    """`np.sum` of a short list of floats, bit for bit (numpy adds fewer than 8 values in order)."""
+    return float(sum(values)) if len(values) < 8 else float(np.sum(values))
 
 
 def _mean(values: list[float]) -> float:
@@ -386,7 +413,30 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, stall_culp
     return top
 
 
-def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itls: pd.DataFrame,
+def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per engine (by name), its ITLs sorted and how many tokens had each (`itl_token_itls`), through Arrow."""
+    table = store.sql(query_text("itl_token_itls")).fetch_arrow_table()
+    if table.num_rows == 0:
+        return {}
+    instance = pc.dictionary_encode(table["instance"].combine_chunks())
+    codes = instance.indices.to_numpy(zero_copy_only=False)
+    names = instance.dictionary.to_pylist()
+    values = table["itl_ns"].to_numpy().astype(np.int64)
+    weights = table["tokens"].to_numpy().astype(np.float64)
+    valid = ~np.asarray(instance.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    order = np.lexsort((values, codes))
+    order = order[valid[order]]
+    codes, values, weights = codes[order], values[order], weights[order]
+    bounds = np.flatnonzero(np.diff(codes)) + 1
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(codes)], strict=True):
+        if stop > start:
+            out[str(names[int(codes[start])])] = (values[start:stop], weights[start:stop])
+    return dict(sorted(out.items()))
+
+
+def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]],
+               itls: dict[str, tuple[np.ndarray, np.ndarray]],
                cand: pd.DataFrame, models: dict[str, DecodeStepModel],
                unexplained: list[tuple[str, int]]) -> ItlAnalysis:
     stalls = tuple(Stall(
@@ -432,7 +482,8 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
     per_victim = victims_frame.groupby("code", sort=True).agg(
         stalls=("itl", "size"), worst=("itl", "max"), added=("added", "sum"))
     culprit_ids = pd.Index(sorted({c.request_id for s in stalls for c in s.culprits}))
-    top = _top_culprits(victim_codes, victim_stall, [s.culprits for s in stalls], culprit_ids)
+    top = _top_culprits(victim_codes, victim_stall, [s.culprits for s in stalls], culprit_ids).tolist()
+    culprit_list = [str(c) for c in culprit_ids.tolist()]
 
     prompts: dict[str, tuple[int | None, int | None]] = {}
     if culprit_acc:
@@ -448,7 +499,7 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
         key=lambda c: (-c.victim_stall_ns, c.request_id)))
     victims = tuple(sorted((VictimSummary(
         victim_keys[code][1], victim_keys[code][0], int(n), max(int(worst), 0), int(added),
-        str(culprit_ids[top[code]]) if top[code] >= 0 else None)
+        culprit_list[top[code]] if top[code] >= 0 else None)
         for code, n, worst, added in zip(per_victim.index.to_numpy(), per_victim["stalls"].to_numpy(),
                                          per_victim["worst"].to_numpy(), per_victim["added"].to_numpy(), strict=True)),
         key=lambda v: (-v.added_ns, v.request_id)))
@@ -483,10 +534,7 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]], itl
     unexplained_by_instance: dict[str, int] = defaultdict(int)
     for i, _ in unexplained:
         unexplained_by_instance[i] += 1
-    for instance, rows in itls.groupby("instance", sort=True):
-        inst = str(instance)
-        values = rows["itl_ns"].to_numpy(dtype=np.int64)
-        weights = rows["tokens"].to_numpy(dtype=np.float64)
+    for inst, (values, weights) in itls.items():
         p99 = _weighted_quantile(values, weights, 0.99)
         mine = stalls_by_instance.get(inst, [])
         by_cause = {c: sum(c in s.causes for s in mine) for c in CAUSES}
