@@ -415,7 +415,7 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, stall_culp
 
 def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per engine (by name), its ITLs sorted and how many tokens had each (`itl_token_itls`), through Arrow."""
-    table = store.sql(query_text("itl_token_itls")).fetch_arrow_table()
+    table = store.sql(query_text("itl_token_itls")).to_arrow_table()
     if table.num_rows == 0:
         return {}
     instance = pc.dictionary_encode(table["instance"].combine_chunks())
