@@ -423,15 +423,12 @@ def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]
     names = instance.dictionary.to_pylist()
     values = table["itl_ns"].to_numpy().astype(np.int64)
     weights = table["tokens"].to_numpy().astype(np.float64)
-    valid = ~np.asarray(instance.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    order = np.lexsort((values, codes))
-    order = order[valid[order]]
-    codes, values, weights = codes[order], values[order], weights[order]
-    bounds = np.flatnonzero(np.diff(codes)) + 1
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(codes)], strict=True):
-        if stop > start:
-            out[str(names[int(codes[start])])] = (values[start:stop], weights[start:stop])
+    for code, name in enumerate(names):  # null instances have no code here
+        mine = np.flatnonzero(codes == code)
+        if len(mine):
+            order = mine[np.argsort(values[mine], kind="stable")]
+            out[str(name)] = (values[order], weights[order])
     return dict(sorted(out.items()))
 
 
