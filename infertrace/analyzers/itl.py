@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import nnls
 
@@ -366,15 +365,19 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _column_list(column: pd.Series) -> list[Any]:
-    """A column's values as Python objects, as `Series.tolist()` gives them (nulls of an Arrow-backed column as
-    `pd.NA`), but through Arrow in one call rather than element by element."""
-    if isinstance(column.dtype, pd.ArrowDtype) or hasattr(column.array, "__arrow_array__"):
+    """A column's values as `DataFrame.to_dict("records")` gives them (Python scalars; a null is None, or NaN
+    in a NaN-null column), but through Arrow in one call rather than element by element."""
+    na_value = getattr(column.dtype, "na_value", None)
+    if hasattr(column.array, "__arrow_array__"):
         arrow = column.array.__arrow_array__()
         values = arrow.to_pylist()
-        if arrow.null_count and not pa.types.is_list(arrow.type):
-            values = [column.dtype.na_value if v is None else v for v in values]
+        if arrow.null_count and na_value is not pd.NA and na_value is not None:
+            values = [na_value if v is None else v for v in values]
         return values
-    return column.tolist()
+    values = column.tolist()
+    if column.dtype == object:
+        values = [None if v is pd.NA else v for v in values]
+    return values
 
 
 def _sum(values: list[float]) -> float:
