@@ -22,6 +22,7 @@ from reference_engine.sequence import Request, Sequence, SequenceStatus
 class StepReport:
     index: int  # of the first step
     start_ns: int
+    end_ns: int  # of the last step
     durations: np.ndarray  # int64 ns, one per step
     batch: Batch
     num_running: int  # after scheduling
@@ -99,7 +100,7 @@ class LLMEngine:
         self.now_ns = start + int(durations.sum())
         finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
         if self.observers:
-            report = StepReport(self.step_index, start, durations, batch, num_running, num_waiting,
+            report = StepReport(self.step_index, start, self.now_ns, durations, batch, num_running, num_waiting,
                                 self.block_manager.num_used_blocks, self.block_manager.num_blocks,
                                 getattr(self.executor, "last_pause_ns", 0))
             for observer in self.observers:

@@ -51,16 +51,16 @@ class SimulationStats:
         self.last_ns = 0
 
     def on_step(self, report: StepReport) -> None:
-        durations = report.durations
-        end = report.start_ns + int(durations.sum())
-        first_end = report.start_ns + int(durations[0])
+        durations, decodes = report.durations, report.batch.decodes
+        end = report.end_ns
         last = self._last_token
         gaps = self._single_gaps
-        for seq in report.batch.decodes:
-            gaps.append(first_end - last[seq])
-            last[seq] = end
-        if len(durations) > 1 and report.batch.decodes:
-            self._run_gaps.append((durations[1:], len(report.batch.decodes)))
+        if decodes:
+            first_end = report.start_ns + int(durations[0])
+            gaps += [first_end - last[seq] for seq in decodes]
+            last.update(dict.fromkeys(decodes, end))
+            if len(durations) > 1:
+                self._run_gaps.append((durations[1:], len(decodes)))
         for seq, _ in report.batch.prefills:
             if not seq.is_prefilling:
                 previous = last.get(seq)

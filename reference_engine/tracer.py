@@ -81,7 +81,7 @@ class EngineTracer:
     # -------------------------------------------------------------------------------------- steps
     def on_step(self, report: StepReport) -> None:
         batch = report.batch
-        end_ns = report.start_ns + int(report.durations.sum())
+        end_ns = report.end_ns
         for seq in batch.preempted:
             self._preemptions.setdefault(seq.request_id, []).append(report.start_ns)
             open_episodes = self._episodes.get(seq.request_id)
