@@ -1,45 +1,26 @@
-"""Reads OTLP JSON lines with the official opentelemetry-proto parser, for tests.
-
-OTLP/JSON writes trace and span ids as hex, while protobuf's generic JSON mapping reads bytes fields as
-base64 (a 32-char hex id would silently parse into 24 wrong bytes), so ids are converted first.
-"""
+"""Reads OTLP JSON lines with the official opentelemetry-proto parser (through `infertrace.otlp_json`, which
+converts the hex ids first), and rebuilds token times from `engine_step` spans, for tests."""
 
 from __future__ import annotations
 
-import base64
 import gzip
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from infertrace import semconv as sc
+from infertrace.otlp_json import parse_traces_data
 
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
-
-
-def _hex_ids_to_base64(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: (base64.b64encode(bytes.fromhex(v)).decode() if k in _ID_FIELDS and v else _hex_ids_to_base64(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_hex_ids_to_base64(v) for v in obj]
-    return obj
-
-
-def parse_line(line: str) -> TracesData:
-    return json_format.Parse(json.dumps(_hex_ids_to_base64(json.loads(line))), TracesData())
 
 
 def read_traces(path: Path) -> list[TracesData]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        return [parse_line(line) for line in f if line.strip()]
+        return [parse_traces_data(line) for line in f if line.strip()]
 
 
 def value(v: AnyValue) -> Any:
@@ -80,6 +61,7 @@ def token_times(parsed: list[ParsedSpan]) -> dict[str, list[int]]:
         for d in p.attrs[sc.STEP_DURATIONS_NS]:
             t += d
             ends.append(t)
+        assert ends[-1] == p.span.end_time_unix_nano, "the step durations add up to the span"
         for rid in p.attrs.get(sc.STEP_DECODE_REQUEST_IDS, []):
             tokens[rid].extend(ends)
         for rid, samples in zip(p.attrs.get(sc.STEP_PREFILL_REQUEST_IDS, []),

@@ -6,15 +6,10 @@ model: the step times are the real executor's wall-clock measurements.
 
 from __future__ import annotations
 
-import base64
-import json
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import json_format
-from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from infertrace import semconv as sc
 from reference_engine.config import EngineConfig
@@ -26,58 +21,10 @@ from reference_engine.real_executor import RealExecutor
 from reference_engine.sequence import Request
 from reference_engine.tracer import EngineTracer, engine_resource
 from reference_engine.transformer import Transformer, limit_cpu_threads
+from tests.otlp_proto import spans, token_times
 
 SPEC = model("tiny")
 RUNNING = [f"chat-{i}" for i in range(6)]
-
-
-def _hex_ids_to_base64(span: dict) -> None:
-    """OTLP/JSON ids are hex; protobuf's JSON mapping reads bytes as base64 (and would misparse hex silently)."""
-    for key in ("traceId", "spanId", "parentSpanId"):
-        if span.get(key):
-            span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
-
-
-def read_step_spans(path: Path) -> list[tuple[int, int, dict]]:
-    """(start ns, end ns, attributes) of every engine_step span, parsed with opentelemetry-proto."""
-    steps = []
-    for line in path.read_text().splitlines():
-        raw = json.loads(line)
-        for resource_spans in raw["resourceSpans"]:
-            for scope_spans in resource_spans["scopeSpans"]:
-                for span in scope_spans["spans"]:
-                    _hex_ids_to_base64(span)
-        data = json_format.ParseDict(raw, TracesData())
-        for resource_spans in data.resource_spans:
-            for span in (s for ss in resource_spans.scope_spans for s in ss.spans):
-                if span.name != sc.SPAN_STEP:
-                    continue
-                attributes = {kv.key: json_format.MessageToDict(kv.value, use_integers_for_enums=True)
-                              for kv in span.attributes}
-                steps.append((span.start_time_unix_nano, span.end_time_unix_nano, attributes))
-    return sorted(steps, key=lambda s: s[0])
-
-
-def _values(attribute: dict | None) -> list:
-    if attribute is None:
-        return []
-    return [next(iter(v.values())) for v in attribute["arrayValue"].get("values", [])]
-
-
-def token_times(steps: list[tuple[int, int, dict]]) -> dict[str, list[int]]:
-    """Per request, the time of each generated token: a decode member gets one token at the end of every step
-    of its span; a prefill that completes gets its first token at the span's end."""
-    times: dict[str, list[int]] = defaultdict(list)
-    for start, end, attributes in steps:
-        step_ends = start + np.cumsum([int(d) for d in _values(attributes[sc.STEP_DURATIONS_NS])])
-        assert step_ends[-1] == end
-        for rid in _values(attributes.get(sc.STEP_DECODE_REQUEST_IDS)):
-            times[rid].extend(int(t) for t in step_ends)
-        ids = _values(attributes.get(sc.STEP_PREFILL_REQUEST_IDS))
-        for rid, samples in zip(ids, _values(attributes.get(sc.STEP_PREFILL_SAMPLES_TOKEN)), strict=True):
-            if samples:
-                times[rid].append(end)
-    return times
 
 
 @dataclass(frozen=True)
@@ -99,16 +46,17 @@ def measure_spike(tmp_path: Path, model_: Transformer, **config: object) -> Spik
     LLMEngine(cfg, executor, observers=[tracer]).run(requests)
     tracer.close()
     sink.close()
-    steps = read_step_spans(path)
-    times = token_times(steps)
+    parsed = spans(path)
+    steps = [p for p in parsed if p.span.name == sc.SPAN_STEP]
+    times = token_times(parsed)
     for rid in RUNNING:
         assert len(times[rid]) == 80, "every token of a running sequence is derivable from the step spans"
     gaps = {rid: np.diff(times[rid]) for rid in RUNNING}
     worst_rid = max(RUNNING, key=lambda r: gaps[r].max())
     i = int(gaps[worst_rid].argmax())
     before, after = times[worst_rid][i], times[worst_rid][i + 1]
-    culprit = any("long-prompt" in _values(a.get(sc.STEP_PREFILL_REQUEST_IDS))
-                  for start, end, a in steps if start >= before and end <= after)
+    culprit = any("long-prompt" in p.attrs.get(sc.STEP_PREFILL_REQUEST_IDS, []) for p in steps
+                  if p.span.start_time_unix_nano >= before and p.span.end_time_unix_nano <= after)
     all_gaps = np.concatenate(list(gaps.values()))
     return Spike(float(all_gaps.max() / 1e6), float(np.median(all_gaps) / 1e6), culprit)
 
