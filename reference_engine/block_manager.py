@@ -115,27 +115,23 @@ class BlockManager:
     def trim(self, seq: Sequence) -> None:
         """Release blocks reserved beyond the computed tokens (a run ended earlier than planned)."""
         keep = max(1, self.blocks_for(seq.num_computed_tokens))
-        while len(seq.block_table) > keep:
-            self._release(seq.block_table.pop())
+        if len(seq.block_table) > keep:
+            self._release(seq.block_table[:keep - 1:-1])
+            del seq.block_table[keep:]
 
     # --------------------------------------------------------------------------------------- release
     def deallocate(self, seq: Sequence) -> None:
-        ref_counts, block_hash = self.ref_counts, self.block_hash
-        for block in seq.block_table:
-            ref_counts[block] -= 1
         # Release the tail first, so that the LRU evicts a prompt's last blocks before its shared prefix.
-        freed = [block for block in reversed(seq.block_table) if ref_counts[block] == 0]
-        self.cached_free.update([(block_hash[b], b) for b in freed if block_hash[b] is not None])
-        self.empty_blocks += [b for b in freed if block_hash[b] is None]
+        self._release(seq.block_table[::-1])
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
-    def _release(self, block: int) -> None:
-        self.ref_counts[block] -= 1
-        assert self.ref_counts[block] >= 0, f"block {block} released twice"
-        if self.ref_counts[block] == 0:
-            h = self.block_hash[block]
-            if h is None:
-                self.empty_blocks.append(block)
-            else:
-                self.cached_free[h] = block
+    def _release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; freed cached blocks enter the LRU in the order given."""
+        ref_counts, block_hash = self.ref_counts, self.block_hash
+        for block in blocks:
+            ref_counts[block] -= 1
+            assert ref_counts[block] >= 0, f"block {block} released twice"
+        freed = [block for block in blocks if ref_counts[block] == 0]
+        self.cached_free.update([(block_hash[b], b) for b in freed if block_hash[b] is not None])
+        self.empty_blocks += [b for b in freed if block_hash[b] is None]
