@@ -33,15 +33,14 @@ class SimulatedExecutor:
         self.last_pause_ns = 0  # pause inside the last step of the latest execute() call
 
     def execute(self, batch: Batch, now_ns: int, deadline_ns: int | None) -> np.ndarray:
+        ctx = sum(s.num_computed_tokens + 1 for s in batch.decodes)
         if batch.prefills:
             chunks = [(n, seq.num_computed_tokens) for seq, n in batch.prefills]
-            ctx = sum(s.num_computed_tokens + 1 for s in batch.decodes)
             sampled = len(batch.decodes) + sum(
                 1 for seq, n in batch.prefills if seq.num_computed_tokens + n >= seq.prefill_target)
             seconds = self.cost_model.step_seconds(chunks, len(batch.decodes), ctx, sampled)
             durations = np.array([round(seconds * 1e9)], dtype=np.int64)
         else:
-            ctx = sum(s.num_computed_tokens + 1 for s in batch.decodes)
             durations = self.cost_model.decode_run_ns(len(batch.decodes), ctx, batch.max_steps)
             if deadline_ns is not None and len(durations) > 1:
                 ends = np.cumsum(durations)
