@@ -16,7 +16,6 @@ from infertrace import semconv as sc
 from infertrace.otlp_json import parse_traces_data
 
 
-
 def read_traces(path: Path) -> list[TracesData]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
