@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
 
-from infertrace.analyzers.itl import _counterfactual_p99, _mean, _records, _sum, _weighted_quantile
+from infertrace.analyzers.itl import _counterfactual_p99, _segment_sums, _top_culprits, _weighted_quantile
 
 
 def _weighted_quantile_by_unique(values: np.ndarray, weights: np.ndarray, q: float) -> int:
@@ -37,27 +36,40 @@ def test_weighted_quantile_and_counterfactual_equal_the_per_distinct_value_form(
         assert _counterfactual_p99(values, weights, olds, cuts) == expected
 
 
-def test_short_sums_and_means_are_numpys_bit_for_bit() -> None:
+def test_segment_sums_add_left_to_right_like_pythons_sum() -> None:
     rng = np.random.default_rng(3)
-    for n in range(1, 40):
-        xs = (rng.random(n) * 10 ** rng.integers(0, 9, n)).tolist()
-        assert _sum(xs) == float(np.sum(np.array(xs)))
-        assert _mean(xs) == float(np.mean(xs))
+    for _ in range(100):
+        counts = rng.integers(1, 12, int(rng.integers(0, 30))).astype(np.int64)
+        starts = (np.cumsum(counts) - counts).astype(np.int64)
+        values = rng.random(int(counts.sum())) * 10.0 ** rng.integers(0, 9, int(counts.sum()))
+        expected = [sum(values[a:a + n].tolist()) for a, n in zip(starts, counts, strict=True)]
+        assert _segment_sums(values, starts, counts).tolist() == expected  # the same floats, not close ones
 
 
-def test_records_equal_to_dict_records_with_nulls_lists_and_strings() -> None:
-    frame = duckdb.sql("SELECT * FROM (VALUES ('a', 1::BIGINT, [1, 2]::BIGINT[], ['x', 'y'], true, 1.5, 'e0'), "
-                       "(NULL, NULL, NULL, NULL, NULL, NULL, 'e1'), ('b', 3, [], [], false, NULL, 'e2')) "
-                       "t(s, i, l, v, b, f, instance)").df()
-    fast, slow = _records(frame), frame.to_dict("records")
-    assert len(fast) == len(slow) == 3
-    for a, b in zip(fast, slow, strict=True):
-        assert list(a) == list(b)
-        for key in a:
-            x, y = a[key], b[key]
-            if isinstance(y, np.ndarray):
-                assert list(x) == list(y)
-            elif isinstance(y, float) and np.isnan(y):
-                assert isinstance(x, float) and np.isnan(x)
-            else:
-                assert type(x) is type(y) and (x is y or x == y)
+def _top_culprits_by_loop(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_stall: np.ndarray,
+                          culprit_codes: np.ndarray, culprit_excess: np.ndarray) -> list[int]:
+    """The straightforward form: walk every victim row's stall culprits, sum per (victim, culprit), keep the
+    largest, ties to the first met."""
+    totals: dict[int, dict[int, int]] = {}
+    for victim, stall in zip(victim_codes.tolist(), victim_stall.tolist(), strict=True):
+        for row in np.flatnonzero(culprit_stall == stall).tolist():
+            per = totals.setdefault(victim, {})
+            per[int(culprit_codes[row])] = per.get(int(culprit_codes[row]), 0) + int(culprit_excess[row])
+    top = [-1] * (int(victim_codes.max()) + 1 if len(victim_codes) else 0)
+    for victim, per in totals.items():
+        top[victim] = max(per.items(), key=lambda kv: kv[1])[0]  # max keeps the first of equal values
+    return top
+
+
+def test_top_culprits_equal_the_straightforward_form() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        stalls = int(rng.integers(1, 8))
+        victim_stall = np.sort(rng.integers(0, stalls, int(rng.integers(0, 25)))).astype(np.int64)
+        victim_codes = rng.integers(0, 6, len(victim_stall)).astype(np.int64)
+        culprit_stall = np.sort(rng.integers(0, stalls, int(rng.integers(0, 12)))).astype(np.int64)
+        culprit_codes = rng.integers(0, 5, len(culprit_stall)).astype(np.int64)
+        culprit_excess = rng.integers(0, 4, len(culprit_stall)).astype(np.int64) * 1000  # many ties
+        fast = _top_culprits(victim_codes, victim_stall, culprit_stall, culprit_codes, culprit_excess, stalls)
+        assert fast.tolist() == _top_culprits_by_loop(victim_codes, victim_stall, culprit_stall, culprit_codes,
+                                                      culprit_excess)

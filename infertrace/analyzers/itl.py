@@ -33,10 +33,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import nnls
 
 from infertrace.analyzers import materialize_once, query_text
+from infertrace.store.ingest import gc_paused
 from infertrace.store.store import Store
 
 CAUSES = ("prefill", "recompute", "host_pause")
@@ -239,16 +241,22 @@ def _chunk_cost_fit(excess: np.ndarray, tokens: np.ndarray, pairs: np.ndarray) -
 
 # ----------------------------------------------------------------------------------------- analysis
 def _register(store: Store) -> None:
-    materialize_once(store, ("steps", "step_membership", "requests"))
-    store.con.execute(f"CREATE OR REPLACE TEMP TABLE itl_token_gaps AS {query_text('itl_token_gaps')}")
+    materialize_once(store, ("steps", "step_membership"))
+    for name in ("itl_request_tokens", "itl_token_gaps"):
+        store.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {query_text(name)}")
 
 
 def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
     """ITL spikes and their causes on every engine in the store."""
-    p = params or ItlParams()
+    with gc_paused():  # millions of short-lived, acyclic objects: the collector's passes would cost ~10%
+        return _analyze(store, params or ItlParams())
+
+
+def _analyze(store: Store, p: ItlParams) -> ItlAnalysis:
     _register(store)
     decode = store.sql(query_text("itl_decode_steps")).df()
-    cand = store.sql(query_text("itl_stall_candidates"), {"max_gap_steps": p.max_gap_steps}).df()
+    cand = _Candidates.of(store.sql(query_text("itl_stall_candidates"),
+                                    {"max_gap_steps": p.max_gap_steps}).to_arrow_table())
     itls = _itl_distributions(store)
 
     models: dict[str, DecodeStepModel] = {}
@@ -274,42 +282,82 @@ def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
             spikes = excess >= np.maximum(p.stall_ratio * expected, p.min_excess_ns)
             unexplained += [(str(instance), int(t)) for t in times[spikes]]
 
-    stalls = _stalls(store, cand, models, local, p)
-    return _summaries(store, p, stalls, itls, cand, models, unexplained)
+    found = _stalls(store, cand, models, local, p)
+    return _summaries(store, p, found, itls, cand.frame, models, unexplained)
 
 
-def _stalls(store: Store, cand: pd.DataFrame, models: dict[str, DecodeStepModel],
-            local: dict[str, tuple[np.ndarray, np.ndarray]], p: ItlParams) -> list[dict[str, Any]]:
-    if cand.empty:
-        return []
-    cand = cand.copy()
-    n_victims = cand["victims"].map(len).to_numpy()
-    mixed = cand["num_decodes"].to_numpy() > 0
-    num = np.where(mixed, cand["num_decodes"].to_numpy(), n_victims)
-    ctx = np.where(mixed, cand["decode_context_tokens"].fillna(0).to_numpy(), cand["victim_context_tokens"].to_numpy())
-    decode_only = np.zeros(len(cand))
-    for instance, idx in cand.groupby("instance").indices.items():
+@dataclass(frozen=True)
+class _Candidates:
+    """`itl_stall_candidates`: the scalar columns as a frame, each step's victims as flat arrays
+    (step k's victims are rows `offsets[k]:offsets[k + 1]` of `victim_ids` and `victim_itls`)."""
+
+    frame: pd.DataFrame
+    offsets: np.ndarray
+    victim_ids: pa.Array
+    victim_itls: np.ndarray
+
+    @classmethod
+    def of(cls, table: pa.Table) -> _Candidates:
+        ids = table["victims"].combine_chunks()
+        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        itls = table["victim_itls_ns"].combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        frame = table.drop_columns(["victims", "victim_itls_ns"]).to_pandas()
+        return cls(frame, offsets, ids.flatten(), itls)
+
+    def victims_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in the flat victim arrays of the given steps' victims, in step order; new offsets)."""
+        lengths = self.offsets[rows + 1] - self.offsets[rows]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        positions = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return positions, offsets
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The stalls, and the same facts as flat arrays in stall order for the summaries: one row per
+    (stall, victim) and one per (stall, culprit chunk)."""
+
+    stalls: tuple[Stall, ...]
+    victim_stall: np.ndarray
+    victim_ids: pa.Array
+    victim_itls: np.ndarray
+    culprits: pd.DataFrame  # stall, request_id, tenant, chunk_tokens, computed_tokens, recompute, excess_ns
+    cost_fits: list[tuple[float, float, float]]  # per stall: its engine's chunk cost fit
+
+
+def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
+            local: dict[str, tuple[np.ndarray, np.ndarray]], p: ItlParams) -> _Found:
+    frame = cand.frame.copy()
+    n_victims = np.diff(cand.offsets)
+    mixed = frame["num_decodes"].to_numpy() > 0
+    num = np.where(mixed, frame["num_decodes"].to_numpy(), n_victims)
+    ctx = np.where(mixed, frame["decode_context_tokens"].fillna(0).to_numpy(),
+                   frame["victim_context_tokens"].to_numpy())
+    decode_only = np.zeros(len(frame))
+    for instance, idx in frame.groupby("instance").indices.items():
         m = models.get(str(instance))
         if m is None:
             continue
         times, ratios = local[str(instance)]
-        scale = _local_scale(times, ratios, cand["start_ns"].to_numpy()[idx])
+        scale = _local_scale(times, ratios, frame["start_ns"].to_numpy()[idx])
         decode_only[idx] = m.predict(num[idx], ctx[idx]) * scale
     decode_only = np.where(num > 0, decode_only, 0.0)
-    pause = cand["pause_ns"].to_numpy()
-    duration = cand["duration_ns"].to_numpy()
+    pause = frame["pause_ns"].to_numpy()
+    duration = frame["duration_ns"].to_numpy()
     excess = duration - pause - np.where(mixed, decode_only, 0.0)
     threshold = np.maximum(p.stall_ratio * decode_only, p.min_excess_ns)
     has_victims = n_victims > 0
-    prefill_stall = has_victims & (cand["num_prefills"].to_numpy() > 0) & (excess >= threshold)
+    prefill_stall = has_victims & (frame["num_prefills"].to_numpy() > 0) & (excess >= threshold)
     pause_stall = has_victims & (pause >= threshold)
-    cand["decode_only_ns"] = np.rint(decode_only).astype(np.int64)
-    cand["excess_ns"] = np.rint(np.maximum(excess, 0)).astype(np.int64)
-    cand["threshold_ns"] = np.rint(threshold).astype(np.int64)
-    cand["prefill_stall"] = prefill_stall
-    cand["pause_stall"] = pause_stall
+    frame["decode_only_ns"] = np.rint(decode_only).astype(np.int64)
+    frame["excess_ns"] = np.rint(np.maximum(excess, 0)).astype(np.int64)
+    frame["threshold_ns"] = np.rint(threshold).astype(np.int64)
+    frame["prefill_stall"] = prefill_stall
+    frame["pause_stall"] = pause_stall
+
     # Chunks of every candidate with victims: for the stalls' culprits, and to fit chunk cost.
-    chosen = cand[has_victims & (cand["num_prefills"].to_numpy() > 0)]
+    chosen = frame[has_victims & (frame["num_prefills"].to_numpy() > 0)]
     chunks = store.sql(query_text("itl_stall_chunks"), {
         "instances": chosen["instance"].tolist(), "step_indexes": chosen["step_index"].astype(int).tolist()}).df()
     chunks["pairs"] = (chunks["chunk_tokens"] * chunks["computed_tokens"]
@@ -319,225 +367,270 @@ def _stalls(store: Store, cand: pd.DataFrame, models: dict[str, DecodeStepModel]
     for instance, rows in single.groupby("instance"):
         cost_fit[str(instance)] = _chunk_cost_fit(rows["excess_ns"].to_numpy(), rows["chunk_tokens"].to_numpy(),
                                                   rows["pairs"].to_numpy())
-    by_step: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for row in _records(chunks):
-        by_step[(row["instance"], int(row["step_index"]))].append(row)
-    out = []
-    for row in _records(cand[prefill_stall | pause_stall]):
-        key = (row["instance"], int(row["step_index"]))
-        culprits: list[ChunkCulprit] = []
-        causes: list[str] = []
-        if row["prefill_stall"]:
-            rows = by_step.get(key, [])
-            _, beta, gamma = cost_fit.get(row["instance"], (0.0, 0.0, 0.0))
-            weights = [float(beta * c["chunk_tokens"] + gamma * c["pairs"]) for c in rows]
-            if _sum(weights) <= 0:
-                weights = [float(c["chunk_tokens"]) for c in rows]
-            total = _sum(weights)
-            shares = [w / total for w in weights] if total > 0 else [1 / max(len(rows), 1)] * len(rows)
-            for c, share in zip(rows, shares, strict=True):
-                culprits.append(ChunkCulprit(c["request_id"], c["tenant"], int(c["chunk_tokens"]),
-                                             int(c["computed_tokens"]), bool(c["recompute"]), float(share),
-                                             round(float(share) * row["excess_ns"])))
-            if any(not c.recompute for c in culprits):
-                causes.append("prefill")
-            if any(c.recompute for c in culprits):
-                causes.append("recompute")
-        if row["pause_stall"]:
-            causes.append("host_pause")
-        row["culprits"] = culprits
-        row["causes"] = causes
-        row["chunk_rows"] = by_step.get(key, [])
-        row["cost_fit"] = cost_fit.get(row["instance"], (0.0, 0.0, 0.0))
-        out.append(row)
-    return out
+
+    selected = np.flatnonzero(prefill_stall | pause_stall)
+    rows = frame.iloc[selected].reset_index(drop=True)
+    rows["stall"] = np.arange(len(rows))
+    culprits = _culprit_chunks(chunks, rows, cost_fit)
+    positions, offsets = cand.victims_of(selected)
+    victim_ids = cand.victim_ids.take(pa.array(positions, type=pa.int64()))
+    victim_itls = cand.victim_itls[positions]
+
+    # Causes per stall, from whether its culprits recompute a preempted request and whether it paused.
+    recompute = culprits["recompute"].to_numpy(dtype=bool)
+    stall_of = culprits["stall"].to_numpy()
+    n_recompute = np.bincount(stall_of[recompute], minlength=len(rows))
+    n_fresh = np.bincount(stall_of[~recompute], minlength=len(rows))
+    causes = [(("prefill",) if fresh else ()) + (("recompute",) if again else ()) + (("host_pause",) if paused else ())
+              for fresh, again, paused in zip(n_fresh.tolist(), n_recompute.tolist(),
+                                              rows["pause_stall"].tolist(), strict=True)]
+    culprit_objects = [ChunkCulprit(*values) for values in zip(
+        culprits["request_id"].tolist(), _none_for_null(culprits["tenant"]), culprits["chunk_tokens"].tolist(),
+        culprits["computed_tokens"].tolist(), recompute.tolist(), culprits["share"].tolist(),
+        culprits["excess_ns"].tolist(), strict=True)]
+    culprit_offsets = np.concatenate([[0], np.cumsum(np.bincount(stall_of, minlength=len(rows)))]).tolist()
+    ids = victim_ids.to_pylist()
+    itl_list = victim_itls.tolist()
+    bounds = offsets.tolist()
+    stalls = tuple(Stall(
+        instance=instance, model=model, policy=policy, step_index=step_index, start_ns=start_ns, end_ns=end_ns,
+        duration_ns=duration_ns, decode_only_ns=decode_only_ns, excess_ns=excess_ns, pause_ns=pause_ns,
+        threshold_ns=threshold_ns, causes=causes[k],
+        culprits=tuple(culprit_objects[culprit_offsets[k]:culprit_offsets[k + 1]]),
+        victims=tuple(ids[bounds[k]:bounds[k + 1]]), victim_itls_ns=tuple(itl_list[bounds[k]:bounds[k + 1]]))
+        for k, (instance, model, policy, step_index, start_ns, end_ns, duration_ns, decode_only_ns, excess_ns,
+                pause_ns, threshold_ns) in enumerate(zip(
+            rows["instance"].tolist(), _none_for_null(rows["model"]), _none_for_null(rows["policy"]),
+            rows["step_index"].tolist(), rows["start_ns"].tolist(), rows["end_ns"].tolist(),
+            rows["duration_ns"].tolist(), rows["decode_only_ns"].tolist(), rows["excess_ns"].tolist(),
+            rows["pause_ns"].tolist(), rows["threshold_ns"].tolist(), strict=True)))
+    fits = [cost_fit.get(instance, (0.0, 0.0, 0.0)) for instance in rows["instance"].tolist()]
+    return _Found(stalls, np.repeat(np.arange(len(rows)), np.diff(offsets)), victim_ids, victim_itls, culprits, fits)
+
+
+def _culprit_chunks(chunks: pd.DataFrame, rows: pd.DataFrame,
+                    cost_fit: dict[str, tuple[float, float, float]]) -> pd.DataFrame:
+    """The chunks of the prefill stalls (`rows` with prefill_stall), in stall order then request order, each
+    with its share of the stall's excess: in proportion to its estimated cost under the engine's chunk cost
+    fit (β·tokens + γ·attention pairs), by tokens when the fit gives nothing, evenly when there are none."""
+    keys = rows.loc[rows["prefill_stall"], ["instance", "step_index", "stall", "excess_ns"]]
+    out = chunks.merge(keys.rename(columns={"excess_ns": "stall_excess_ns"}), on=["instance", "step_index"])
+    out = out.sort_values("stall", kind="stable").reset_index(drop=True)
+    fit = out["instance"].map(lambda i: cost_fit.get(i, (0.0, 0.0, 0.0)))
+    beta = np.array([f[1] for f in fit], dtype=np.float64)
+    gamma = np.array([f[2] for f in fit], dtype=np.float64)
+    tokens = out["chunk_tokens"].to_numpy(dtype=np.float64)
+    weights = beta * tokens + gamma * out["pairs"].to_numpy(dtype=np.float64)
+    starts = _segment_starts(out["stall"].to_numpy())
+    counts = np.diff(np.r_[starts, len(out)]).astype(np.int64)
+    total = np.repeat(_segment_sums(weights, starts, counts), counts)
+    weights = np.where(total <= 0, tokens, weights)  # no cost from the fit: by tokens
+    total = np.repeat(_segment_sums(weights, starts, counts), counts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(total > 0, weights / total, 1.0 / np.repeat(counts, counts))
+    out["share"] = share
+    out["excess_ns"] = np.rint(share * out["stall_excess_ns"].to_numpy()).astype(np.int64)
+    out["recompute"] = out["recompute"].astype(bool)
+    return out[["stall", "request_id", "tenant", "chunk_tokens", "computed_tokens", "recompute", "share",
+                "excess_ns"]]
+
+
+def _none_for_null(column: pd.Series) -> list[Any]:
+    """A column's values with every null (None, NaN, pd.NA) as None."""
+    return [None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in column.tolist()]
 
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA else int(value)
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """`frame.to_dict("records")` (Python scalars), column by column: several times faster on many rows."""
-    names = [str(c) for c in frame.columns]
-    columns = [_column_list(frame[c]) for c in names]
-    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+def _segment_starts(groups: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in a grouped (sorted) array."""
+    if len(groups) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
 
 
-def _column_list(column: pd.Series) -> list[Any]:
-    """A column's values as `DataFrame.to_dict("records")` gives them (Python scalars; a null is None, or NaN
-    in a NaN-null column), but through Arrow in one call rather than element by element."""
-    na_value = getattr(column.dtype, "na_value", None)
-    if hasattr(column.array, "__arrow_array__"):
-        arrow = column.array.__arrow_array__()
-        values = arrow.to_pylist()
-        if arrow.null_count and na_value is not pd.NA and na_value is not None:
-            values = [na_value if v is None else v for v in values]
-        return values
-    values = column.tolist()
-    if column.dtype == object:
-        values = [None if v is pd.NA else v for v in values]
-    return values
+def _segment_sums(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The sum of each segment `values[starts[k]:starts[k] + counts[k]]`, added left to right (as Python's
+    `sum` would: the same float for the same values in the same order), vectorised across segments."""
+    sums = np.zeros(len(starts))
+    for j in range(int(counts.max()) if len(counts) else 0):
+        more = counts > j
+        sums[more] += values[starts[more] + j]
+    return sums
 
 
-def _sum(values: list[float]) -> float:
-    """`np.sum` of a short list of floats, bit for bit (numpy adds fewer than 8 values in order)."""
-    return float(sum(values)) if len(values) < 8 else float(np.sum(values))
-
-
-def _mean(values: list[float]) -> float:
-    """`np.mean` of a short list, bit for bit (numpy sums fewer than 8 values in order), without its overhead."""
-    return sum(values) / len(values) if len(values) < 8 else float(np.mean(values))
-
-
-def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, stall_culprits: list[tuple[ChunkCulprit, ...]],
-                  culprit_ids: pd.Index) -> np.ndarray:
+def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_stall: np.ndarray,
+                  culprit_codes: np.ndarray, culprit_excess: np.ndarray, stalls: int) -> np.ndarray:
     """Per victim code, the culprit that added the most to it over all its stalls (ties: the first met, in stall
-    order then culprit order); -1 where none. Returns codes into `culprit_ids`."""
-    per_stall = np.array([len(c) for c in stall_culprits], dtype=np.int64)
-    flat = [c for cs in stall_culprits for c in cs]
+    order then culprit order); -1 where none. Culprit rows are in stall order; returns their `culprit_codes`."""
     top = np.full(int(victim_codes.max()) + 1 if len(victim_codes) else 0, -1, dtype=np.int64)
-    if not flat:
+    if not len(culprit_stall):
         return top
-    c_code = culprit_ids.get_indexer([c.request_id for c in flat]).astype(np.int64)
-    c_excess = np.array([c.excess_ns for c in flat], dtype=np.int64)
-    c_start = np.cumsum(per_stall) - per_stall  # first culprit of each stall in the flat arrays
+    per_stall = np.bincount(culprit_stall, minlength=stalls)
+    c_start = np.cumsum(per_stall) - per_stall  # first culprit of each stall
     n = per_stall[victim_stall]  # culprits per victim row
     keep = n > 0
     rows = np.repeat(np.flatnonzero(keep), n[keep])
     within = np.arange(len(rows)) - np.repeat(np.cumsum(n[keep]) - n[keep], n[keep])
-    flat_idx = c_start[victim_stall[rows]] + within  # position in `flat`: stall order, then culprit order
-    frame = pd.DataFrame({"victim": victim_codes[rows], "culprit": c_code[flat_idx], "excess": c_excess[flat_idx],
-                          "first": flat_idx})
-    agg = frame.groupby(["victim", "culprit"], sort=False).agg(excess=("excess", "sum"), first=("first", "min"))
-    agg = agg.reset_index().sort_values(["victim", "excess", "first"], ascending=[True, False, True])
-    best = agg.drop_duplicates("victim", keep="first")
-    top[best["victim"].to_numpy()] = best["culprit"].to_numpy()
+    flat_idx = c_start[victim_stall[rows]] + within  # culprit row: stall order, then culprit order
+    if not len(rows):
+        return top
+    # One row per (victim, culprit): the excess summed, and where the culprit first met the victim. Rows of a
+    # pair are in stall order after a stable sort, so the first of each run is the earliest meeting.
+    width = int(culprit_codes.max()) + 1
+    order = np.argsort(victim_codes[rows] * width + culprit_codes[flat_idx], kind="stable")
+    victim, culprit, flat_idx = victim_codes[rows][order], culprit_codes[flat_idx][order], flat_idx[order]
+    starts = _segment_starts(victim * width + culprit)
+    excess, first = np.add.reduceat(culprit_excess[flat_idx], starts), flat_idx[starts]
+    victim, culprit = victim[starts], culprit[starts]
+    # Per victim the largest excess, ties to the earliest meeting.
+    best = np.lexsort((first, -excess, victim))
+    best = best[_segment_starts(victim[best])]
+    top[victim[best]] = culprit[best]
     return top
 
 
 def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per engine (by name), its ITLs sorted and how many tokens had each (`itl_token_itls`), through Arrow."""
-    table = store.sql(query_text("itl_token_itls")).to_arrow_table()
+    """Per engine (by name), its distinct ITLs in ascending order and how many tokens had each
+    (`itl_token_itls`, summed per value in SQL: a few hundred thousand rows rather than every run)."""
+    table = store.sql("SELECT instance, itl_ns, sum(tokens)::BIGINT AS tokens FROM (" + query_text("itl_token_itls")
+                      + ") WHERE instance IS NOT NULL GROUP BY instance, itl_ns ORDER BY instance, itl_ns"
+                      ).to_arrow_table()
     if table.num_rows == 0:
         return {}
-    instance = pc.dictionary_encode(table["instance"].combine_chunks())
-    codes = instance.indices.to_numpy(zero_copy_only=False)
-    names = instance.dictionary.to_pylist()
+    names = table["instance"].to_numpy(zero_copy_only=False)
     values = table["itl_ns"].to_numpy().astype(np.int64)
     weights = table["tokens"].to_numpy().astype(np.float64)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for code, name in enumerate(names):  # null instances have no code here
-        mine = np.flatnonzero(codes == code)
-        if len(mine):
-            order = mine[np.argsort(values[mine], kind="stable")]
-            out[str(name)] = (values[order], weights[order])
-    return dict(sorted(out.items()))
+    starts = _segment_starts(names)
+    ends = np.r_[starts[1:], len(names)]
+    return {str(names[a]): (values[a:b], weights[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)}
 
 
-def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]],
-               itls: dict[str, tuple[np.ndarray, np.ndarray]],
+def _codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """(a code per value, in order of first appearance; the distinct values)."""
+    encoded = pc.dictionary_encode(values)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
+
+
+def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[np.ndarray, np.ndarray]],
                cand: pd.DataFrame, models: dict[str, DecodeStepModel],
                unexplained: list[tuple[str, int]]) -> ItlAnalysis:
-    stalls = tuple(Stall(
-        instance=r["instance"], model=r["model"], policy=r["policy"], step_index=int(r["step_index"]),
-        start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"]), duration_ns=int(r["duration_ns"]),
-        decode_only_ns=int(r["decode_only_ns"]), excess_ns=int(r["excess_ns"]), pause_ns=int(r["pause_ns"]),
-        threshold_ns=int(r["threshold_ns"]), causes=tuple(r["causes"]), culprits=tuple(r["culprits"]),
-        victims=tuple(r["victims"]), victim_itls_ns=tuple(np.asarray(r["victim_itls_ns"], dtype=np.int64).tolist()))
-        for r in stall_rows)
-
-    # Per culprit.
-    culprit_acc: dict[tuple[str, str], dict[str, Any]] = {}
-    for s in stalls:
-        for c in s.culprits:
-            a = culprit_acc.get((s.instance, c.request_id))
-            if a is None:
-                a = culprit_acc[(s.instance, c.request_id)] = {
-                    "tenant": c.tenant, "chunk_tokens": 0, "stalls": 0, "victims": set(), "stall_ns": 0,
-                    "victim_stall_ns": 0, "recompute": c.recompute}
-            a["chunk_tokens"] += c.chunk_tokens
-            a["stalls"] += 1
-            a["victims"].update(s.victims)
-            a["stall_ns"] += c.excess_ns
-            a["victim_stall_ns"] += c.excess_ns * len(s.victims)
-
-    # Per victim, vectorized: one row per (stall, victim).
-    n_victims = np.array([len(s.victims) for s in stalls], dtype=np.int64)
-    victim_stall = np.repeat(np.arange(len(stalls)), n_victims)
+    stalls = found.stalls
+    n_stalls = len(stalls)
     stall_instance = np.array([s.instance for s in stalls], dtype=object)
-    victim_ids = np.array([v for s in stalls for v in s.victims], dtype=object)
-    victim_itls = np.array([x for s in stalls for x in s.victim_itls_ns], dtype=np.int64)
-    victim_added = np.array([s.added_ns for s in stalls], dtype=np.int64)[victim_stall]
-    # (instance, victim) codes in order of first appearance, from integer codes (no string tuples).
-    inst_codes, inst_names = pd.factorize(stall_instance[victim_stall])
-    id_codes, id_names = pd.factorize(victim_ids)
-    victim_codes, pair_codes = pd.factorize(inst_codes.astype(np.int64) * max(len(id_names), 1) + id_codes)
-    pair_codes = np.asarray(pair_codes, dtype=np.int64)
-    inst_list = np.asarray(inst_names, dtype=object).tolist()
-    id_list = np.asarray(id_names, dtype=object).tolist()
-    victim_keys = [(inst_list[c // max(len(id_names), 1)], id_list[c % max(len(id_names), 1)])
-                   for c in pair_codes.tolist()]
-    victims_frame = pd.DataFrame({"code": victim_codes, "itl": victim_itls, "added": victim_added})
-    per_victim = victims_frame.groupby("code", sort=True).agg(
-        stalls=("itl", "size"), worst=("itl", "max"), added=("added", "sum"))
-    culprit_ids = pd.Index(sorted({c.request_id for s in stalls for c in s.culprits}))
-    top = _top_culprits(victim_codes, victim_stall, [s.culprits for s in stalls], culprit_ids).tolist()
-    culprit_list = [str(c) for c in culprit_ids.tolist()]
+    inst_codes, inst_list = (pd.factorize(stall_instance) if n_stalls else (np.zeros(0, dtype=np.int64), []))
+    inst_codes = np.asarray(inst_codes, dtype=np.int64)
+    inst_list = list(inst_list)
+    id_codes, id_list = _codes(found.victim_ids)
+    n_ids = max(len(id_list), 1)
+    victim_stall = found.victim_stall
+    n_victims = np.bincount(victim_stall, minlength=n_stalls)
+
+    # Per culprit (instance, request), in order of first appearance.
+    culprits_frame = found.culprits
+    c_stall = culprits_frame["stall"].to_numpy()
+    c_excess = culprits_frame["excess_ns"].to_numpy(dtype=np.int64)
+    c_request_codes, c_request_list = (pd.factorize(culprits_frame["request_id"]) if len(culprits_frame)
+                                       else (np.zeros(0, dtype=np.int64), []))
+    c_request_codes = np.asarray(c_request_codes, dtype=np.int64)
+    c_request_list = list(c_request_list)
+    group, group_keys = pd.factorize(inst_codes[c_stall] * max(len(c_request_list), 1) + c_request_codes)
+    group = np.asarray(group, dtype=np.int64)
+    n_groups = len(group_keys)
+    first_row = np.full(n_groups, len(group), dtype=np.int64)
+    np.minimum.at(first_row, group, np.arange(len(group)))
+    stall_ns = np.bincount(group, weights=c_excess, minlength=n_groups)
+    victim_stall_ns = np.bincount(group, weights=c_excess * n_victims[c_stall], minlength=n_groups)
+    chunk_tokens = np.bincount(group, weights=culprits_frame["chunk_tokens"].to_numpy(), minlength=n_groups)
+    stall_counts = np.bincount(group, minlength=n_groups)
+    # Distinct victims per culprit: every (culprit, victim) pair of its stalls, counted once.
+    stall_start = np.cumsum(n_victims) - n_victims
+    reps = n_victims[c_stall]
+    pair_rows = np.repeat(np.arange(len(group)), reps)
+    within = np.arange(len(pair_rows)) - np.repeat(np.cumsum(reps) - reps, reps)
+    pair_victims = id_codes[stall_start[c_stall[pair_rows]] + within] if len(pair_rows) else np.zeros(0, np.int64)
+    pairs = np.sort(group[pair_rows] * n_ids + pair_victims)
+    distinct = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs
+    distinct_victims = np.bincount(distinct // n_ids, minlength=n_groups)
 
     prompts: dict[str, tuple[int | None, int | None]] = {}
-    if culprit_acc:
-        ids = sorted({rid for _, rid in culprit_acc})
+    if n_groups:
+        ids = sorted(set(c_request_list))
         for rid, inp, cached in store.sql(
-                "SELECT r.request_id, r.input_tokens, r.cached_tokens FROM requests r "
+                "SELECT r.request_id, r.input_tokens, r.cached_tokens FROM itl_request_tokens r "
                 "JOIN (SELECT unnest($ids::VARCHAR[]) AS request_id) w ON w.request_id = r.request_id",
                 {"ids": ids}).fetchall():
             prompts[rid] = (_opt_int(inp), _opt_int(cached))
-    culprits = tuple(sorted((CulpritSummary(
-        rid, a["tenant"], inst, *prompts.get(rid, (None, None)), a["chunk_tokens"], a["stalls"], len(a["victims"]),
-        a["stall_ns"], a["victim_stall_ns"], a["recompute"]) for (inst, rid), a in culprit_acc.items()),
-        key=lambda c: (-c.victim_stall_ns, c.request_id)))
-    victims = tuple(sorted((VictimSummary(
-        victim_keys[code][1], victim_keys[code][0], int(n), max(int(worst), 0), int(added),
-        culprit_list[top[code]] if top[code] >= 0 else None)
-        for code, n, worst, added in zip(per_victim.index.to_numpy(), per_victim["stalls"].to_numpy(),
-                                         per_victim["worst"].to_numpy(), per_victim["added"].to_numpy(), strict=True)),
-        key=lambda v: (-v.added_ns, v.request_id)))
+    tenants = _none_for_null(culprits_frame["tenant"])
+    recompute = culprits_frame["recompute"].to_numpy(dtype=bool)
+    culprits = []
+    for g, row in enumerate(first_row.tolist()):
+        rid = c_request_list[c_request_codes[row]]
+        culprits.append(CulpritSummary(
+            rid, tenants[row], inst_list[inst_codes[c_stall[row]]], *prompts.get(rid, (None, None)),
+            int(chunk_tokens[g]), int(stall_counts[g]), int(distinct_victims[g]), int(stall_ns[g]),
+            int(victim_stall_ns[g]), bool(recompute[row])))
+    culprits.sort(key=lambda c: (-c.victim_stall_ns, c.request_id))
 
-    # Per stall: the prefill excess its victims would lose without the collision, and with a chunk budget.
-    prefill_excess = np.zeros(len(stalls), dtype=np.int64)
-    bounded_excess = np.zeros(len(stalls), dtype=np.int64)
-    for k, (s, row) in enumerate(zip(stalls, stall_rows, strict=True)):
-        excess = sum(c.excess_ns for c in s.culprits if not c.recompute)
-        if not excess:
-            continue
-        _, beta, gamma = row["cost_fit"]
-        budget = p.chunk_budget_tokens
-        ctx = _mean([c.computed_tokens + c.chunk_tokens / 2 for c in s.culprits]) if s.culprits else 0.0
-        chunk_cost = beta * budget + gamma * (budget * ctx + budget * (budget + 1) / 2)
-        prefill_excess[k] = excess
-        bounded_excess[k] = max(excess - round(chunk_cost), 0)
+    # Per victim (instance, request), in order of first appearance: one row per (stall, victim).
+    victim_codes, pair_codes = pd.factorize(inst_codes[victim_stall] * n_ids + id_codes)
+    victim_codes = np.asarray(victim_codes, dtype=np.int64)
+    pair_codes = np.asarray(pair_codes, dtype=np.int64)
+    added = np.array([s.added_ns for s in stalls], dtype=np.int64)
+    victims_frame = pd.DataFrame({"code": victim_codes, "itl": found.victim_itls, "added": added[victim_stall]})
+    per_victim = victims_frame.groupby("code", sort=True).agg(
+        stalls=("itl", "size"), worst=("itl", "max"), added=("added", "sum"))
+    culprit_ids = pd.Index(sorted(set(c_request_list)))
+    top = _top_culprits(victim_codes, victim_stall, c_stall,
+                        np.asarray(culprit_ids.get_indexer(c_request_list), dtype=np.int64)[c_request_codes]
+                        if len(c_request_codes) else c_request_codes, c_excess, n_stalls).tolist()
+    culprit_names = [str(c) for c in culprit_ids.tolist()]
+    victims = [VictimSummary(id_list[pair % n_ids], inst_list[pair // n_ids], n, max(worst, 0), total,
+                             culprit_names[top[code]] if top[code] >= 0 else None)
+               for code, pair, n, worst, total in zip(
+                   per_victim.index.tolist(), pair_codes[per_victim.index.to_numpy()].tolist(),
+                   per_victim["stalls"].tolist(), per_victim["worst"].tolist(), per_victim["added"].tolist(),
+                   strict=True)]
+    victims.sort(key=lambda v: (-v.added_ns, v.request_id))
+
+    # Per stall: the prefill excess its victims would lose without the collision, and with a chunk budget of
+    # `chunk_budget_tokens` (a chunk of that size at the culprits' mean context costs what the fit says).
+    prefill_excess = np.bincount(c_stall[~recompute], weights=c_excess[~recompute], minlength=n_stalls)
+    prefill_excess = prefill_excess.astype(np.int64)
+    mid_context = (culprits_frame["computed_tokens"].to_numpy(dtype=np.float64)
+                   + culprits_frame["chunk_tokens"].to_numpy(dtype=np.float64) / 2)
+    starts = _segment_starts(c_stall)
+    ctx = np.zeros(n_stalls)
+    if len(starts):
+        counts = np.diff(np.r_[starts, len(c_stall)]).astype(np.int64)
+        ctx[c_stall[starts]] = _segment_sums(mid_context, starts, counts) / counts
+    fits = np.array(found.cost_fits, dtype=np.float64).reshape(-1, 3)
+    budget = p.chunk_budget_tokens
+    chunk_cost = fits[:, 1] * budget + fits[:, 2] * (budget * ctx + budget * (budget + 1) / 2)
+    bounded_excess = np.where(prefill_excess > 0, np.maximum(prefill_excess - np.rint(chunk_cost), 0), 0)
+    bounded_excess = bounded_excess.astype(np.int64)
     # Each victim token once (a gap may span several stalls): its ITL and the prefill excess in it.
     cut_rows = prefill_excess[victim_stall] > 0
-    cuts = pd.DataFrame({"victim": victim_codes[cut_rows], "itl": victim_itls[cut_rows],
+    cuts = pd.DataFrame({"victim": victim_codes[cut_rows], "itl": found.victim_itls[cut_rows],
                          "removed": prefill_excess[victim_stall][cut_rows],
                          "bounded": bounded_excess[victim_stall][cut_rows]})
     cuts = cuts.groupby(["victim", "itl"], sort=False)[["removed", "bounded"]].sum().reset_index()
-    cuts["instance"] = pair_codes[cuts["victim"].to_numpy()] // max(len(id_names), 1)
+    cuts["instance"] = pair_codes[cuts["victim"].to_numpy()] // n_ids
     cuts_by_instance = {inst_list[int(k)]: rows for k, rows in cuts.groupby("instance", sort=False)}
 
     engines = []
     meta = cand.groupby("instance")[["model", "policy"]].first().to_dict("index") if not cand.empty else {}
-    stalls_by_instance: dict[str, list[Stall]] = defaultdict(list)
+    cause_counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAUSES, 0))
     for s in stalls:
-        stalls_by_instance[s.instance].append(s)
+        for cause in s.causes:
+            cause_counts[s.instance][cause] += 1
     unexplained_by_instance: dict[str, int] = defaultdict(int)
     for i, _ in unexplained:
         unexplained_by_instance[i] += 1
     for inst, (values, weights) in itls.items():
         p99 = _weighted_quantile(values, weights, 0.99)
-        mine = stalls_by_instance.get(inst, [])
-        by_cause = {c: sum(c in s.causes for s in mine) for c in CAUSES}
         mine_cuts = cuts_by_instance.get(inst, cuts.iloc[:0])
         olds = mine_cuts["itl"].to_numpy(dtype=np.int64)
         p99_tokens = float(weights[values >= p99].sum())
@@ -548,10 +641,14 @@ def _summaries(store: Store, p: ItlParams, stall_rows: list[dict[str, Any]],
         decode_p50 = _weighted_quantile(values, weights, 0.5)
         info = meta.get(inst, {})
         engines.append(EngineItl(
-            inst, info.get("model"), info.get("policy"), int(weights.sum()), decode_p50, p99,
-            int(np.median(m.levels_ns)) if m else decode_p50, by_cause,
+            inst, _opt_str(info.get("model")), _opt_str(info.get("policy")), int(weights.sum()), decode_p50, p99,
+            int(np.median(m.levels_ns)) if m else decode_p50, dict(cause_counts[inst]),
             unexplained_by_instance.get(inst, 0), share,
             _counterfactual_p99(values, weights, olds, mine_cuts["removed"].to_numpy()),
             p.chunk_budget_tokens,
             _counterfactual_p99(values, weights, olds, mine_cuts["bounded"].to_numpy()), m))
-    return ItlAnalysis(p, tuple(engines), stalls, culprits, victims, tuple(unexplained))
+    return ItlAnalysis(p, tuple(engines), stalls, tuple(culprits), tuple(victims), tuple(unexplained))
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None or value is pd.NA or (isinstance(value, float) and value != value) else str(value)

@@ -28,7 +28,7 @@ victim AS (
     SELECT gap.*, r.input_tokens
     FROM gap
     JOIN candidate c ON c.instance = gap.instance AND c.step_index = gap.step_index
-    LEFT JOIN requests r ON r.request_id = gap.request_id
+    LEFT JOIN itl_request_tokens r ON r.request_id = gap.request_id
 ),
 in_run AS (
     SELECT m.request_id, c.instance, c.step_index, 0::BIGINT AS context_tokens, c.duration_ns AS itl_ns

@@ -19,6 +19,6 @@ SELECT m.instance, m.first_step_index AS step_index, m.request_id, m.chunk_token
 FROM step_membership m
 JOIN wanted w ON w.instance = m.instance AND w.step_index = m.first_step_index
 LEFT JOIN preempted p ON p.request_id = m.request_id AND p.instance = m.instance
-LEFT JOIN requests r ON r.request_id = m.request_id
+LEFT JOIN itl_request_tokens r ON r.request_id = m.request_id
 WHERE m.role = 'prefill'
 ORDER BY m.instance, m.first_step_index, m.request_id
