@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -99,9 +98,9 @@ class DevTools:
 
 
 @pytest.fixture(scope="module")
-def served_store() -> Path:
+def served_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the prefill_storm sample's store (the refresh test writes into it)."""
-    store = Path(tempfile.mkdtemp(prefix="infertrace-browser-")) / "store"
+    store = tmp_path_factory.mktemp("browser") / "store"
     shutil.copytree(sample_store("prefill_storm").store / "spans", store / "spans")
     return store
 
@@ -124,11 +123,11 @@ def dashboard_url(served_store: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[DevTools]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     if not os.path.exists(chromium):
         pytest.fail("Debian's chromium is not installed: apt-get install -y chromium (.ci/run does)")
-    profile = tempfile.mkdtemp(prefix="infertrace-chromium-")
+    profile = tmp_path_factory.mktemp("chromium-profile")
     process = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,10 +20,10 @@ PAGES = ("views/fleet.py", "views/itl_spikes.py", "views/incidents.py", "views/p
 
 @pytest.mark.slow
 def test_every_page_reruns_in_under_a_second_on_an_hour_of_a_four_model_fleet(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from reference_engine.scenarios import make_scenario, random_fleet, run_scenario
 
-    root = Path(tempfile.mkdtemp(prefix="infertrace-hour-"))
+    root = tmp_path
     fleet = random_fleet(random.Random(4), "hour", num_models=4)
     scenario = make_scenario("router_degradation", 4, duration_s=3600.0, fleet=fleet)
     started = time.monotonic()
