@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from infertrace.analyzers.itl import analyze_itl
-from infertrace.analyzers.itl_requests import attribute_store_requests, iteration_spikes, parse_iteration_log
+from infertrace.analyzers.itl_requests import (
+    attribute_from_requests,
+    attribute_store_requests,
+    iteration_spikes,
+    parse_iteration_log,
+)
 from reference_engine.config import EngineConfig
 from reference_engine.prompt import Prompt
 from reference_engine.sequence import Request
@@ -91,6 +98,39 @@ def test_request_spans_and_token_times_alone_name_the_colliding_prefill(tmp_path
     assert len(stall.victims) == 64
     (c,) = stall.culprits
     assert (c.confidence, c.contained, c.uncached_tokens) == (1.0, True, 4096)
+
+
+def _steady_tokens(request: str, start_ms: int, count: int, stall_after: int | None = None,
+                   stall_ms: int = 0) -> list[tuple[str, int]]:
+    """A request's token times every 10 ms, with one gap `stall_ms` longer after token `stall_after`."""
+    times, t = [], start_ms
+    for k in range(count):
+        times.append((request, t * 10**6))
+        t += 10 + (stall_ms if k == stall_after else 0)
+    return times
+
+
+def test_request_only_clears_a_chunked_prefill_that_ran_through_normal_gaps() -> None:
+    # Two requests decode every 10 ms; at 500 ms a 60 ms stall hits both. Request "chunked" prefilled from
+    # 400 to 700 ms, in chunks the decoders kept their pace through (a 10 ms gap at 410–420 ms lies inside):
+    # its chunks did not stall anyone, so the spike is left unexplained. Request "whole" prefilled in one
+    # step inside the stall window: it is named, with confidence 1.
+    tokens = pd.DataFrame(_steady_tokens("d1", 0, 80, stall_after=50, stall_ms=60)
+                          + _steady_tokens("d2", 0, 80, stall_after=50, stall_ms=60), columns=["request_id", "time_ns"])
+    requests = pd.DataFrame({
+        "request_id": ["d1", "d2", "chunked"], "instance": ["e0"] * 3, "tenant": ["t"] * 3,
+        "scheduled_ns": [0, 0, 400 * 10**6], "first_token_ns": [0, 0, 700 * 10**6],
+        "input_tokens": [10, 10, 6000], "cached_tokens": [0, 0, 0]})
+    (stall,) = attribute_from_requests(requests, tokens).stalls
+    assert (stall.start_ns, stall.end_ns, stall.victims) == (500 * 10**6, 570 * 10**6, ("d1", "d2"))
+    assert stall.culprits == ()
+
+    whole = pd.DataFrame({"request_id": ["whole"], "instance": ["e0"], "tenant": ["t"],
+                          "scheduled_ns": [505 * 10**6], "first_token_ns": [565 * 10**6],
+                          "input_tokens": [4000], "cached_tokens": [0]})
+    (stall,) = attribute_from_requests(pd.concat([requests, whole], ignore_index=True), tokens).stalls
+    (culprit,) = stall.culprits
+    assert (culprit.request_id, culprit.confidence, culprit.contained) == ("whole", 1.0, True)
 
 
 def test_vllm_iteration_log_lines_are_parsed_and_the_prefill_iteration_is_the_spike() -> None:

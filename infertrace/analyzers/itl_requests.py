@@ -12,7 +12,14 @@ tokens, iteration elapsed time: X ms`). From those:
 3. the culprits are the other requests on that instance whose prefill interval (first scheduling to first
    token) overlaps the window. Each carries a confidence: its share of the prefill work estimated to fall
    in the window (uncached prompt tokens spread evenly over its prefill interval), so a single prefill
-   contained in the window has confidence 1 and a long chunked prefill overlapping it among others less.
+   contained in the window has confidence 1 and a long chunked prefill overlapping it among others less;
+4. a prefill is cleared when a request decoding on that instance received two consecutive tokens at its
+   normal pace while that prefill was running, before its last step (a whole non-spike gap inside its
+   prefill interval, ending before its first token): its full chunks demonstrably did not stall the
+   decodes beside them, so a spike during it has another cause (with chunked prefill under a small
+   budget, a host pause or a preemption would otherwise always find a prefill to blame). The last step
+   is excluded: a prefill's final chunk is usually smaller than the others, so a normal gap there proves
+   nothing about the rest.
 
 Without step spans a preemption's recompute and a host pause look alike (no request was prefilling): the
 window is then reported with no culprit (`unexplained`).
@@ -96,17 +103,19 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
         return RequestOnlyAttribution(p, (), 0, int(tok["request_id"].nunique()))
     median = gaps.groupby("request_id")["itl_ns"].transform("median").to_numpy(dtype=np.float64)
     excess = gaps["itl_ns"].to_numpy() - median
-    spikes = gaps[excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)].copy()
-    spikes["excess_ns"] = excess[excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)]
+    is_spike = excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)
+    spikes = gaps[is_spike].copy()
+    spikes["excess_ns"] = excess[is_spike]
     spikes = spikes.sort_values(["instance", "start_ns", "end_ns"])
 
     stalls: list[RequestStall] = []
     prefill = requests.dropna(subset=["scheduled_ns", "first_token_ns"])
     by_instance = {str(k): _Candidates(v) for k, v in prefill.groupby("instance")}
+    normal = _NormalGaps(gaps[~is_spike])
     for instance, rows in spikes.groupby("instance", sort=True):
         cands = by_instance.get(str(instance))
         for window in _windows(rows):
-            stalls.append(_attribute(str(instance), window, cands, p))
+            stalls.append(_attribute(str(instance), window, cands, normal, p))
     return RequestOnlyAttribution(p, tuple(stalls), len(spikes), int(tok["request_id"].nunique()))
 
 
@@ -143,8 +152,31 @@ class _Candidates:
         self.longest = int((self.end - self.start).max()) if len(rows) else 0
 
 
+class _NormalGaps:
+    """Per instance, every request's gaps between two tokens that were not spikes, sorted by start, with the
+    earliest end among the gaps from each one on (a suffix minimum)."""
+
+    def __init__(self, gaps: pd.DataFrame) -> None:
+        self.by_instance: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for instance, rows in gaps.groupby("instance", sort=False):
+            order = np.argsort(rows["start_ns"].to_numpy(), kind="stable")
+            ends = rows["end_ns"].to_numpy()[order]
+            self.by_instance[str(instance)] = (rows["start_ns"].to_numpy()[order],
+                                               np.minimum.accumulate(ends[::-1])[::-1])
+
+    def any_inside(self, instance: str, start: int, end: int) -> bool:
+        """Whether a request on the instance had a whole normal gap starting at or after `start` and ending
+        before `end`."""
+        found = self.by_instance.get(instance)
+        if found is None:
+            return False
+        starts, earliest_end = found
+        k = int(np.searchsorted(starts, start, side="left"))
+        return k < len(starts) and bool(earliest_end[k] < end)
+
+
 def _attribute(instance: str, window: tuple[int, int, list[str], int, int], cands: _Candidates | None,
-               p: RequestOnlyParams) -> RequestStall:
+               normal: _NormalGaps, p: RequestOnlyParams) -> RequestStall:
     lo, hi, victim_list, worst, excess = window
     victims = tuple(sorted(set(victim_list)))
     culprits: list[RequestCulprit] = []
@@ -153,6 +185,7 @@ def _attribute(instance: str, window: tuple[int, int, list[str], int, int], cand
         b = int(np.searchsorted(cands.start, hi, side="left"))
         idx = np.arange(a, b)
         idx = idx[(cands.end[idx] > lo) & ~np.isin(cands.ids[idx], victims)]
+        idx = idx[[not normal.any_inside(instance, int(cands.start[j]), int(cands.end[j])) for j in idx]]
         if len(idx):
             s, f = cands.start[idx], cands.end[idx]
             overlap = (np.minimum(f, hi) - np.maximum(s, lo)).astype(np.float64)
