@@ -61,10 +61,24 @@ class _Fallback(Exception):
 def decode_block(data: bytes, longest_line: int) -> pa.Table | None:
     """A block of complete, non-blank OTLP JSON lines → the raw span table, or None when the block needs
     the slower record-by-record path. Arrow parses the block in chunks of whole lines on its threads."""
+    parsed = parse_block(data, longest_line)
+    return None if parsed is None else spans_table(parsed)
+
+
+def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
+    """The first half of `decode_block`: Arrow's JSON reader (C++, on its own threads, without the GIL)
+    → one row per line with the nested OTLP columns; None when Arrow cannot read the block as OTLP."""
     try:
         options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
-        table = pj.read_json(io.BytesIO(data), read_options=options, parse_options=_PARSE)
-        return _spans_table(table)
+        return pj.read_json(io.BytesIO(data), read_options=options, parse_options=_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError):
+        return None
+
+
+def spans_table(parsed: pa.Table) -> pa.Table | None:
+    """The second half of `decode_block`: parsed lines → the raw span table, or None (record-by-record)."""
+    try:
+        return _spans_table(parsed)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, _Fallback, BadRecord, ValueError,
             OverflowError):
         return None

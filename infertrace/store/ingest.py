@@ -1,10 +1,11 @@
 """Ingest of OTLP JSON lines files (the OpenTelemetry Collector's file exporter format) into a store.
 
 Streaming: a block of whole lines (about `block_bytes`) is parsed, written as segments and dropped, so
-memory is bounded by the block, not by the file. A block is parsed by Arrow's C++ JSON reader into columns
-(`columnar`); a block that path cannot take whole (bad lines, unusual values) is parsed record by record
-(`batch`), which quarantines each bad line or span with its reason. There the garbage collector is paused
-while the block is parsed (it costs more than the parsing itself on many small objects).
+memory is bounded by the block, not by the file (two blocks: the next one is parsed on a parser thread while
+the current one is written). A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block
+that path cannot take whole (bad lines, unusual values) is parsed record by record (`batch`), which
+quarantines each bad line or span with its reason. There the garbage collector is paused while the block is
+parsed (it costs more than the parsing itself on many small objects).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import glob
 import gzip
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import pyarrow as pa
+
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
-from infertrace.store.columnar import decode_block
+from infertrace.store.columnar import parse_block, spans_table
 from infertrace.store.segments import write_quarantine, write_segments
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
@@ -101,43 +105,77 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass
+class _Block:
+    """A block of lines read from a file, its Arrow parse under way on the parser thread."""
+
+    lines: list[bytes]
+    first_line: int
+    parsed: Future[pa.Table | None] | None  # None: parse record by record
+    read_to: int  # position in the (compressed) file after the block
+
+
+def _parse(lines: list[bytes]) -> pa.Table | None:
+    content = [line for line in lines if line.strip()]
+    if not content:
+        return None
+    return parse_block(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in content),
+                       max(map(len, content)))
+
+
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
                  on_progress: Callable[[int], None] | None = None, columnar: bool = True) -> IngestSummary:
     """Ingests OTLP JSON lines files into the store at `root`, a block of about `block_bytes` of whole lines
     at a time (one or more segments per block). `on_progress(bytes)` is called with the number of
     (compressed) bytes read since its last call. `columnar=False` parses every block record by record
-    (the fallback path; for tests and the benchmark)."""
+    (the fallback path; for tests and the benchmark).
+
+    Pipelined: while a block is turned into spans and written, Arrow parses the next one on a parser thread
+    (its JSON reader runs in C++ without the GIL), so at most two blocks are in memory."""
     files = expand_paths(paths)
     summary = IngestSummary(files=len(files))
     root.mkdir(parents=True, exist_ok=True)
-    for path in files:
-        raw, stream = _open(path)
-        with raw, stream:
-            position = 0
-            line_no = 0
-            source = str(path)
-            while True:
-                rejections: list[Rejection] = []
-                try:
-                    lines = stream.readlines(block_bytes)
-                except (OSError, EOFError) as e:  # a truncated or corrupt .gz: keep what was read before
-                    rejections.append(Rejection(source, line_no + 1, f"unreadable: {e}", ""))
-                    summary.add_rejections(rejections, 1)
-                    _quarantine(root, rejections, summary)
-                    break
-                if not lines:
-                    break
-                first = line_no + 1
-                line_no += len(lines)
-                whole = _ingest_block(root, lines, first, source, columnar, summary, rejections)
-                summary.add_rejections(rejections, whole)
-                _quarantine(root, rejections, summary)
-                if on_progress is not None:
-                    now = raw.tell()
-                    on_progress(now - position)
-                    position = now
-            summary.lines += line_no
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser:
+        for path in files:
+            raw, stream = _open(path)
+            with raw, stream:
+                position = 0
+                line_no = 0
+                source = str(path)
+                pending: _Block | None = None
+                while True:
+                    try:
+                        lines = stream.readlines(block_bytes)
+                    except (OSError, EOFError) as e:  # a truncated or corrupt .gz: keep what was read before
+                        unreadable = [Rejection(source, line_no + 1, f"unreadable: {e}", "")]
+                        summary.add_rejections(unreadable, 1)
+                        _quarantine(root, unreadable, summary)
+                        break
+                    if not lines:
+                        break
+                    block = _Block(lines, line_no + 1, parser.submit(_parse, lines) if columnar else None,
+                                   raw.tell())
+                    line_no += len(lines)
+                    if pending is not None:
+                        position = _finish_block(root, pending, source, summary, on_progress, position)
+                    pending = block
+                if pending is not None:
+                    _finish_block(root, pending, source, summary, on_progress, position)
+                summary.lines += line_no
     return summary
+
+
+def _finish_block(root: Path, block: _Block, source: str, summary: IngestSummary,
+                  on_progress: Callable[[int], None] | None, position: int) -> int:
+    """Stores one block; returns the file position progress has been reported to."""
+    rejections: list[Rejection] = []
+    parsed = block.parsed.result() if block.parsed is not None else None
+    whole = _ingest_block(root, block.lines, block.first_line, source, parsed, summary, rejections)
+    summary.add_rejections(rejections, whole)
+    _quarantine(root, rejections, summary)
+    if on_progress is not None:
+        on_progress(block.read_to - position)
+    return block.read_to
 
 
 def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary) -> None:
@@ -146,15 +184,10 @@ def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary)
         summary.quarantine.append(path)
 
 
-def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, columnar: bool,
+def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, parsed: pa.Table | None,
                   summary: IngestSummary, rejections: list[Rejection]) -> int:
-    """Parses and stores one block of lines; returns how many lines were rejected whole."""
-    table = None
-    if columnar:
-        content = [line for line in lines if line.strip()]
-        if content:
-            table = decode_block(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in content),
-                                 max(map(len, content)))
+    """Stores one block of lines (`parsed` by Arrow, or None); returns how many lines were rejected whole."""
+    table = spans_table(parsed) if parsed is not None else None
     whole = 0
     if table is None:
         batch = SpanBatch()
