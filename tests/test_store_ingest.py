@@ -376,6 +376,17 @@ _attribute_value = st.one_of(
     st.lists(st.text(max_size=5), max_size=4).map(
         lambda xs: {"arrayValue": {"values": [{"stringValue": x} for x in xs]}}),
 )
+_event_value = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: {"intValue": str(i)}),
+    st.sampled_from(["007", "-0", "+1"]).map(lambda s: {"intValue": s}),  # not as int() writes them back
+    st.text(max_size=5).map(lambda s: {"stringValue": s}),
+)
+_event = st.fixed_dictionaries(
+    {"timeUnixNano": st.integers(0, 2**63 - 1).map(str)},
+    optional={"name": st.sampled_from(["first_token", "prefill_chunk", ""]),
+              "attributes": st.lists(st.tuples(st.sampled_from(["a", "b", "infertrace.chunk.tokens", 'q"', "é"]),
+                                               _event_value), max_size=3).map(
+                  lambda kvs: [{"key": k, "value": v} for k, v in kvs])})
 _valid_span = st.fixed_dictionaries({
     "traceId": st.integers(1, 2**128 - 1).map(lambda i: f"{i:032x}"),
     "spanId": st.integers(1, 2**64 - 1).map(lambda i: f"{i:016x}"),
@@ -386,7 +397,37 @@ _valid_span = st.fixed_dictionaries({
     "attributes": st.dictionaries(st.sampled_from(["k1", "k2", "k3", sc.REQUEST_ID]), _attribute_value,
                                   max_size=4).map(lambda d: [{"key": k, "value": v} for k, v in d.items()]),
 }, optional={"parentSpanId": st.integers(1, 2**64 - 1).map(lambda i: f"{i:016x}"),
+             "events": st.lists(_event, max_size=3),
              "status": st.fixed_dictionaries({"code": st.integers(0, 2)}, optional={"message": st.text(max_size=5)})})
+
+
+def test_integer_events_are_built_vectorised_as_the_per_event_path_builds_them() -> None:
+    import io
+
+    import pyarrow.json as pj
+
+    from infertrace.store import columnar
+
+    spans = [{"traceId": "1" * 32, "spanId": f"{i + 1:016x}", "name": "llm_request", "startTimeUnixNano": "5",
+              "endTimeUnixNano": "9", "events": events} for i, events in enumerate([
+                  [{"timeUnixNano": "7", "name": "first_token", "attributes": []}],
+                  [{"timeUnixNano": "6", "name": "prefill_chunk", "attributes": [
+                      {"key": "infertrace.chunk.tokens", "value": {"intValue": "512"}},
+                      {"key": "infertrace.chunk.computed_tokens", "value": {"intValue": "-3"}}]},
+                   {"timeUnixNano": "8"}],
+                  [], None])]
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode() + b"\n"
+    parsed = pj.read_json(io.BytesIO(line), parse_options=columnar._PARSE)
+    events = parsed.column("resourceSpans").combine_chunks().flatten().field("scopeSpans").flatten().field(
+        "spans").flatten().field("events")
+    fast = columnar._integer_events(events)
+    assert fast is not None and fast.equals(columnar._events_in_python(events))
+    assert fast.to_pylist() == [
+        [{"time_ns": 7, "name": "first_token", "attributes": "{}"}],
+        [{"time_ns": 6, "name": "prefill_chunk",
+          "attributes": '{"infertrace.chunk.tokens":512,"infertrace.chunk.computed_tokens":-3}'},
+         {"time_ns": 8, "name": "", "attributes": "{}"}],
+        None, None]
 
 
 @settings(max_examples=100, deadline=None)
