@@ -9,6 +9,8 @@ Each contender runs in a fresh subprocess that reports its own wall time and pea
 
 - `columnar`: `ingest_paths` as `infertrace ingest` runs it, on the whole file and on its first
   `--baseline-spans` spans (memory must not grow with the file);
+- `Arrow JSON reader alone`: only the parse that ingest's fast path starts with (`columnar.parse_block`,
+  block by block), nothing flattened or written: the ceiling of this design on this machine;
 - `record`: the record-by-record fallback path on the prefix (for reference);
 - `pandas`: `json.loads` per line, `pandas.json_normalize` of the spans and of their attributes, pivoted to
   one column per key, on the prefix. It does not write its result, which flatters it. On the whole file it
@@ -78,6 +80,16 @@ start = time.perf_counter()  # after the imports
 if kind in ("columnar", "record"):
     summary = ingest_paths(store, [path], columnar=kind == "columnar")
     spans = summary.spans_read
+elif kind == "arrow-parse":  # Arrow's JSON reader alone, block by block as ingest calls it: the ceiling
+    import pyarrow.compute as pc
+    from infertrace.store.columnar import parse_block
+    from infertrace.store.ingest import DEFAULT_BLOCK_BYTES
+    spans = 0
+    with open(path, "rb") as f:
+        while lines := f.readlines(DEFAULT_BLOCK_BYTES):
+            table = parse_block(b"".join(lines), max(map(len, lines)))
+            scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
+            spans += pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 else:
     frames = []
     with open(path, "rb") as f:
@@ -134,6 +146,7 @@ def main() -> None:
     store = args.workdir / "store"
     results = {
         "columnar, whole file": run("columnar", full, store),
+        "Arrow JSON reader alone (no flattening, no writing), whole file": run("arrow-parse", full, store),
         "columnar, prefix": run("columnar", part, store),
         "record, prefix": run("record", part, store),
         "pandas json_normalize, prefix": run("pandas", part, store),
