@@ -322,7 +322,7 @@ class _Found:
     victim_stall: np.ndarray
     victim_ids: pa.Array
     victim_itls: np.ndarray
-    culprits: pd.DataFrame  # stall, request_id, tenant, chunk_tokens, computed_tokens, recompute, excess_ns
+    culprits: pd.DataFrame  # stall, request_id, tenant, chunk_tokens, computed_tokens, recompute, share, excess_ns
     cost_fits: list[tuple[float, float, float]]  # per stall: its engine's chunk cost fit
 
 
@@ -376,7 +376,16 @@ def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
     victim_ids = cand.victim_ids.take(pa.array(positions, type=pa.int64()))
     victim_itls = cand.victim_itls[positions]
 
-    # Causes per stall, from whether its culprits recompute a preempted request and whether it paused.
+    stalls = _stall_objects(rows, culprits, victim_ids.to_pylist(), victim_itls.tolist(), offsets.tolist())
+    fits = [cost_fit.get(instance, (0.0, 0.0, 0.0)) for instance in rows["instance"].tolist()]
+    return _Found(stalls, np.repeat(np.arange(len(rows)), np.diff(offsets)), victim_ids, victim_itls, culprits, fits)
+
+
+def _stall_objects(rows: pd.DataFrame, culprits: pd.DataFrame, ids: list[str], itls: list[int],
+                   bounds: list[int]) -> tuple[Stall, ...]:
+    """One `Stall` per row of `rows`, with its culprit chunks and its victims (rows `bounds[k]:bounds[k + 1]`
+    of `ids` and `itls`); its causes from whether its culprits recompute a preempted request and whether the
+    host paused in it."""
     recompute = culprits["recompute"].to_numpy(dtype=bool)
     stall_of = culprits["stall"].to_numpy()
     n_recompute = np.bincount(stall_of[recompute], minlength=len(rows))
@@ -389,23 +398,18 @@ def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
         culprits["computed_tokens"].tolist(), recompute.tolist(), culprits["share"].tolist(),
         culprits["excess_ns"].tolist(), strict=True)]
     culprit_offsets = np.concatenate([[0], np.cumsum(np.bincount(stall_of, minlength=len(rows)))]).tolist()
-    ids = victim_ids.to_pylist()
-    itl_list = victim_itls.tolist()
-    bounds = offsets.tolist()
-    stalls = tuple(Stall(
+    return tuple(Stall(
         instance=instance, model=model, policy=policy, step_index=step_index, start_ns=start_ns, end_ns=end_ns,
         duration_ns=duration_ns, decode_only_ns=decode_only_ns, excess_ns=excess_ns, pause_ns=pause_ns,
         threshold_ns=threshold_ns, causes=causes[k],
         culprits=tuple(culprit_objects[culprit_offsets[k]:culprit_offsets[k + 1]]),
-        victims=tuple(ids[bounds[k]:bounds[k + 1]]), victim_itls_ns=tuple(itl_list[bounds[k]:bounds[k + 1]]))
+        victims=tuple(ids[bounds[k]:bounds[k + 1]]), victim_itls_ns=tuple(itls[bounds[k]:bounds[k + 1]]))
         for k, (instance, model, policy, step_index, start_ns, end_ns, duration_ns, decode_only_ns, excess_ns,
                 pause_ns, threshold_ns) in enumerate(zip(
             rows["instance"].tolist(), _none_for_null(rows["model"]), _none_for_null(rows["policy"]),
             rows["step_index"].tolist(), rows["start_ns"].tolist(), rows["end_ns"].tolist(),
             rows["duration_ns"].tolist(), rows["decode_only_ns"].tolist(), rows["excess_ns"].tolist(),
             rows["pause_ns"].tolist(), rows["threshold_ns"].tolist(), strict=True)))
-    fits = [cost_fit.get(instance, (0.0, 0.0, 0.0)) for instance in rows["instance"].tolist()]
-    return _Found(stalls, np.repeat(np.arange(len(rows)), np.diff(offsets)), victim_ids, victim_itls, culprits, fits)
 
 
 def _culprit_chunks(chunks: pd.DataFrame, rows: pd.DataFrame,
@@ -485,10 +489,13 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_st
     starts = _segment_starts(victim * width + culprit)
     excess, first = np.add.reduceat(culprit_excess[flat_idx], starts), flat_idx[starts]
     victim, culprit = victim[starts], culprit[starts]
-    # Per victim the largest excess, ties to the earliest meeting.
-    best = np.lexsort((first, -excess, victim))
-    best = best[_segment_starts(victim[best])]
-    top[victim[best]] = culprit[best]
+    # Per victim (its pairs are contiguous) the largest excess, ties to the earliest meeting.
+    runs = _segment_starts(victim)
+    lengths = np.diff(np.r_[runs, len(victim)])
+    largest = np.repeat(np.maximum.reduceat(excess, runs), lengths)
+    earliest = np.minimum.reduceat(np.where(excess == largest, first, np.iinfo(np.int64).max), runs)
+    winner = (excess == largest) & (first == np.repeat(earliest, lengths))
+    top[victim[winner]] = culprit[winner]
     return top
 
 
@@ -565,13 +572,13 @@ def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[
             prompts[rid] = (_opt_int(inp), _opt_int(cached))
     tenants = _none_for_null(culprits_frame["tenant"])
     recompute = culprits_frame["recompute"].to_numpy(dtype=bool)
-    culprits = []
-    for g, row in enumerate(first_row.tolist()):
-        rid = c_request_list[c_request_codes[row]]
-        culprits.append(CulpritSummary(
-            rid, tenants[row], inst_list[inst_codes[c_stall[row]]], *prompts.get(rid, (None, None)),
-            int(chunk_tokens[g]), int(stall_counts[g]), int(distinct_victims[g]), int(stall_ns[g]),
-            int(victim_stall_ns[g]), bool(recompute[row])))
+    culprits = [CulpritSummary(rid, tenants[row], inst_list[inst], *prompts.get(rid, (None, None)), chunks, stalls_in,
+                               victims_in, added, handed_out, again)
+                for rid, row, inst, chunks, stalls_in, victims_in, added, handed_out, again in zip(
+                    [c_request_list[c] for c in c_request_codes[first_row].tolist()], first_row.tolist(),
+                    inst_codes[c_stall[first_row]].tolist(), chunk_tokens.astype(np.int64).tolist(),
+                    stall_counts.tolist(), distinct_victims.tolist(), stall_ns.astype(np.int64).tolist(),
+                    victim_stall_ns.astype(np.int64).tolist(), recompute[first_row].tolist(), strict=True)]
     culprits.sort(key=lambda c: (-c.victim_stall_ns, c.request_id))
 
     # Per victim (instance, request), in order of first appearance: one row per (stall, victim).
