@@ -241,7 +241,7 @@ def _chunk_cost_fit(excess: np.ndarray, tokens: np.ndarray, pairs: np.ndarray) -
 
 # ----------------------------------------------------------------------------------------- analysis
 def _register(store: Store) -> None:
-    materialize_once(store, ("steps", "step_membership"))
+    materialize_once(store, ("step_membership",))
     for name in ("itl_request_tokens", "itl_token_gaps"):
         store.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {query_text(name)}")
 

@@ -35,24 +35,20 @@ WITH span AS (
     WHERE name = 'engine_step'
 ),
 step AS (
-    -- Each step's end relative to the span's start: the running sum of the durations, computed per span
-    -- with list functions (a window over every step of the store would sort them all).
     SELECT
-        * EXCLUDE (durations, offsets),
+        *,
         unnest(range(len(durations))) AS run_position,
         unnest(durations) AS duration_ns,
-        unnest(offsets) AS end_offset_ns,
         len(durations) AS run_steps
-    FROM (
-        SELECT *, list_transform(durations, lambda d, i: list_sum(durations[1:i])) AS offsets
-        FROM span
-    )
+    FROM span
 )
 SELECT
     instance, service, model, hardware, policy,
     first_index + run_position AS step_index,
-    CAST(span_start_ns + end_offset_ns AS BIGINT) - duration_ns AS start_ns,
-    CAST(span_start_ns + end_offset_ns AS BIGINT) AS end_ns,
+    -- A step's end: the span's start plus the running sum of the durations, computed per step with a list
+    -- sum (a window over every step of the store would sort them all), and only for the steps a query keeps.
+    CAST(span_start_ns + list_sum(durations[1:run_position + 1]) AS BIGINT) - duration_ns AS start_ns,
+    CAST(span_start_ns + list_sum(durations[1:run_position + 1]) AS BIGINT) AS end_ns,
     duration_ns,
     trace_id, span_id, run_position, run_steps,
     prefill_tokens, decode_tokens, num_prefills, num_decodes,
