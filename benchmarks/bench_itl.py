@@ -61,8 +61,11 @@ def merge_asof_join(store: Store) -> tuple[int, float, float, float]:
     up to 256 ns). Keys are integer codes, as one
     would write it for speed. Returns (tokens, wall seconds, CPU seconds, share of ITLs equal to the store's
     `itl_ns`)."""
-    steps = store.sql("SELECT instance, end_ns, step_index FROM steps").df()
-    tokens = store.sql("SELECT request_id, instance, time_ns, itl_ns FROM tokens").df()
+    # Fetched in a fixed order (each engine's steps in order, each request's tokens in order), so the timed
+    # part does the same sorting whatever order DuckDB would otherwise return rows in.
+    steps = store.sql("SELECT instance, end_ns, step_index FROM steps ORDER BY instance, step_index").df()
+    tokens = store.sql("SELECT request_id, instance, time_ns, itl_ns FROM tokens "
+                       "ORDER BY request_id, token_index").df()
     started, cpu_started = time.perf_counter(), time.process_time()
     n_steps = len(steps)
     codes = pd.factorize(pd.concat([steps["instance"], tokens["instance"]], ignore_index=True))[0]
