@@ -309,8 +309,7 @@ class _Candidates:
         """(positions in the flat victim arrays of the given steps' victims, in step order; new offsets)."""
         lengths = self.offsets[rows + 1] - self.offsets[rows]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        positions = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        return positions, offsets
+        return _ranges(self.offsets[rows], lengths), offsets
 
 
 @dataclass(frozen=True)
@@ -439,13 +438,22 @@ def _culprit_chunks(chunks: pd.DataFrame, rows: pd.DataFrame,
                 "excess_ns"]]
 
 
+def _is_null(value: Any) -> bool:
+    """None, pd.NA or NaN: how a null reaches Python from DuckDB, Arrow or pandas."""
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
 def _none_for_null(column: pd.Series) -> list[Any]:
-    """A column's values with every null (None, NaN, pd.NA) as None."""
-    return [None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in column.tolist()]
+    """A column's values with every null as None."""
+    return [None if _is_null(v) else v for v in column.tolist()]
 
 
 def _opt_int(value: Any) -> int | None:
-    return None if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA else int(value)
+    return None if _is_null(value) else int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if _is_null(value) else str(value)
 
 
 def _segment_starts(groups: np.ndarray) -> np.ndarray:
@@ -453,6 +461,12 @@ def _segment_starts(groups: np.ndarray) -> np.ndarray:
     if len(groups) == 0:
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """`range(starts[k], starts[k] + lengths[k])` for every k, concatenated."""
+    before = np.cumsum(lengths) - lengths  # where each range begins in the result
+    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()))
 
 
 def _segment_sums(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -477,8 +491,7 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_st
     n = per_stall[victim_stall]  # culprits per victim row
     keep = n > 0
     rows = np.repeat(np.flatnonzero(keep), n[keep])
-    within = np.arange(len(rows)) - np.repeat(np.cumsum(n[keep]) - n[keep], n[keep])
-    flat_idx = c_start[victim_stall[rows]] + within  # culprit row: stall order, then culprit order
+    flat_idx = _ranges(c_start[victim_stall[keep]], n[keep])  # culprit row: stall order, then culprit order
     if not len(rows):
         return top
     # One row per (victim, culprit): the excess summed, and where the culprit first met the victim. Rows of a
@@ -556,10 +569,9 @@ def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[
     stall_start = np.cumsum(n_victims) - n_victims
     reps = n_victims[c_stall]
     pair_rows = np.repeat(np.arange(len(group)), reps)
-    within = np.arange(len(pair_rows)) - np.repeat(np.cumsum(reps) - reps, reps)
-    pair_victims = id_codes[stall_start[c_stall[pair_rows]] + within] if len(pair_rows) else np.zeros(0, np.int64)
+    pair_victims = id_codes[_ranges(stall_start[c_stall], reps)]
     pairs = np.sort(group[pair_rows] * n_ids + pair_victims)
-    distinct = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs
+    distinct = pairs[_segment_starts(pairs)]
     distinct_victims = np.bincount(distinct // n_ids, minlength=n_groups)
 
     prompts: dict[str, tuple[int | None, int | None]] = {}
@@ -656,6 +668,3 @@ def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[
             _counterfactual_p99(values, weights, olds, mine_cuts["bounded"].to_numpy()), m))
     return ItlAnalysis(p, tuple(engines), stalls, tuple(culprits), tuple(victims), tuple(unexplained))
 
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None or value is pd.NA or (isinstance(value, float) and value != value) else str(value)
