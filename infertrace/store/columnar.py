@@ -252,10 +252,13 @@ def _integer_events(events: pa.Array) -> pa.Array | None:
     if kv.null_count or kv.field("key").null_count:
         return None
     values = kv.field("value")
+    if len(kv):
+        try:
+            if _value_kind(values) != "intValue":
+                return None  # not integers only
+        except _Fallback:
+            return None  # mixed kinds or empty values: the per-event path decides
     ints = values.field("intValue")
-    others = [values.field(name) for name in _VALUE_FIELDS if name != "intValue"]
-    if len(kv) and (values.null_count or ints.null_count or any(len(o) - o.null_count for o in others)):
-        return None  # not integers only
     keys = kv.field("key")
     if len(kv) and not (pc.all(pc.match_substring_regex(keys, _PLAIN_KEY)).as_py()
                         and pc.all(pc.match_substring_regex(ints, _CANONICAL_INT)).as_py()):
