@@ -97,6 +97,14 @@ class DevTools:
         path.write_bytes(base64.b64decode(data))
 
 
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 @pytest.fixture(scope="module")
 def served_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the prefill_storm sample's store (the refresh test writes into it)."""
@@ -115,11 +123,7 @@ def dashboard_url(served_store: Path) -> Iterator[str]:
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90)
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        _stop(process)
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +153,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
             tools.call("Runtime.enable")
             yield tools
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        _stop(process)
         shutil.rmtree(profile, ignore_errors=True)
 
 
