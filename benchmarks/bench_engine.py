@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
-from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.simulate import simulate
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.workload import azure_requests
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "azure_conv_2023.csv"

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reference_engine.fleet import Fleet
-from reference_engine.fleet_config import load_fleet
-from reference_engine.fleet_workload import fleet_requests
-from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.fleet.config import load_fleet
+from reference_engine.fleet.fleet import Fleet
+from reference_engine.fleet.workload import fleet_requests
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 
 DEFAULT_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleets" / "four_models.toml"
 

@@ -35,9 +35,9 @@ AZURE = ROOT.parent / "shared" / "workloads" / "azure_conv_2023.csv"
 
 def generate(path: Path, spans: int) -> int:
     """Writes whole OTLP JSON lines until at least `spans` spans; returns the exact count."""
-    from reference_engine.config import EngineConfig
-    from reference_engine.otlp import OtlpJsonLinesWriter
+    from reference_engine.engine.config import EngineConfig
     from reference_engine.simulate import WorkloadSpec, simulate
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 
     total = 0
     seed = 0

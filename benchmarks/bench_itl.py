@@ -31,10 +31,10 @@ def prepare(work: Path, duration: float, seed: int) -> Path:
     store_dir = work / "store"
     if (store_dir / "READY").is_file():
         return store_dir
-    from reference_engine.fleet import Fleet
-    from reference_engine.fleet_workload import fleet_requests
-    from reference_engine.otlp import OtlpJsonLinesWriter
-    from reference_engine.scenarios import random_fleet
+    from reference_engine.fleet.fleet import Fleet
+    from reference_engine.fleet.workload import fleet_requests
+    from reference_engine.scenarios.families import random_fleet
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 
     work.mkdir(parents=True, exist_ok=True)
     fleet = random_fleet(random.Random(seed), "bench-itl", num_models=4)

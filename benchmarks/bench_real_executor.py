@@ -22,16 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_engine.calibration import calibrate, calibration_requests, evaluate, measure_calibration_run
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine, StepReport
-from reference_engine.hardware import hardware
-from reference_engine.models import model
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.real_executor import RealExecutor
-from reference_engine.sequence import Sequence
-from reference_engine.tracer import EngineTracer, engine_resource
-from reference_engine.transformer import Transformer, limit_cpu_threads
+from reference_engine.compute.calibration import calibrate, calibration_requests, evaluate, measure_calibration_run
+from reference_engine.compute.ops import limit_cpu_threads
+from reference_engine.compute.real_executor import RealExecutor
+from reference_engine.compute.transformer import Transformer
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.llm_engine import LLMEngine, StepReport
+from reference_engine.engine.models import model
+from reference_engine.engine.sequence import Sequence
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 
 
 class TimedTracer:

@@ -11,7 +11,6 @@ spikes with named culprit prefills. The demo simulates it with the reference eng
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,19 +97,16 @@ class DemoRun:
 
 
 def demo_scenario(seed: int = DEMO_SEED, duration_s: float = DEMO_DURATION_S) -> Any:
-    from reference_engine.fleet_config import parse_fleet
-    from reference_engine.scenarios import make_scenario
+    from reference_engine.api import scenario_on_fleet
 
-    fleet = parse_fleet(tomllib.loads(DEMO_FLEET))
-    return make_scenario("router_degradation", seed, name="demo-router-degradation", duration_s=duration_s,
-                         fleet=fleet)
+    return scenario_on_fleet(DEMO_FLEET, "router_degradation", seed, "demo-router-degradation", duration_s)
 
 
 def run_demo(out: Path, seed: int = DEMO_SEED, duration_s: float = DEMO_DURATION_S) -> DemoRun:
     """Simulate the demo incident into `out/scenario/` (traces, fleet file, ground truth) and ingest the
     traces into the store `out/`. An existing store at `out` is reused: re-ingesting adds nothing."""
     from infertrace.store.ingest import ingest_paths
-    from reference_engine.scenarios import TRACES_FILE, TRUTH_FILE, run_scenario
+    from reference_engine.api import TRACES_FILE, TRUTH_FILE, run_scenario
 
     scenario_dir = out / "scenario"
     truth_path = scenario_dir / TRUTH_FILE

@@ -6,13 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import EngineObserver, LLMEngine
-from reference_engine.executor import Executor, SimulatedExecutor
-from reference_engine.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
-from reference_engine.sequence import Request
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.executor import Executor, SimulatedExecutor
+from reference_engine.engine.llm_engine import EngineObserver, LLMEngine
+from reference_engine.engine.sequence import Request
 from reference_engine.stats import SimulationStats, Summary
-from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import SyntheticWorkload, azure_requests, mooncake_requests, synthetic_requests
 
 WORKLOAD_KINDS = ("synthetic", "azure", "mooncake")

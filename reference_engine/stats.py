@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference_engine.engine import StepReport
-from reference_engine.sequence import Sequence
+from reference_engine.engine.llm_engine import StepReport
+from reference_engine.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)

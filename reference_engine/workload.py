@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 
 DEFAULT_EPOCH_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: synthetic traffic starts here
 MOONCAKE_BLOCK_TOKENS = 512

@@ -19,8 +19,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from reference_engine.fleet_config import FleetSpec, fleet_to_toml, parse_fleet  # noqa: E402
-from reference_engine.scenarios import make_scenario, run_scenario  # noqa: E402
+from reference_engine.fleet.config import FleetSpec, fleet_to_toml, parse_fleet  # noqa: E402
+from reference_engine.scenarios.bank import run_scenario  # noqa: E402
+from reference_engine.scenarios.families import make_scenario  # noqa: E402
 
 GATEWAY = """
 [[auth]]

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.config import EngineConfig
-from reference_engine.cost_model import StepCostModel
-from reference_engine.engine import LLMEngine, StepReport
-from reference_engine.executor import SimulatedExecutor
-from reference_engine.hardware import hardware
-from reference_engine.models import model
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.sequence import Request, Sequence
-from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.executor import SimulatedExecutor
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.llm_engine import LLMEngine, StepReport
+from reference_engine.engine.models import model
+from reference_engine.engine.sequence import Request, Sequence
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 
 T0 = 1_767_225_600 * 10**9
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from infertrace import semconv as sc
-from reference_engine.fleet import Fleet, FleetSummary
-from reference_engine.fleet_config import FleetSpec, parse_fleet
-from reference_engine.fleet_workload import fleet_requests
-from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.fleet.config import FleetSpec, parse_fleet
+from reference_engine.fleet.fleet import Fleet, FleetSummary
+from reference_engine.fleet.workload import fleet_requests
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.workload import DEFAULT_EPOCH_NS
 from tests.otlp_proto import token_times
 

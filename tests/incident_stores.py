@@ -26,7 +26,8 @@ class IncidentStore:
 
 @functools.cache
 def incident_store(family: str, seed: int = 1, duration_s: float = 120.0) -> IncidentStore:
-    from reference_engine.scenarios import make_scenario, run_scenario
+    from reference_engine.scenarios.bank import run_scenario
+    from reference_engine.scenarios.families import make_scenario
 
     root = Path(tempfile.mkdtemp(prefix=f"{family}-", dir=_SESSION.name))
     scenario = make_scenario(family, seed, duration_s=duration_s)

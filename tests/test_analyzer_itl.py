@@ -13,9 +13,9 @@ from infertrace.analyzers.itl_requests import (
     iteration_spikes,
     parse_iteration_log,
 )
-from reference_engine.config import EngineConfig
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 from tests.engine_runs import T0, run_to_store
 
 COLLISION = T0 + 3 * 10**9

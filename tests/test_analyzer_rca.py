@@ -15,7 +15,7 @@ from infertrace.analyzers.rca import analyze_incidents, describe, ochiai
 from infertrace.analyzers.topology import read_topology
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.otlp import SPAN_KIND_SERVER, STATUS_ERROR, OtlpJsonLinesWriter, SpanRecord
+from reference_engine.telemetry.otlp import SPAN_KIND_SERVER, STATUS_ERROR, OtlpJsonLinesWriter, SpanRecord
 from tests.fleet_traces import fleet_from_toml, simulate_fleet
 
 EPOCH = 1_767_225_600_000_000_000

@@ -9,14 +9,14 @@ import numpy as np
 from infertrace.analyzers.prefix_cache import Price, PriceTable, analyze_prefix_cache
 from infertrace.analyzers.roofline import HARDWARE, MODELS, analyze_prefill_roofline
 from infertrace.analyzers.ttft import analyze_ttft
-from reference_engine.config import EngineConfig
-from reference_engine.cost_model import StepCostModel
-from reference_engine.hardware import HARDWARE as ENGINE_HARDWARE
-from reference_engine.hardware import hardware
-from reference_engine.models import MODELS as ENGINE_MODELS
-from reference_engine.models import model
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.hardware import HARDWARE as ENGINE_HARDWARE
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.models import MODELS as ENGINE_MODELS
+from reference_engine.engine.models import model
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 from tests.engine_runs import T0, run_to_store
 
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infertrace.cli import app
-from reference_engine.calibration import (
+from reference_engine.compute.calibration import (
     calibrate,
     evaluate,
     load_cost_params,
@@ -19,10 +19,10 @@ from reference_engine.calibration import (
     predict_seconds,
     steps_from_csv,
 )
-from reference_engine.cost_model import CostParams, StepCostModel
-from reference_engine.hardware import hardware
-from reference_engine.models import model
-from reference_engine.real_executor import MeasuredStep, RealExecutor
+from reference_engine.compute.real_executor import MeasuredStep, RealExecutor
+from reference_engine.engine.cost_model import CostParams, StepCostModel
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.models import model
 
 SPEC, HW = model("llama-3-8b"), hardware("H100-SXM")
 

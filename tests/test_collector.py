@@ -27,9 +27,9 @@ from infertrace.otlp_json import message_to_otlp_json
 from infertrace.store.collector import Collector
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.config import EngineConfig
-from reference_engine.otlp import OtlpJsonLinesWriter, SdkExporterSink
+from reference_engine.engine.config import EngineConfig
 from reference_engine.simulate import simulate
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SdkExporterSink
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
 
 

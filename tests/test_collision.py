@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from infertrace import semconv as sc
-from reference_engine.config import EngineConfig
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 from reference_engine.simulate import simulate
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from tests.otlp_proto import spans, token_times
 
 T0 = 1_767_225_600 * 10**9

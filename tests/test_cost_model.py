@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from reference_engine.cost_model import StepCostModel
-from reference_engine.hardware import hardware
-from reference_engine.models import model
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.models import model
 
 
 def cost(model_name: str = "llama-3-8b", hw: str = "H100-SXM", **kwargs: object) -> StepCostModel:

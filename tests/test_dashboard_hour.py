@@ -21,7 +21,8 @@ PAGES = ("views/fleet.py", "views/itl_spikes.py", "views/incidents.py", "views/p
 @pytest.mark.slow
 def test_every_page_reruns_in_under_a_second_on_an_hour_of_a_four_model_fleet(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from reference_engine.scenarios import make_scenario, random_fleet, run_scenario
+    from reference_engine.scenarios.bank import run_scenario
+    from reference_engine.scenarios.families import make_scenario, random_fleet
 
     root = tmp_path
     fleet = random_fleet(random.Random(4), "hour", num_models=4)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from infertrace import semconv as sc
-from reference_engine.models import model
-from reference_engine.scenarios import TRACES_FILE, make_scenario, run_scenario
+from reference_engine.engine.models import model
+from reference_engine.scenarios.bank import TRACES_FILE, run_scenario
+from reference_engine.scenarios.families import make_scenario
 from tests.fleet_traces import ParsedSpan, Traces, fleet_from_toml, simulate_fleet
 from tests.otlp_proto import token_times
 

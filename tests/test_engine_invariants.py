@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine, StepReport
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request, Sequence, SequenceStatus
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine, StepReport
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
 
 T0 = 1_767_225_600 * 10**9
 

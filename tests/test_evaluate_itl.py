@@ -9,17 +9,17 @@ from typer.testing import CliRunner
 
 from infertrace.cli import app
 from infertrace.evaluation.itl import evaluate_itl
-from reference_engine.config import EngineConfig
-from reference_engine.cost_model import StepCostModel
-from reference_engine.engine import LLMEngine
-from reference_engine.executor import SimulatedExecutor
-from reference_engine.ground_truth import StallRecorder, itl_truth
-from reference_engine.hardware import hardware
-from reference_engine.models import model
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
-from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.executor import SimulatedExecutor
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.engine.models import model
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
+from reference_engine.scenarios.ground_truth import StallRecorder, itl_truth
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 
 T0 = 1_767_225_600 * 10**9
 

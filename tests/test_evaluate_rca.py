@@ -30,7 +30,8 @@ def test_avg_at_5_is_the_mean_of_ac_at_1_to_5() -> None:
 
 @pytest.mark.slow
 def test_a_small_generated_bank_is_scored(tmp_path: Path) -> None:
-    from reference_engine.scenarios import make_scenario, run_scenario
+    from reference_engine.scenarios.bank import run_scenario
+    from reference_engine.scenarios.families import make_scenario
 
     for k, family in enumerate(("router_degradation", "engine_regression")):
         run_scenario(make_scenario(family, 11 + k, f"{k:03d}-{family}", duration_s=300.0), tmp_path / f"{k:03d}")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from infertrace import semconv as sc
 from infertrace.cli import app
-from reference_engine.fleet_config import FleetFileError, fleet_to_toml, load_fleet, parse_fleet
+from reference_engine.fleet.config import FleetFileError, fleet_to_toml, load_fleet, parse_fleet
 from tests import otlp_proto
 from tests.fleet_traces import Traces, fleet_from_toml, simulate_fleet
 

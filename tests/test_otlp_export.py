@@ -14,15 +14,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from infertrace import semconv as sc
-from reference_engine.config import EngineConfig
-from reference_engine.otlp import (
+from reference_engine.engine.config import EngineConfig
+from reference_engine.simulate import simulate
+from reference_engine.telemetry.otlp import (
     Attributes,
     OtlpJsonLinesWriter,
     SdkExporterSink,
     SpanRecord,
     encode_attributes,
 )
-from reference_engine.simulate import simulate
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
 from tests.otlp_proto import attributes, read_traces, spans
 

@@ -16,14 +16,15 @@ import pytest
 from typer.testing import CliRunner
 
 from infertrace.cli import app
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
-from reference_engine.kv_cache import PagedKVCache
-from reference_engine.models import model
-from reference_engine.prompt import Prompt
-from reference_engine.real_executor import RealExecutor
-from reference_engine.sequence import Request, Sequence
-from reference_engine.transformer import NumpyOps, Transformer, sample
+from reference_engine.compute.kv_cache import PagedKVCache
+from reference_engine.compute.ops import NumpyOps
+from reference_engine.compute.real_executor import RealExecutor
+from reference_engine.compute.transformer import Transformer, sample
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.engine.models import model
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request, Sequence
 
 SPEC = model("tiny")
 TOL = {"float64": 1e-9, "float32": 1e-3}

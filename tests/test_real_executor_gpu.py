@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
-from reference_engine.models import model
-from reference_engine.prompt import Prompt
-from reference_engine.real_executor import RealExecutor
-from reference_engine.sequence import Request
+from reference_engine.compute.real_executor import RealExecutor
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.engine.models import model
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 
 pytestmark = pytest.mark.gpu
 SPEC = model("tiny")

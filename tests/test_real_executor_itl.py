@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from infertrace import semconv as sc
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
-from reference_engine.models import model
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.prompt import Prompt
-from reference_engine.real_executor import RealExecutor
-from reference_engine.sequence import Request
-from reference_engine.tracer import EngineTracer, engine_resource
-from reference_engine.transformer import Transformer, limit_cpu_threads
+from reference_engine.compute.ops import limit_cpu_threads
+from reference_engine.compute.real_executor import RealExecutor
+from reference_engine.compute.transformer import Transformer
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.engine.models import model
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from tests.otlp_proto import spans, token_times
 
 SPEC = model("tiny")

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from infertrace import semconv as sc
 from infertrace.cli import app
-from reference_engine.scenarios import FAMILIES, TRACES_FILE, TRUTH_FILE, bank, make_scenario, run_scenario
+from reference_engine.scenarios.bank import TRACES_FILE, TRUTH_FILE, bank, run_scenario
+from reference_engine.scenarios.families import FAMILIES, make_scenario
 from tests.fleet_traces import Traces, decode_step_ms, fleet_from_toml
 from tests.otlp_proto import token_times
 
@@ -292,7 +293,7 @@ def test_requests_with_an_assistant_prefill_fail_far_more_often_in_the_fail_vari
 
 
 def test_every_assistant_prefill_scenario_of_a_bank_hits_enough_requests_to_be_seen() -> None:
-    from reference_engine.scenarios import RUNAWAY_MIN_AFFECTED, _model_rate
+    from reference_engine.scenarios.families import RUNAWAY_MIN_AFFECTED, _model_rate
 
     scenarios = [s for s in bank(7, 60, 600.0, ("assistant_prefill_runaway",))]
     modes = Counter(s.fault.params["mode"] for s in scenarios if s.fault is not None)
@@ -331,7 +332,7 @@ def test_confounders_are_unrelated_smaller_faults_in_the_truth_not_the_root_caus
 def test_a_tenant_scoped_latency_blip_slows_only_that_tenants_calls(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from reference_engine.fleet_config import FaultSpec
+    from reference_engine.fleet.config import FaultSpec
 
     scenario = make_scenario("engine_regression", 2, duration_s=DURATION_S, fleet=fleet_from_toml(THREE_MODELS))
     blip = FaultSpec("auth_latency", "auth-0", 60.0, 60.0, {"extra_ms": 300.0, "tenant": "tenant-b"})

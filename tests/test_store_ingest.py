@@ -27,11 +27,11 @@ from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.segments import list_segments
 from infertrace.store.store import Store
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
-from reference_engine.otlp import OtlpJsonLinesWriter
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.simulate import simulate
-from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
 
 

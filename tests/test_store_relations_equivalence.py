@@ -17,10 +17,10 @@ import pytest
 from infertrace.analyzers import query_text
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.config import EngineConfig
-from reference_engine.fleet_config import load_fleet
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
+from reference_engine.fleet.config import load_fleet
 from tests.engine_runs import T0, run_to_store
 from tests.fleet_traces import simulate_fleet
 

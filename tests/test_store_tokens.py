@@ -9,12 +9,12 @@ import numpy as np
 
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine, StepReport
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request, Sequence
-from reference_engine.tracer import EngineTracer, engine_resource
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine, StepReport
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request, Sequence
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 
 T0 = 1_767_225_600 * 10**9
 COLLISION = T0 + 3 * 10**9  # the 64 sequences are all decoding by then

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from reference_engine.models import model
-from reference_engine.transformer import Transformer, make_ops
+from reference_engine.compute.ops import make_ops
+from reference_engine.compute.transformer import Transformer
+from reference_engine.engine.models import model
 
 SPEC = model("tiny")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.workload import (
     SyntheticWorkload,
     azure_requests,

@@ -13,7 +13,7 @@ the decode-only step the victims would otherwise have had. Per engine:
    between two tokens contains it; its excess is its duration less any pause and, when the victims decoded
    in it, less their predicted decode-only step;
 3. a step stalls its victims when the excess is at least `stall_ratio` times their decode-only step and
-   at least `min_excess_ns` (the ground truth's definition, `reference_engine/ground_truth.py`); the excess
+   at least `min_excess_ns` (the ground truth's definition, `reference_engine/scenarios/ground_truth.py`); the excess
    is split over its prefill chunks in proportion to their estimated cost (a per-engine fit of excess
    against chunk tokens and attention pairs); chunks that recompute a preempted request are labelled
    `recompute`, a pause at least as large as the threshold `host_pause`;

@@ -1,6 +1,6 @@
 """Scores ITL spike attribution against the simulator's ground truth over a scenario bank.
 
-A spike is a stalled step of one engine; the ground truth (`reference_engine/ground_truth.py`) lists each
+A spike is a stalled step of one engine; the ground truth (`reference_engine/scenarios/ground_truth.py`) lists each
 with its culprits (prefill chunks, a recompute flag for a preempted request's) and causes. A
 (spike, culprit) pair is (engine instance, step index, culprit request) for every culprit that is not a
 recompute. Precision, recall and F1 are computed over the pairs of every scenario (micro-averaged), overall,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from reference_engine.prompt import Prompt
+from reference_engine.engine.prompt import Prompt
 
 
 @dataclass(slots=True)

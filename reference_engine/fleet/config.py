@@ -33,7 +33,7 @@ bandwidth_gb_s = 12.5                  # gigabytes per second
 latency_ms = 1.0
 
 [[model]]
-name = "llama-3-8b"                    # a model spec (reference_engine.models)
+name = "llama-3-8b"                    # a model spec (reference_engine.engine.models)
 replicas = 2
 hardware = "H100-SXM"
 [model.engine]                         # any EngineConfig field
@@ -70,9 +70,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from reference_engine.config import EngineConfig
-from reference_engine.hardware import hardware
-from reference_engine.models import model as model_spec
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.models import model as model_spec
 from reference_engine.workload import SyntheticWorkload
 
 ROUTER_POLICIES = ("round_robin", "least_loaded", "prefix_aware")
@@ -200,6 +200,18 @@ class FaultSpec:
     def window_ns(self, epoch_ns: int) -> tuple[int, int]:
         start = epoch_ns + round(self.start_s * 1e9)
         return start, start + round(self.duration_s * 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """A fault in force on the fleet's clock, [start_ns, end_ns)."""
+
+    start_ns: int
+    end_ns: int
+    fault: FaultSpec
+
+    def active(self, t: int) -> bool:
+        return self.start_ns <= t < self.end_ns
 
 
 @dataclass(frozen=True)

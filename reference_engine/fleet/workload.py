@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_engine.fleet_config import FleetSpec, TenantSpec
-from reference_engine.prompt import Prompt
-from reference_engine.sequence import Request
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
+from reference_engine.fleet.config import FleetSpec, TenantSpec
 from reference_engine.workload import (
     DEFAULT_EPOCH_NS,
     SyntheticWorkload,

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from reference_engine.config import EngineConfig
-from reference_engine.cost_model import CostParams, StepCostModel
-from reference_engine.hardware import HardwareSpec
-from reference_engine.models import ModelSpec
-from reference_engine.prompt import Prompt
-from reference_engine.real_executor import MeasuredStep, RealExecutor
-from reference_engine.sequence import Request
+from reference_engine.compute.real_executor import MeasuredStep, RealExecutor
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import CostParams, StepCostModel
+from reference_engine.engine.hardware import HardwareSpec
+from reference_engine.engine.models import ModelSpec
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request
 
 PHASES = ("prefill", "decode")
 
@@ -206,7 +207,7 @@ def calibration_requests(count: int, seed: int, max_prompt_tokens: int = 1024, m
 
 def measure(config: EngineConfig, requests: list[Request], executor: RealExecutor) -> list[MeasuredStep]:
     """Serve the requests on the real executor; returns its measured steps."""
-    from reference_engine.engine import LLMEngine
+    from reference_engine.engine.llm_engine import LLMEngine
 
     executor.record_steps = True
     first = len(executor.measured)
@@ -231,3 +232,43 @@ def measure_calibration_run(executor: RealExecutor, model: str, hardware: str, s
     for k, config in enumerate(calibration_configs(model, hardware, executor.kv.num_blocks)):
         steps += measure(config, calibration_requests(requests, seed * 2 + k), executor)
     return steps
+
+
+# ----------------------------------------------------------------------------------------------- the report
+def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
+                       dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
+                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+    """Fit to a CSV of measured steps, or measure the real executor here (one run fitted, another held out);
+    with `per_phase`, also fit prefill and decode steps apart. Returns (JSON-ready report, text)."""
+    from reference_engine.engine.hardware import hardware as hardware_spec
+    from reference_engine.engine.models import model as model_spec
+
+    spec, hw = model_spec(model), hardware_spec(hardware)
+    held_out = None
+    if csv is not None:
+        steps = steps_from_csv(csv)
+    else:
+        executor = RealExecutor(spec, 2048, 16, backend=backend, device=device, dtype=dtype, seed=seed,
+                                threads=threads)
+        if on_status is not None:
+            on_status(f"measuring {model} on the real executor ({backend}, {device}, {dtype}): 2 runs × 2 "
+                      f"policies × {requests} requests")
+        steps = measure_calibration_run(executor, model, hardware, seed, requests)
+        held_out = measure_calibration_run(executor, model, hardware, seed + 1, requests)
+    result = calibrate(steps, spec, hw)
+    phases = [calibrate(steps, spec, hw, phase) for phase in PHASES] if per_phase else []
+    report = json.loads(result.to_json())
+    lines = [result.table()]
+    if held_out is not None:
+        errors, median = evaluate(held_out, spec, hw, result.params)
+        report["held_out"] = {"median_error": median, "phases": [asdict(e) for e in errors]}
+        lines.append("  held-out run: " + ", ".join(
+            f"{e.phase} median error {e.median_error:.1%} ({e.steps} steps)" for e in errors)
+            + f"; all {median:.1%}")
+    if phases:
+        report["per_phase"] = {p.phases[0].phase: json.loads(p.to_json()) for p in phases if p.phases}
+    for p in phases:
+        if p.phases:
+            lines.append(f"fitted to {p.phases[0].phase} steps alone: {p.table().splitlines()[1].strip()}; "
+                         f"median error {p.median_error:.1%}")
+    return report, "\n".join(lines)

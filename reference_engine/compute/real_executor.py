@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference_engine.config import EngineConfig
-from reference_engine.kv_cache import PagedKVCache
-from reference_engine.models import ModelSpec, model
-from reference_engine.scheduler import Batch
-from reference_engine.sequence import Sequence
-from reference_engine.transformer import StepInput, Transformer, limit_cpu_threads, sample
+from reference_engine.compute.kv_cache import PagedKVCache
+from reference_engine.compute.ops import limit_cpu_threads
+from reference_engine.compute.transformer import StepInput, Transformer, sample
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.models import ModelSpec, model
+from reference_engine.engine.scheduler import Batch
+from reference_engine.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)

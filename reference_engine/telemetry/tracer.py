@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
-from reference_engine.config import EngineConfig
-from reference_engine.otlp import (
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.sequence import Sequence
+from reference_engine.telemetry.otlp import (
     SPAN_KIND_SERVER,
     STATUS_ERROR,
     Attributes,
     SpanRecord,
     SpanSink,
 )
-from reference_engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from reference_engine.engine import StepReport
+    from reference_engine.engine.llm_engine import StepReport
 
 
 def engine_resource(config: EngineConfig, executor: str = "simulated",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_engine.transformer import Array, NumpyOps, TorchOps
+from reference_engine.compute.ops import Array, NumpyOps, TorchOps
 
 
 class PagedKVCache:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from reference_engine.sequence import Sequence
+from reference_engine.engine.sequence import Sequence
 
 
 class BlockManager:

@@ -1,7 +1,7 @@
 """The executor seam: runs what the scheduler batched and says how long each step took.
 
 Two implementations sit behind it: `SimulatedExecutor` (a virtual clock advanced by the roofline cost
-model) and the real executor (`reference_engine.real_executor`, a small transformer that really computes).
+model) and the real executor (`reference_engine.compute.real_executor`, a small transformer that really computes).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from reference_engine.cost_model import StepCostModel
-from reference_engine.scheduler import Batch
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.scheduler import Batch
 
 
 class Executor(Protocol):

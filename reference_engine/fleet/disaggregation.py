@@ -11,11 +11,10 @@ prompt token, whose logits sample the first output token; that one-token prefill
 
 from __future__ import annotations
 
-from reference_engine.block_manager import BlockManager
-from reference_engine.fleet_config import LinkSpec
-from reference_engine.gateway import FaultWindow
-from reference_engine.models import ModelSpec
-from reference_engine.sequence import Sequence
+from reference_engine.engine.block_manager import BlockManager
+from reference_engine.engine.models import ModelSpec
+from reference_engine.engine.sequence import Sequence
+from reference_engine.fleet.config import FaultWindow, LinkSpec
 
 
 def kv_transfer_bytes(spec: ModelSpec, tokens: int) -> int:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reference_engine.sequence import Sequence
+from reference_engine.engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from reference_engine.engine import LLMEngine, StepReport
+    from reference_engine.engine.llm_engine import LLMEngine, StepReport
 
 STALL_RATIO = 0.5
 STALL_MIN_EXCESS_NS = 2_000_000

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference_engine.hardware import HardwareSpec
-from reference_engine.models import ModelSpec
+from reference_engine.engine.hardware import HardwareSpec
+from reference_engine.engine.models import ModelSpec
 
 
 @dataclass(frozen=True)

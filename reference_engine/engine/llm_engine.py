@@ -8,14 +8,14 @@ from typing import Protocol
 
 import numpy as np
 
-from reference_engine.block_manager import BlockManager
-from reference_engine.config import EngineConfig
-from reference_engine.cost_model import StepCostModel
-from reference_engine.executor import Executor, SimulatedExecutor
-from reference_engine.hardware import hardware
-from reference_engine.models import ModelSpec, model
-from reference_engine.scheduler import Batch, Scheduler
-from reference_engine.sequence import Request, Sequence, SequenceStatus
+from reference_engine.engine.block_manager import BlockManager
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.executor import Executor, SimulatedExecutor
+from reference_engine.engine.hardware import hardware
+from reference_engine.engine.models import ModelSpec, model
+from reference_engine.engine.scheduler import Batch, Scheduler
+from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""Incident scenarios: a fleet, a fault that acts through the simulated mechanism, and the ground truth,
-written apart from the traces.
+"""Incident scenario families: a fleet, and a fault that acts through the simulated mechanism. Running a
+scenario and writing its ground truth apart from its traces is `reference_engine.scenarios.bank`.
 
 Families (what the fault does, and which analysis the scenario exercises):
 
@@ -31,16 +31,13 @@ the root cause does not serve. They act through the same mechanisms and are reco
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from reference_engine.engine import EngineObserver, LLMEngine
-from reference_engine.fleet import Fleet, FleetSummary
-from reference_engine.fleet_config import (
+from reference_engine.engine.models import model as model_spec
+from reference_engine.fleet.config import (
     AuthSpec,
     DisaggregationSpec,
     FaultSpec,
@@ -51,19 +48,8 @@ from reference_engine.fleet_config import (
     RateLimiterSpec,
     RouterSpec,
     TenantSpec,
-    fleet_to_toml,
 )
-from reference_engine.fleet_workload import fleet_requests, prefill_failures
-from reference_engine.ground_truth import StallRecorder, itl_truth
-from reference_engine.models import model as model_spec
-from reference_engine.otlp import OtlpJsonLinesWriter
-from reference_engine.sequence import Request
-from reference_engine.workload import DEFAULT_EPOCH_NS, SyntheticWorkload
-
-SCHEMA = "infertrace.ground_truth/1"
-TRACES_FILE = "traces.jsonl.gz"
-TRUTH_FILE = "ground_truth.json"
-FLEET_FILE = "fleet.toml"
+from reference_engine.workload import SyntheticWorkload
 
 FAMILIES = ("prefill_storm", "router_degradation", "rate_limiter_flapping", "auth_slowdown", "global_queue_stall",
             "engine_regression", "preemption_storm", "host_pauses", "cache_busting", "prefill_microbatch_misconfig",
@@ -169,7 +155,7 @@ def _set_engine(fleet: FleetSpec, model: str, **options: Any) -> FleetSpec:
     return replace(fleet, models=models)
 
 
-def _engines(fleet: FleetSpec, model: str) -> list[str]:
+def engines_of(fleet: FleetSpec, model: str) -> list[str]:
     return [i for i, _ in fleet.engine_instances(model)]
 
 
@@ -230,7 +216,7 @@ def _engine_regression(rng: random.Random, fleet: FleetSpec, name: str, seed: in
                        onset: float, length: float) -> Scenario:
     model = rng.choice(fleet.model_names)
     fault = FaultSpec("engine_slowdown", model, onset, length, {"factor": round(rng.uniform(1.6, 4.0), 2)})
-    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False}
     return _scenario("engine_regression", name, seed, duration_s, fleet, ("rca",), root, fault, ("rca",))
 
 
@@ -242,7 +228,7 @@ def _prefill_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int, d
     fault = FaultSpec("request_surge", model, onset, length, {
         "tenant": tenant, "rate": round(rng.uniform(0.3, 0.8), 2),
         "prompt_mean": float(rng.choice([6000, 8000, 12000])), "output_mean": 100.0, "max_tokens": 1024.0})
-    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False,
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False,
             "tenant": tenant}
     return _scenario("prefill_storm", name, seed, duration_s, fleet, ("itl",), root, fault)
 
@@ -272,7 +258,7 @@ def _preemption_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int
     fault = FaultSpec("request_surge", model, onset, length, {
         "tenant": tenant, "rate": round(rng.uniform(1.0, 2.0), 2), "prompt_mean": 1024.0, "prompt_sigma": 0.3,
         "output_mean": float(rng.choice([1200, 1600])), "output_sigma": 0.2, "max_tokens": 2048.0})
-    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False,
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False,
             "tenant": tenant}
     return _scenario("preemption_storm", name, seed, duration_s, fleet, ("itl",), root, fault, ("itl",))
 
@@ -282,7 +268,7 @@ def _host_pauses(rng: random.Random, fleet: FleetSpec, name: str, seed: int, dur
     # A pause while the engine is idle hurts nobody: take the model whose engines are busiest (the largest).
     model = _dense_model(fleet, largest=True)
     fleet = _stall_free(fleet, model)
-    instance = rng.choice(_engines(fleet, model))
+    instance = rng.choice(engines_of(fleet, model))
     fault = FaultSpec("host_pauses", instance, onset, length, {
         "pause_ms": round(rng.uniform(80, 500), 1), "every_s": round(rng.uniform(2, 6), 1)})
     root = {"kind": "engine", "instances": [instance], "models": [model], "shared": False}
@@ -303,7 +289,7 @@ def _microbatch(rng: random.Random, fleet: FleetSpec, name: str, seed: int, dura
                 onset: float, length: float) -> Scenario:
     model = rng.choice(fleet.model_names)
     fleet = _set_engine(fleet, model, prefill_microbatch=128)
-    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False}
     details = {"prefill_microbatch_tokens": 128, "recommended_microbatch_tokens": 1024}
     return _scenario("prefill_microbatch_misconfig", name, seed, duration_s, fleet, ("roofline",), root, None,
                      details=details)
@@ -352,7 +338,7 @@ def _runaway(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duratio
                     for t in fleet.tenants)
     fleet = replace(fleet, tenants=tenants)
     fault = FaultSpec("assistant_prefill_runaway", model, onset, length, {"probability": probability, "mode": mode})
-    root = {"kind": "engine", "instances": _engines(fleet, model), "models": [model], "shared": False}
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False}
     effect = ("output_tokens == max_tokens (finish reason length)" if mode == "runaway"
               else "HTTP 500 invalid_response (the output breaks the response format)")
     details = {"attribute": "infertrace.request.assistant_prefill_tokens", "condition": "> 0", "mode": mode,
@@ -413,10 +399,10 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
         elif kind == "engine":
             model = rng.choice(other_models)
             fault = FaultSpec("engine_slowdown", model, at, length, {"factor": round(rng.uniform(1.3, 2.2), 2)})
-            instances, models = _engines(fleet, model), [model]
+            instances, models = engines_of(fleet, model), [model]
         else:
             model = rng.choice(other_models)
-            instance = rng.choice(_engines(fleet, model))
+            instance = rng.choice(engines_of(fleet, model))
             fault = FaultSpec("host_pauses", instance, at, length, {
                 "pause_ms": round(rng.uniform(50, 300), 1), "every_s": round(rng.uniform(1, 3), 1)})
             instances, models = [instance], [model]
@@ -444,148 +430,3 @@ _BUILDERS: dict[str, Callable[..., Scenario]] = {
     "kv_transfer_congestion": _kv_congestion,
     "assistant_prefill_runaway": _runaway,
 }
-
-
-# ------------------------------------------------------------------------------------------- running
-def _topology(fleet: FleetSpec) -> dict[str, Any]:
-    def owner(group: tuple[Any, ...], model: str) -> str | None:
-        return next((c.id for c in group if model in c.models), None)
-
-    return {m: {"engines": _engines(fleet, m), "auth": owner(fleet.auth, m),
-                "rate_limiter": owner(fleet.rate_limiters, m), "router": owner(fleet.routers, m),
-                "global_queue": owner(fleet.global_queues, m),
-                "link": fleet.deployment(m).disaggregation.link if fleet.deployment(m).disaggregation else None}
-            for m in fleet.model_names}
-
-
-def _affected(scenario: Scenario, requests: list[Request], epoch_ns: int) -> dict[str, list[str]]:
-    """Models and tenants with traffic through the faulty component (or model, or tenant) in the window."""
-    start, end = ((epoch_ns + round(scenario.window_s[0] * 1e9), epoch_ns + round(scenario.window_s[1] * 1e9))
-                  if scenario.window_s else (epoch_ns, 1 << 62))
-    root = scenario.root_cause
-    models = set(root.get("models", []))
-    hit = [r for r in requests if start <= r.arrival_ns < end and r.model in models
-           and (root.get("kind") != "tenant" or r.tenant == root["tenant"])]
-    if scenario.family == "assistant_prefill_runaway":
-        hit = [r for r in hit if r.assistant_prefill_tokens]
-    return {"models": sorted({r.model for r in hit}), "tenants": sorted({r.tenant for r in hit})}
-
-
-def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
-                 on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    requests = fleet_requests(scenario.fleet, scenario.duration_s, scenario.seed, epoch_ns)
-    affected = _affected(scenario, requests, epoch_ns)
-    runaway = sorted(r.request_id for r in requests if r.assistant_prefill_tokens and r.output_tokens == r.max_tokens
-                     and scenario.family == "assistant_prefill_runaway" and scenario.details.get("mode") == "runaway")
-    failing = sorted(prefill_failures(scenario.fleet, requests, scenario.seed, epoch_ns))
-    recorders: list[StallRecorder] = []
-
-    def observe(instance: str, engine: LLMEngine) -> list[EngineObserver]:
-        recorders.append(StallRecorder(instance, engine))
-        return [recorders[-1]]
-
-    writer = OtlpJsonLinesWriter(out / TRACES_FILE)
-    try:
-        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe).run(
-            requests, on_progress)
-    finally:
-        writer.close()
-    (out / FLEET_FILE).write_text(fleet_to_toml(scenario.fleet, relative_to=out), encoding="utf-8")
-    fault = scenario.fault
-    window = None
-    if scenario.window_s is not None:
-        window = {"start_ns": epoch_ns + round(scenario.window_s[0] * 1e9),
-                  "end_ns": epoch_ns + round(scenario.window_s[1] * 1e9)}
-    details = dict(scenario.details)
-    if runaway:
-        details["runaway_requests"] = runaway
-    if failing:
-        details["failed_requests"] = failing
-    confounders = []
-    for c in scenario.confounders:
-        f: FaultSpec = c["fault"]
-        start, end = f.window_ns(epoch_ns)
-        confounders.append({"fault": {"kind": f.kind, "target": f.target, "params": f.params},
-                            "window": {"start_ns": start, "end_ns": end}, "kind": c["kind"],
-                            "instances": c["instances"], "models": c["models"]})
-    truth = {
-        "schema": SCHEMA,
-        "scenario": scenario.name,
-        "family": scenario.family,
-        "seed": scenario.seed,
-        "traces": TRACES_FILE,
-        "fleet": FLEET_FILE,
-        "start_ns": epoch_ns,
-        "end_ns": summary.end_ns,
-        "duration_s": scenario.duration_s,
-        "tasks": list(scenario.tasks),
-        "negative_control": list(scenario.negative_control),
-        "fault": None if fault is None else {"kind": fault.kind, "target": fault.target, "params": fault.params},
-        "window": window,
-        "root_cause": scenario.root_cause,
-        "confounders": confounders,
-        "affected": affected,
-        "details": details,
-        "topology": _topology(scenario.fleet),
-        "summary": {"requests": summary.requests, "statuses": {str(k): v for k, v in sorted(summary.statuses.items())},
-                    "spans": summary.spans},
-        "itl": itl_truth(recorders),
-    }
-    # Indented for reading, except the (long) ITL section: one compact line.
-    text = json.dumps({**truth, "itl": "@itl"}, indent=1).replace('"@itl"', json.dumps(truth["itl"],
-                                                                                     separators=(",", ":")))
-    (out / TRUTH_FILE).write_text(text + "\n", encoding="utf-8")
-    return truth
-
-
-def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, ...] = FAMILIES) -> list[Scenario]:
-    """`count` scenarios cycling through the families (in an order drawn from `seed`), each with its own
-    random topology, onset, duration and magnitude; root-cause scenarios with confounders."""
-    rng = random.Random(seed)
-    order = list(families)
-    rng.shuffle(order)
-    scenarios = []
-    for k in range(count):
-        family = order[k % len(order)]
-        scenario_seed = rng.randrange(1 << 30)
-        scenarios.append(make_scenario(family, scenario_seed, f"{k:03d}-{family}", duration_s, confounders=True))
-    return scenarios
-
-
-def _run_into(job: tuple[Scenario, Path]) -> dict[str, Any]:
-    scenario, out = job
-    truth = run_scenario(scenario, out / scenario.name)
-    return {k: truth[k] for k in ("scenario", "family", "tasks", "negative_control")}
-
-
-def generate(scenarios: list[Scenario], out_dir: str | Path, jobs: int = 1,
-             on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """Run every scenario into its own sub-directory of `out_dir` (in `jobs` processes); write index.json."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    work = [(s, out) for s in scenarios]
-    truths = []
-    if jobs == 1:
-        for job in work:
-            truths.append(_run_into(job))
-            if on_done is not None:
-                on_done()
-    else:
-        import multiprocessing
-
-        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-            for truth in pool.imap(_run_into, work):
-                truths.append(truth)
-                if on_done is not None:
-                    on_done()
-    write_index(out, truths)
-    return truths
-
-
-def write_index(out_dir: str | Path, truths: list[dict[str, Any]]) -> None:
-    index = [{"scenario": t["scenario"], "family": t["family"], "tasks": t["tasks"],
-              "negative_control": t["negative_control"], "path": t["scenario"]} for t in truths]
-    (Path(out_dir) / "index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")

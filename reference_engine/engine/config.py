@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference_engine import models
-from reference_engine.cost_model import CostParams
+from reference_engine.engine import models
+from reference_engine.engine.cost_model import CostParams
 
 POLICIES = ("prefill_first", "decode_first")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from reference_engine.block_manager import BlockManager
-from reference_engine.config import EngineConfig
-from reference_engine.sequence import Sequence, SequenceStatus
+from reference_engine.engine.block_manager import BlockManager
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

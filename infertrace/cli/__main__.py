@@ -1,0 +1,3 @@
+from infertrace.cli import main
+
+main()

@@ -1,0 +1,143 @@
+"""`infertrace simulate` and `infertrace calibrate`: run the reference engine, fit its cost model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infertrace.cli.console import err, fail
+
+
+def simulate(
+    out: Annotated[Path | None, typer.Option(help="OTLP JSON lines file to write (.gz: gzip)")] = None,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        help="Send spans with the OTLP/HTTP exporter instead, e.g. http://127.0.0.1:4318/v1/traces")] = None,
+    fleet: Annotated[Path | None, typer.Option(
+        help="Fleet file (TOML, see docs/fleet.md): simulate models, gateway and tenants together; the "
+             "single-engine and workload options are then not used")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model spec (see reference_engine/engine/models.py) [default: llama-3-8b; tiny with --executor "
+             "real]")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        help="Hardware spec (see reference_engine/engine/hardware.py) [default: H100-SXM; CPU-host with --executor "
+             "real on the CPU]")] = None,
+    tensor_parallel: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree")] = 1,
+    policy: Annotated[str, typer.Option(help="prefill_first or decode_first")] = "prefill_first",
+    max_num_batched_tokens: int = 16384,
+    max_num_seqs: int = 256,
+    chunked_prefill: Annotated[bool, typer.Option(
+        help="Chunked prefill (decode_first turns it on)")] = False,
+    prefix_caching: bool = True,
+    prefill_microbatch: Annotated[int, typer.Option(help="Prefill micro-batch tokens (0: none)")] = 0,
+    offload_experts: Annotated[bool, typer.Option(help="MoE experts run on the host CPU")] = False,
+    workload: Annotated[str, typer.Option(help="synthetic, azure or mooncake")] = "synthetic",
+    workload_file: Annotated[Path | None, typer.Option(help="Trace to replay (azure CSV, mooncake JSONL)")] = None,
+    speedup: Annotated[float, typer.Option(help="Replay: compress arrivals by this factor")] = 1.0,
+    rate: Annotated[float, typer.Option(help="Synthetic: requests per second")] = 4.0,
+    arrival: Annotated[str, typer.Option(help="Synthetic: poisson or gamma")] = "poisson",
+    arrival_cv: Annotated[float, typer.Option(help="Synthetic gamma arrivals: CV of gaps")] = 1.0,
+    prompt_mean: Annotated[float, typer.Option(help="Synthetic: mean user prompt tokens")] = 1024,
+    output_mean: Annotated[float, typer.Option(help="Synthetic: mean output tokens")] = 200,
+    max_tokens: Annotated[int, typer.Option(help="Synthetic: output token limit")] = 1024,
+    system_prompt_tokens: Annotated[int, typer.Option(help="Synthetic: shared system prompt length")] = 1024,
+    system_prompt_fraction: Annotated[float, typer.Option(
+        help="Synthetic: share of requests starting with their tenant's system prompt")] = 0.6,
+    assistant_prefill_fraction: Annotated[float, typer.Option(
+        help="Synthetic: share of requests with an assistant prefill")] = 0.05,
+    duration: Annotated[float, typer.Option(help="Seconds of arrivals to simulate")] = 60.0,
+    seed: int = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    executor: Annotated[str, typer.Option(
+        help="sim: the roofline cost model on a virtual clock; real: a small transformer really prefills and "
+             "decodes, with wall-clock step times (docs/real_executor.md)")] = "sim",
+    backend: Annotated[str, typer.Option(help="Real executor: numpy, or torch (the torch extra)")] = "numpy",
+    device: Annotated[str, typer.Option(help="Real executor: cpu, or cuda with torch")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Real executor: float32, float64; bfloat16/float16 with torch")] = (
+        "float32"),
+    threads: Annotated[int, typer.Option(help="Real executor: cap BLAS/torch CPU threads (0: as they are)")] = 0,
+    temperature: Annotated[float, typer.Option(help="Real executor: sampling temperature (0: greedy)")] = 0.0,
+    num_kv_blocks: Annotated[int, typer.Option(
+        help="KV blocks (0: from device memory; the real executor allocates 2048 by default)")] = 0,
+    cost_params: Annotated[Path | None, typer.Option(
+        help="Simulated executor: cost parameters from `infertrace calibrate --out`")] = None,
+) -> None:
+    """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces."""
+    from reference_engine import api
+
+    try:
+        if fleet is not None:
+            simulation: api.EngineSimulation | api.FleetSimulation = api.FleetSimulation(
+                fleet, duration, seed, out, otlp_endpoint)
+            total, label = duration, "simulating fleet"
+        else:
+            run = api.EngineRun(
+                model=model, hardware=hardware, tensor_parallel=tensor_parallel, policy=policy,
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                chunked_prefill=chunked_prefill, prefix_caching=prefix_caching,
+                prefill_microbatch=prefill_microbatch, offload_experts=offload_experts, num_kv_blocks=num_kv_blocks,
+                cost_params=cost_params, executor=executor, backend=backend, device=device, dtype=dtype,
+                threads=threads, temperature=temperature, workload=workload, workload_file=workload_file,
+                speedup=speedup, synthetic=api.SyntheticWorkload(
+                    rate=rate, arrival=arrival, arrival_cv=arrival_cv, prompt_mean=prompt_mean,
+                    output_mean=output_mean, max_tokens=max_tokens, system_prompt_tokens=system_prompt_tokens,
+                    system_prompt_fraction=system_prompt_fraction,
+                    assistant_prefill_fraction=assistant_prefill_fraction))
+            simulation = api.EngineSimulation(run, duration, seed, out, otlp_endpoint)
+            total, label = max(simulation.arrivals_s, 1e-9), "simulating"
+    except (ValueError, OSError, ImportError, TypeError) as e:
+        raise fail(str(e)) from None
+    try:
+        summary = _run_with_progress(simulation, label, total, progress)
+    except ValueError as e:  # e.g. unknown hardware, or a model that does not fit on it
+        raise fail(str(e)) from None
+    err.print(summary.paragraph())
+    if out is not None:
+        err.print(f"{summary.spans} spans written to {out}" if fleet is not None else f"Traces written to {out}")
+
+
+def _run_with_progress(simulation, label: str, total: float, progress: bool):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not progress:
+        return simulation.run()
+    columns = (TextColumn(label), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} sim s"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("sim", total=total)
+        return simulation.run(lambda seconds: bar.update(task, completed=min(seconds, total)))
+
+
+def calibrate(
+    csv: Annotated[Path | None, typer.Option(
+        help="Measured steps: phase,batch_size,prompt_tokens,context_tokens,measured_ms (docs/real_executor.md); "
+             "without it, the real executor is measured here")] = None,
+    model: Annotated[str, typer.Option(help="Model spec the times belong to")] = "tiny",
+    hardware: Annotated[str, typer.Option(help="Hardware spec the efficiencies are relative to")] = "CPU-host",
+    backend: Annotated[str, typer.Option(help="Real executor: numpy or torch")] = "numpy",
+    device: Annotated[str, typer.Option(help="Real executor: cpu or cuda")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Real executor: float32, float64, bfloat16, float16")] = "float32",
+    threads: Annotated[int, typer.Option(help="Real executor: cap BLAS/torch CPU threads (0: as they are)")] = 0,
+    requests: Annotated[int, typer.Option(help="Real executor: requests per policy and run")] = 48,
+    per_phase: Annotated[bool, typer.Option(help="Also fit prefill and decode steps separately")] = False,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="Write the fit as JSON (simulate --cost-params reads it)")] = None,
+    format: Annotated[str, typer.Option(help="table or json")] = "table",
+) -> None:
+    """Fit the simulated executor's cost model (efficiencies, per-step overhead) to measured step times, and
+    report the error per phase. Measuring the real executor fits one run and checks another (held out)."""
+    from reference_engine.api import calibration_report
+
+    if format not in ("table", "json"):
+        raise fail(f"--format must be table or json, got {format!r}")
+    try:
+        report, text = calibration_report(csv, model, hardware, backend=backend, device=device, dtype=dtype,
+                                          threads=threads, requests=requests, per_phase=per_phase, seed=seed,
+                                          on_status=err.print)
+    except (ValueError, OSError, ImportError) as e:
+        raise fail(str(e)) from None
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    typer.echo(json.dumps(report, indent=2) if format == "json" else text)

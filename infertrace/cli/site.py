@@ -1,0 +1,69 @@
+"""`infertrace dashboard` and `infertrace demo`: the dashboard on a store, and the whole chain on a canonical
+incident."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infertrace.cli.console import err, fail
+
+
+def dashboard(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    port: Annotated[int, typer.Option(help="Port to serve on")] = 8501,
+    address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+) -> None:
+    """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook)."""
+    import os
+    import sys
+
+    app_path = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+    if not app_path.is_file():
+        raise fail(f"{app_path}: the dashboard app is missing (run from a clone of the repository)")
+    if not store.is_dir():
+        raise fail(f"--store {store}: no such store directory")
+    command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
+               "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
+               "--", "--store", str(store.resolve())]
+    print(f"infertrace dashboard: http://{address}:{port}/ on store {store}", flush=True)
+    # Become the Streamlit server (same process id), so a signal to this command stops the server.
+    try:
+        os.execv(sys.executable, command)
+    except OSError as e:
+        raise fail(f"cannot start streamlit with {sys.executable}: {e}") from None
+
+
+def demo(
+    out: Annotated[Path, typer.Option(help="Store directory to create (the scenario goes into OUT/scenario)")] = (
+        Path("demo-store")),
+    fmt: Annotated[str, typer.Option("--format", help="Report format: table, markdown, json or html")] = "table",
+    seed: Annotated[int, typer.Option(help="Seed of the incident's onset, length and magnitude")] = 7,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of traffic")] = 300.0,
+) -> None:
+    """Simulate a canonical multi-model incident (a shared router degrading two of three models, prefill
+    collisions on one), ingest it, print the report, and say how to open the dashboard on that store."""
+    from infertrace.demo import injected, run_demo
+    from infertrace.report import FORMATS, build_report, render
+    from infertrace.store.store import Store
+
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if duration < 60:
+        raise fail(f"--duration must be ≥ 60 simulated seconds (a baseline, then the incident), got {duration}")
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {out} exists and is not a directory")
+    err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …",
+              soft_wrap=True, markup=False)
+    try:
+        run = run_demo(out, seed, duration)
+    except OSError as e:
+        raise fail(f"--out {out}: {e}") from None
+    err.print(injected(run.truth), soft_wrap=True, markup=False)
+    with Store.open(out) as store:
+        print(render(build_report(store), fmt), end="")
+    err.print(f"\nOpen the dashboard on this store:\n  infertrace dashboard --store {out}\n"
+              f"then browse http://127.0.0.1:8501/ (ITL spikes, incidents, runbook). Ask the runbook:\n"
+              f"  infertrace query --store {out} worst_itl_gaps --param top=5", soft_wrap=True, markup=False)

@@ -1,0 +1,154 @@
+"""The one door from the toolkit into the engine.
+
+`infertrace`'s commands that run the engine (`simulate`, `calibrate`, `scenarios generate`, `demo`) import this
+module and nothing else of `reference_engine`, lazily; the analyzers never do (tests/test_layout.py checks both).
+Everything here is a thin assembly of the engine's parts: build a config and a workload, open a sink, run.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.cost_model import CostParams
+from reference_engine.engine.hardware import HARDWARE
+from reference_engine.fleet.config import load_fleet, parse_fleet
+from reference_engine.fleet.fleet import Fleet, FleetSummary
+from reference_engine.fleet.workload import fleet_requests
+from reference_engine.scenarios.bank import TRACES_FILE, TRUTH_FILE, bank, generate, run_scenario
+from reference_engine.scenarios.families import FAMILIES, Scenario, make_scenario
+from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
+from reference_engine.stats import Summary
+from reference_engine.telemetry.otlp import SpanSink
+from reference_engine.workload import SyntheticWorkload
+
+__all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WORKLOAD_KINDS", "EngineRun", "EngineSimulation",
+           "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report", "cuda_hardware_name",
+           "generate", "make_scenario", "run_scenario", "scenario_on_fleet"]
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine and its workload, as `infertrace simulate` describes them."""
+
+    model: str | None = None  # default: llama-3-8b; tiny with the real executor
+    hardware: str | None = None  # default: H100-SXM; CPU-host (or the CUDA device) with the real executor
+    tensor_parallel: int = 1
+    policy: str = "prefill_first"
+    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = 256
+    chunked_prefill: bool = False
+    prefix_caching: bool = True
+    prefill_microbatch: int = 0
+    offload_experts: bool = False
+    num_kv_blocks: int = 0
+    cost_params: Path | None = None
+    executor: str = "sim"  # sim or real
+    backend: str = "numpy"
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0
+    temperature: float = 0.0
+    workload: str = "synthetic"
+    workload_file: Path | None = None
+    speedup: float = 1.0
+    synthetic: SyntheticWorkload = field(default_factory=SyntheticWorkload)
+
+
+class EngineSimulation:
+    """A prepared single-engine run: the config, the requests and the sink are built (and checked) up front,
+    so that a bad option fails before anything runs."""
+
+    def __init__(self, run: EngineRun, duration_s: float, seed: int, out: Path | None,
+                 otlp_endpoint: str | None) -> None:
+        if run.executor not in ("sim", "real"):
+            raise ValueError(f"--executor must be sim or real, got {run.executor!r}")
+        real = run.executor == "real"
+        model = run.model or ("tiny" if real else "llama-3-8b")
+        hardware = run.hardware or ("H100-SXM" if not real else "CPU-host" if run.device == "cpu"
+                                    else cuda_hardware_name())
+        cost = CostParams()
+        if run.cost_params is not None:
+            from reference_engine.compute.calibration import load_cost_params
+
+            cost = load_cost_params(run.cost_params)
+        self.config = EngineConfig(
+            model=model, hardware=hardware, tensor_parallel=run.tensor_parallel, policy=run.policy,
+            max_num_batched_tokens=run.max_num_batched_tokens, max_num_seqs=run.max_num_seqs,
+            chunked_prefill=run.chunked_prefill or run.policy == "decode_first",
+            enable_prefix_caching=run.prefix_caching, prefill_microbatch=run.prefill_microbatch,
+            offload_experts=run.offload_experts, num_kv_blocks=run.num_kv_blocks or (2048 if real else 0), cost=cost)
+        self.executor = None
+        if real:
+            from reference_engine.compute.real_executor import real_executor_for
+
+            self.executor = real_executor_for(self.config, backend=run.backend, device=run.device, dtype=run.dtype,
+                                              seed=seed, temperature=run.temperature, threads=run.threads)
+        spec = WorkloadSpec(run.workload, run.workload_file, run.synthetic, run.speedup)
+        self.requests = spec.requests(duration_s, seed, model)
+        if not self.requests:
+            raise ValueError("the workload produced no requests in that duration")
+        self.seed = seed
+        self.sink: SpanSink | None = open_sink(out, otlp_endpoint)
+        self.start_ns = self.requests[0].arrival_ns
+        self.arrivals_s = (max(r.arrival_ns for r in self.requests) - self.start_ns) / 1e9
+
+    def run(self, on_progress: Callable[[float], None] | None = None) -> Summary:
+        """Serve every request; `on_progress(simulated seconds since the first arrival)` after each step."""
+        report = None if on_progress is None else (lambda _ended, now: on_progress((now - self.start_ns) / 1e9))
+        return simulate(self.config, self.requests, self.sink, self.seed, report, executor=self.executor)
+
+
+class FleetSimulation:
+    """A prepared fleet run from a fleet file (docs/fleet.md)."""
+
+    def __init__(self, path: Path, duration_s: float, seed: int, out: Path | None,
+                 otlp_endpoint: str | None) -> None:
+        if duration_s <= 0:
+            raise ValueError(f"--duration must be > 0 seconds, got {duration_s}")
+        self.spec = load_fleet(path)
+        self.requests = fleet_requests(self.spec, duration_s, seed)
+        if not self.requests:
+            raise ValueError(f"{path}: the tenants sent no requests in {duration_s} s")
+        self.seed = seed
+        self.sink = open_sink(out, otlp_endpoint)
+        self.start_ns = self.requests[0].arrival_ns
+
+    def run(self, on_progress: Callable[[float], None] | None = None) -> FleetSummary:
+        report = None if on_progress is None else (lambda now: on_progress((now - self.start_ns) / 1e9))
+        try:
+            return Fleet(self.spec, self.sink, self.seed).run(self.requests, report)
+        finally:
+            if self.sink is not None:
+                self.sink.close()
+
+
+def scenario_on_fleet(fleet_toml: str, family: str, seed: int, name: str, duration_s: float) -> Scenario:
+    """A scenario of `family` drawn on a given fleet (a fleet file's text) instead of a random one."""
+    return make_scenario(family, seed, name=name, duration_s=duration_s, fleet=parse_fleet(tomllib.loads(fleet_toml)))
+
+
+def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
+                       dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
+                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+    """Fit the cost model to measured steps (a CSV, or the real executor measured here, one run fitted and
+    another held out); returns the report as JSON-ready data and as text."""
+    from reference_engine.compute.calibration import calibration_report as report
+
+    return report(csv, model, hardware, backend=backend, device=device, dtype=dtype, threads=threads,
+                  requests=requests, per_phase=per_phase, seed=seed, on_status=on_status)
+
+
+def cuda_hardware_name() -> str:
+    """The hardware spec matching the CUDA device (e.g. H200 for "NVIDIA H200"), else the device's own name."""
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name()
+    except (ImportError, RuntimeError, AssertionError):
+        return "cuda"
+    return next((key for key in HARDWARE if key.split("-")[0] in name), name)

@@ -1,0 +1,2 @@
+"""What the engine emits: the tracer (what happened in a step → spans) and the OTLP encoding and sinks.
+"""
