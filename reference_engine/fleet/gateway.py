@@ -432,7 +432,7 @@ class Gateway:
             attributes[sc.ERROR_TYPE] = error
         name = sc.SPAN_GATEWAY
         if not self.naming.native:
-            name, attributes = self.naming.root(status)
+            name, attributes = self.naming.root(status, call.model, r.tenant)
             if call.backend_start_ns:
                 backend = self.naming.backend_call(call.model, r.tenant, r.prompt.num_tokens,
                                                    seq.num_output_tokens if seq is not None else None)

@@ -167,9 +167,12 @@ class GatewayNaming:
                                   sc.HTTP_STATUS_CODE: status}
         return service, attributes
 
-    def root(self, status: int) -> tuple[str, Attributes]:
+    def root(self, status: int, model: str, tenant: str) -> tuple[str, Attributes]:
+        """The entry span: HTTP server attributes, and the requested model and caller as a GenAI-instrumented
+        gateway records them (LiteLLM itself puts them on `litellm_request` only, which a request rejected
+        before the model call never gets)."""
         return sc.LITELLM_SPAN_PROXY, {sc.HTTP_REQUEST_METHOD: "POST", sc.HTTP_ROUTE: CHAT_ROUTE,
-                                       sc.HTTP_STATUS_CODE: status}
+                                       sc.HTTP_STATUS_CODE: status, sc.REQUEST_MODEL: model, sc.USER_ID: tenant}
 
     def backend_call(self, model: str, tenant: str, input_tokens: int, output_tokens: int | None) -> Attributes:
         """Attributes of `litellm_request`, the proxy's call to the engine (the parent of the engine's span)."""
