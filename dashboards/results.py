@@ -38,6 +38,14 @@ def store_dir() -> Path | None:
     return Path(env) if env else None
 
 
+def components_file() -> str | None:
+    """`--components FILE` after `--` on the streamlit command line: the kinds of a gateway's components."""
+    args = sys.argv[1:]
+    if "--components" in args and args.index("--components") + 1 < len(args):
+        return args[args.index("--components") + 1]
+    return None
+
+
 def snapshot(root: Path) -> tuple[str, ...]:
     return tuple(p.name for p in list_segments(root))
 
@@ -47,7 +55,12 @@ _LOCK = threading.Lock()
 
 @st.cache_resource(max_entries=1, show_spinner=False)
 def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
-    return Store.open(root)
+    store = Store.open(root)
+    if (path := components_file()) is not None:
+        from infertrace.sources.components import load_rules, register
+
+        register(store, load_rules(path))
+    return store
 
 
 @contextmanager
@@ -104,3 +117,11 @@ def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
 
     with reader(root, snapshot) as store:
         return analyze_prefix_cache(store)
+
+
+@st.cache_resource(max_entries=2, show_spinner="What the store can answer …")
+def coverage(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.sources.capabilities import store_coverage
+
+    with reader(root, snapshot) as store:
+        return store_coverage(store)

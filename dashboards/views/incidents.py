@@ -15,6 +15,10 @@ report = results.rca(root, snap)
 anomalies = report.anomalies
 
 st.title("Incidents")
+coverage = results.coverage(root, snap)
+st.caption(coverage.analysis("incidents").detail)
+if not (components := coverage.analysis("rca_components")).supported:
+    st.info(components.detail)
 cells = pd.DataFrame([{"time": pd.Timestamp(iso(b.bucket_start_ns)), "model": b.key, "score": b.score,
                        "metric": b.metric, "requests": b.requests}
                       for b in anomalies.heatmap if b.scope == "model"])

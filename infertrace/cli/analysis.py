@@ -68,12 +68,14 @@ def report(
         help="SLO target KEY=VALUE (repeatable): ttft|itl|e2e_p50|p95|p99_ms, error_rate, rejected_rate")] = None,
     section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable)")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the report to this file instead of stdout")] = None,
+    components: Annotated[Path | None, typer.Option(
+        help="TOML naming the kinds of a gateway's components (docs/sources.md)")] = None,
 ) -> None:
     """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
     recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error."""
     from infertrace.analyzers.slo import parse_target, with_targets
     from infertrace.report import FORMATS, SEVERITIES, ReportOptions, build_report, render, severity_at_least
-    from infertrace.report.model import SECTIONS
+    from infertrace.report.model import SECTIONS, check_selection
     from infertrace.runbook import parse_time_ns
 
     if fmt not in FORMATS:
@@ -93,12 +95,21 @@ def report(
         raise fail(f"--since {since} is not before --until {until}")
     options = ReportOptions(since_ns=since_ns, until_ns=until_ns, model=model, tenant=tenant, targets=targets,
                             sections=tuple(section) if section else SECTIONS)
+    from infertrace.sources.components import load_rules, register
     from infertrace.store.store import Store
+
+    try:
+        rules = load_rules(components) if components is not None else ()
+    except ValueError as e:
+        raise fail(str(e)) from None
 
     try:
         with Store.open(store) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            if (problem := check_selection(opened, options)) is not None:
+                raise fail(problem)
+            register(opened, rules)
             doc = build_report(opened, options)
     except FileNotFoundError as e:
         raise fail(f"--store {store}: {e}") from None
