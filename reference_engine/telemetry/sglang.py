@@ -32,6 +32,7 @@ import random
 from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
+from reference_engine.telemetry.buffer import SpanBuffer
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.timeline import Journey, StepSeen, Timeline
 from reference_engine.telemetry.vllm import SDK_RESOURCE, FrontendLatency, _finish_reason
@@ -53,14 +54,13 @@ def sglang_resource(instance_id: str | None = None) -> Attributes:
 class SglangTracer:
     def __init__(self, sink: SpanSink, resource: Attributes, model: str, host_id: str, pids: tuple[int, int],
                  seed: int = 0, batch_size: int = 2048) -> None:
-        self.sink, self.resource, self.model = sink, resource, model
+        self.out = SpanBuffer(sink, resource, SCOPE, batch_size)
+        self.model = model
         self.host_id = host_id
         self.tokenizer_pid, self.scheduler_pid = pids
         self._rng = random.Random(f"sglang-{seed}")
         self.frontend = FrontendLatency(rng=random.Random(f"sglang-frontend-{seed}"))
         self.timeline = Timeline()
-        self.batch_size = batch_size
-        self._pending: list[SpanRecord] = []
         self._bids: dict[int, str] = {}  # timeline batch number -> SGLang batch id (uuid4().hex[:8])
 
     def _id(self, bits: int = 64) -> int:
@@ -82,9 +82,8 @@ class SglangTracer:
         journey = self.timeline.pop(seq.request_id)
         if seq.error is not None or seq.first_token_ns is None:
             return  # aborted before the scheduler ran it: SGLang answers an error and closes no request span
-        self._pending += self._request(seq, journey)
-        if len(self._pending) >= self.batch_size:
-            self.flush()
+        for span in self._request(seq, journey):
+            self.out.emit(span)
 
     def _request(self, seq: Sequence, journey: Journey) -> list[SpanRecord]:
         req = seq.request
@@ -166,10 +165,5 @@ class SglangTracer:
             "bid": self._bid(step.batch), "batch_size": step.batch_size,
             "forward_mode": "prefill" if step.has_prefill else "decode"}))
 
-    def flush(self) -> None:
-        if self._pending:
-            self.sink.export(self.resource, self._pending, scope=SCOPE)
-            self._pending = []
-
     def close(self) -> None:
-        self.flush()
+        self.out.close()

@@ -29,6 +29,7 @@ import random
 from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
+from reference_engine.telemetry.buffer import SpanBuffer
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.timeline import Journey, Timeline
 from reference_engine.telemetry.vllm import FrontendLatency
@@ -67,21 +68,14 @@ def _code(where: tuple[str, str, int]) -> Attributes:
 
 class TgiTracer:
     def __init__(self, sink: SpanSink, resource: Attributes, seed: int = 0, batch_size: int = 2048) -> None:
-        self.sink, self.resource = sink, resource
+        self.out = SpanBuffer(sink, resource, SCOPE, batch_size)
         self._rng = random.Random(f"tgi-{seed}")
         self.frontend = FrontendLatency(rng=random.Random(f"tgi-frontend-{seed}"))
         self.timeline = Timeline()
-        self.batch_size = batch_size
-        self._pending: list[SpanRecord] = []
         self._batch_spans: dict[int, tuple[int, int]] = {}  # timeline batch number -> (trace id, span id)
 
     def _id(self, bits: int = 64) -> int:
         return self._rng.getrandbits(bits) or 1
-
-    def _emit(self, span: SpanRecord) -> None:
-        self._pending.append(span)
-        if len(self._pending) >= self.batch_size:
-            self.flush()
 
     def on_step(self, report: StepReport) -> None:
         first = self.timeline.batches
@@ -92,10 +86,10 @@ class TgiTracer:
         for i, (duration, end) in enumerate(zip(report.durations.tolist(), ends.tolist(), strict=True)):
             trace_id, span_id = self._id(128), self._id()
             start = int(end) - int(duration)
-            self._emit(SpanRecord(trace_id, span_id, 0, "batch", start, int(end),
-                                  {sc.TGI_BATCH_SIZE: size, **_code(BACKEND)}))
-            self._emit(SpanRecord(trace_id, self._id(), span_id, sc.SPAN_PREFILL if batch.prefills else sc.SPAN_DECODE,
-                                  start, int(end), _code(BACKEND)))
+            work = sc.SPAN_PREFILL if batch.prefills else sc.SPAN_DECODE
+            self.out.emit(SpanRecord(trace_id, span_id, 0, "batch", start, int(end),
+                                     {sc.TGI_BATCH_SIZE: size, **_code(BACKEND)}))
+            self.out.emit(SpanRecord(trace_id, self._id(), span_id, work, start, int(end), _code(BACKEND)))
             self._batch_spans[first + i] = (trace_id, span_id)
         if len(self._batch_spans) > 65536:
             keep = self.timeline.batches - 4096
@@ -106,7 +100,7 @@ class TgiTracer:
         if seq.error is not None or seq.first_token_ns is None:
             return  # refused at validation: TGI answers 422 before anything is queued
         for span in self._request(seq, journey):
-            self._emit(span)
+            self.out.emit(span)
 
     def _request(self, seq: Sequence, journey: Journey) -> list[SpanRecord]:
         req = seq.request
@@ -148,10 +142,5 @@ class TgiTracer:
                 next_token = next(tokens_at, None)
         return spans
 
-    def flush(self) -> None:
-        if self._pending:
-            self.sink.export(self.resource, self._pending, scope=SCOPE)
-            self._pending = []
-
     def close(self) -> None:
-        self.flush()
+        self.out.close()

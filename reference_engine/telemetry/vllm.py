@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
+from reference_engine.telemetry.buffer import SpanBuffer
 from reference_engine.telemetry.otlp import SPAN_KIND_SERVER, Attributes, SpanRecord, SpanSink
 
 if TYPE_CHECKING:
@@ -78,12 +79,10 @@ class VllmTracer:
                  batch_size: int = 2048) -> None:
         if version not in ("v1", "v0"):
             raise ValueError(f"vLLM version must be v1 or v0, got {version!r}")
-        self.sink, self.resource, self.version, self.model = sink, resource, version, model
-        self.scope = V1_SCOPE if version == "v1" else V0_SCOPE
+        self.version, self.model = version, model
+        self.out = SpanBuffer(sink, resource, V1_SCOPE if version == "v1" else V0_SCOPE, batch_size)
         self._rng = random.Random(f"vllm-{seed}")
         self.frontend = FrontendLatency(rng=random.Random(f"vllm-frontend-{seed}"))
-        self.batch_size = batch_size
-        self._pending: list[SpanRecord] = []
 
     def _id(self, bits: int) -> int:
         return self._rng.getrandbits(bits) or 1
@@ -94,10 +93,7 @@ class VllmTracer:
     def on_finish(self, seq: Sequence) -> None:
         if seq.error is not None or seq.first_token_ns is None:
             return  # rejected at validation: vLLM answers 400 and makes no span
-        span = self._v1(seq) if self.version == "v1" else self._v0(seq)
-        self._pending.append(span)
-        if len(self._pending) >= self.batch_size:
-            self.flush()
+        self.out.emit(self._v1(seq) if self.version == "v1" else self._v0(seq))
 
     def _v1(self, seq: Sequence) -> SpanRecord:
         req = seq.request
@@ -148,13 +144,8 @@ class VllmTracer:
         return SpanRecord(trace_id, self._id(64), parent, sc.SPAN_REQUEST, arrival, last, attributes,
                           kind=SPAN_KIND_SERVER)
 
-    def flush(self) -> None:
-        if self._pending:
-            self.sink.export(self.resource, self._pending, scope=self.scope)
-            self._pending = []
-
     def close(self) -> None:
-        self.flush()
+        self.out.close()
 
 
 def _finish_reason(seq: Sequence) -> str:
