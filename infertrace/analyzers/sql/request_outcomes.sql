@@ -17,12 +17,9 @@
 -- A disaggregated request has two engine request spans (prefill worker, decode worker): the caller's first
 -- token is the one the decode worker streams (after the KV transfer), the decode rate is the decode worker's.
 WITH gw AS (
-    SELECT c.trace_id, c.start_ns, c.end_ns, c.request_id, c.model, c.tenant, c.http_status, c.status_code,
-           s."attr.gen_ai.usage.input_tokens" AS input_tokens,
-           s."attr.gen_ai.usage.output_tokens" AS output_tokens
-    FROM component_calls c
-    JOIN spans s ON s.trace_id = c.trace_id AND s.span_id = c.span_id
-    WHERE c.role = 'entry'
+    SELECT trace_id, start_ns, end_ns, request_id, model, tenant, http_status, status_code, input_tokens,
+           output_tokens
+    FROM component_calls WHERE role = 'entry'
 ),
 eng AS (
     SELECT trace_id,

@@ -21,62 +21,64 @@
 --   (the span's own gen_ai.request.model, else its trace's entry's or engine's), trace_id, span_id,
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
 --   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status, route_target,
---   error_type, status_code, kv_bytes, kv_source, kv_destination, kv_link.
+--   error_type, status_code, input_tokens, output_tokens (gen_ai.usage.*, as a gateway reports them), kv_bytes,
+--   kv_source, kv_destination, kv_link.
 WITH
-eng AS (
-    SELECT trace_id, span_id, service, model, tenant, request_id FROM requests
-),
-eng_span AS (
-    SELECT s.trace_id, s.span_id, s.parent_span_id, s.start_ns, s.end_ns
-    FROM spans s SEMI JOIN eng e ON e.trace_id = s.trace_id AND e.span_id = s.span_id
+eng AS MATERIALIZED (
+    SELECT trace_id, span_id, parent_span_id, arrival_ns, finish_ns, service, model, tenant, request_id
+    FROM requests
 ),
 around AS (
     -- every span that could be a component or an entry: not an engine's own request, phase or step span
     SELECT * FROM spans
     WHERE name NOT IN ('llm_request', 'queue', 'prefill', 'decode', 'engine_step')
 ),
-entry AS (
-    SELECT a.* FROM around a
-    WHERE (a.parent_span_id IS NULL
-           OR NOT EXISTS (SELECT 1 FROM spans p WHERE p.trace_id = a.trace_id AND p.span_id = a.parent_span_id))
-      AND (a.kind = 2 OR a."attr.http.route" IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM eng e WHERE e.trace_id = a.trace_id AND e.span_id = a.span_id)
+root_candidate AS (
+    SELECT * FROM around WHERE kind = 2 OR "attr.http.route" IS NOT NULL
+),
+entry AS MATERIALIZED (
+    SELECT * FROM root_candidate WHERE parent_span_id IS NULL
+    UNION ALL
+    SELECT r.* FROM root_candidate r
+    WHERE r.parent_span_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM spans p WHERE p.trace_id = r.trace_id AND p.span_id = r.parent_span_id)
+      AND NOT EXISTS (SELECT 1 FROM eng e WHERE e.trace_id = r.trace_id AND e.span_id = r.span_id)
 ),
 request_trace AS (
-    SELECT trace_id, any_value(model) AS model, any_value(tenant) AS tenant, any_value(request_id) AS request_id,
-           list(DISTINCT service) AS services
-    FROM (SELECT trace_id, model, tenant, request_id, service FROM eng
+    -- per request trace: what its engines and its entry say, and the entry's span and service
+    SELECT t.trace_id, any_value(t.model) AS model, any_value(t.tenant) AS tenant,
+           any_value(t.request_id) AS request_id, list(DISTINCT t.service) FILTER (WHERE NOT t.is_entry) AS services,
+           any_value(t.span_id) FILTER (WHERE t.is_entry) AS entry_span_id,
+           any_value(t.service) FILTER (WHERE t.is_entry) AS entry_service
+    FROM (SELECT trace_id, span_id, service, model, tenant, request_id, false AS is_entry FROM eng
           UNION ALL
-          SELECT trace_id, "attr.gen_ai.request.model", coalesce("attr.infertrace.tenant.id",
-                 "attr.metadata.user_api_key_team_id", "attr.user.id"), "attr.gen_ai.request.id", NULL FROM entry)
-    GROUP BY trace_id
+          SELECT trace_id, span_id, "res.service.name", "attr.gen_ai.request.model",
+                 coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"),
+                 "attr.gen_ai.request.id", true FROM entry) t
+    GROUP BY t.trace_id
 ),
 wrapper AS (
     -- the direct parent of an engine's span that lasts past the middle of it: a proxy's call to the engine
     SELECT a.trace_id, a.span_id
-    FROM around a JOIN eng_span e ON e.trace_id = a.trace_id AND e.parent_span_id = a.span_id
-    WHERE a.end_ns > e.start_ns + (e.end_ns - e.start_ns) / 2
+    FROM around a JOIN eng e ON e.trace_id = a.trace_id AND e.parent_span_id = a.span_id
+    WHERE a.end_ns > e.arrival_ns + (e.finish_ns - e.arrival_ns) // 2
 ),
 call AS (
     SELECT
         a.*,
-        CASE WHEN en.span_id IS NOT NULL THEN 'entry'
+        CASE WHEN a.span_id = rt.entry_span_id THEN 'entry'
              WHEN a.name IN ('auth', 'rate_limit', 'route', 'global_queue', 'kv_transfer')
                   AND a."res.infertrace.component.kind" IS NOT NULL THEN 'name'
-             WHEN a."res.service.name" IS DISTINCT FROM en_trace."res.service.name"
-                  AND en_trace.span_id IS NOT NULL THEN 'service'
+             WHEN rt.entry_span_id IS NULL OR a."res.service.name" IS DISTINCT FROM rt.entry_service THEN 'service'
              WHEN coalesce(a."attr.http.route", a."attr.peer.service", a."attr.server.address") IS NOT NULL THEN 'http'
-             WHEN en_trace.span_id IS NOT NULL THEN 'same_service'
-             ELSE 'service'
+             ELSE 'same_service'
         END AS found_by
     FROM around a
     JOIN request_trace rt ON rt.trace_id = a.trace_id
-    LEFT JOIN entry en ON en.trace_id = a.trace_id AND en.span_id = a.span_id
-    LEFT JOIN entry en_trace ON en_trace.trace_id = a.trace_id
-    WHERE NOT EXISTS (SELECT 1 FROM eng e WHERE e.trace_id = a.trace_id AND e.span_id = a.span_id)
-      AND NOT EXISTS (SELECT 1 FROM wrapper w WHERE w.trace_id = a.trace_id AND w.span_id = a.span_id)
-      AND (en.span_id IS NOT NULL OR a.name = 'kv_transfer'
-           OR NOT list_contains(rt.services, a."res.service.name"))
+    LEFT JOIN wrapper w ON w.trace_id = a.trace_id AND w.span_id = a.span_id
+    WHERE (a.span_id = rt.entry_span_id OR a.name = 'kv_transfer'
+           OR NOT list_contains(coalesce(rt.services, []), a."res.service.name"))  -- an engine's own spans
+      AND w.span_id IS NULL
 )
 SELECT
     CASE WHEN c.found_by = 'entry' THEN 'gateway' ELSE c.name END AS component,
@@ -105,6 +107,8 @@ SELECT
     c."attr.infertrace.route.target" AS route_target,
     c."attr.error.type" AS error_type,
     c.status_code,
+    c."attr.gen_ai.usage.input_tokens" AS input_tokens,
+    c."attr.gen_ai.usage.output_tokens" AS output_tokens,
     c."attr.infertrace.kv_transfer.bytes" AS kv_bytes,
     c."attr.infertrace.kv_transfer.source" AS kv_source,
     c."attr.infertrace.kv_transfer.destination" AS kv_destination,

@@ -5,7 +5,8 @@
 -- prefix cache; which tenant, model and engine instance; did it fail.
 -- Use it for TTFT/E2E percentiles, TTFT decomposition, cache and billing analyses.
 -- Columns: times are int64 ns since the epoch, durations int64 ns.
---   request_id, trace_id, span_id, model, tenant, service, instance, component_kind, hardware, region,
+--   request_id, trace_id, span_id, parent_span_id, model, tenant, service, instance, component_kind, hardware,
+--   region,
 --   arrival_ns, scheduled_ns (first scheduling), first_token_ns, finish_ns,
 --   queue_ns, ttft_ns, prefill_ns, decode_ns, e2e_ns, kv_transfer_ns,
 --   input_tokens, output_tokens, cached_tokens, system_prompt_id, system_prompt_tokens,
@@ -23,17 +24,16 @@
 -- SGLang's scheduler thread (host id:pid), else `service.name`:`vllm.process_id`, else `service.name`
 -- (instance_source says which). A request id missing on the span is taken from its trace, else the span id.
 WITH
-native AS (
-    SELECT * FROM spans WHERE name = 'llm_request'
-),
-sglang AS (
-    SELECT * FROM spans
+-- the engine request spans of every source, each found by a filter its scan can apply
+engine_span AS NOT MATERIALIZED (
+    SELECT *, 'native' AS form FROM spans WHERE name = 'llm_request'
+    UNION ALL BY NAME
+    SELECT *, 'sglang' AS form FROM spans
     WHERE "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %'
-),
-tgi AS (
-    SELECT * FROM spans
-    WHERE name IN ('chat_completions', 'completions', 'generate', 'generate_stream')
-      AND "attr.code.namespace" = 'text_generation_router::server'
+    UNION ALL BY NAME
+    SELECT *, 'tgi' AS form FROM spans
+    WHERE "attr.code.namespace" = 'text_generation_router::server'
+      AND name IN ('chat_completions', 'completions', 'generate', 'generate_stream')
 ),
 queue AS (
     SELECT trace_id, parent_span_id, max(end_ns) AS scheduled_ns
@@ -43,18 +43,27 @@ kv AS (
     SELECT trace_id, "attr.gen_ai.request.id" AS request_id, sum(end_ns - start_ns)::BIGINT AS kv_transfer_ns
     FROM spans WHERE name = 'kv_transfer' GROUP BY ALL
 ),
--- SGLang: the scheduler's slices and thread span, per trace (one request per trace unless disaggregated)
+-- SGLang: the scheduler's slices and thread span, per trace (one request per trace unless disaggregated). Each
+-- scan filters on one name (or label) alone, a filter the Parquet reader applies before reading anything else:
+-- on another source's store they read nothing.
+sglang_stage AS (
+    SELECT trace_id, name, start_ns FROM spans WHERE name = 'prefill_forward'
+    UNION ALL
+    SELECT trace_id, name, start_ns FROM spans WHERE name = 'chunked_prefill'
+),
+sglang_thread AS (
+    SELECT trace_id, "attr.host_id"[1:8] || ':' || CAST("attr.pid" AS VARCHAR) AS scheduler,
+           len(list_filter(events, lambda e: e.name = 'retract')) AS retracts
+    FROM (SELECT * FROM spans WHERE "attr.thread_label" IS NOT NULL)
+    WHERE "attr.thread_label" LIKE '%Scheduler'
+),
 sglang_slices AS (
-    SELECT trace_id,
-           min(start_ns) FILTER (WHERE name = 'prefill_forward') AS scheduled_ns,
-           count(*) FILTER (WHERE name = 'chunked_prefill') AS prefill_chunks,
-           sum(len(list_filter(events, lambda e: e.name = 'retract'))) AS preemptions,
-           any_value("attr.host_id"[1:8] || ':' || CAST("attr.pid" AS VARCHAR))
-               FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS scheduler
-    FROM spans
-    WHERE trace_id IN (SELECT trace_id FROM sglang)
-      AND (name IN ('prefill_forward', 'chunked_prefill') OR "attr.thread_label" IS NOT NULL)
-    GROUP BY trace_id
+    SELECT t.trace_id, any_value(t.scheduler) AS scheduler, sum(t.retracts) AS preemptions,
+           min(s.start_ns) FILTER (WHERE s.name = 'prefill_forward') AS scheduled_ns,
+           count(s.name) FILTER (WHERE s.name = 'chunked_prefill') AS prefill_chunks
+    FROM sglang_thread t
+    LEFT JOIN sglang_stage s ON s.trace_id = t.trace_id
+    GROUP BY t.trace_id
 ),
 -- TGI: when the batching task picked the request, and the tokens it sent
 tgi_spans AS (
@@ -62,47 +71,61 @@ tgi_spans AS (
            max(end_ns) FILTER (WHERE name = 'queued') AS scheduled_ns,
            min(start_ns) FILTER (WHERE name = 'send_generation') AS first_token_ns,
            count(*) FILTER (WHERE name = 'send_generation') AS output_tokens
-    FROM spans
-    WHERE trace_id IN (SELECT trace_id FROM tgi) AND name IN ('queued', 'send_generation')
+    FROM (SELECT trace_id, name, start_ns, end_ns FROM spans WHERE name = 'queued'
+          UNION ALL
+          SELECT trace_id, name, start_ns, end_ns FROM spans WHERE name = 'send_generation')
     GROUP BY trace_id
 ),
-engine AS (
+-- one row per engine request, with every column the relation needs, named once
+engine AS MATERIALIZED (
     SELECT
-        r.*, 'native' AS form,
+        r.form, r.trace_id, r.span_id, r.parent_span_id, r.start_ns, r.end_ns, r.status_code,
+        r."attr.gen_ai.request.id" AS own_request_id,
+        coalesce(r."attr.gen_ai.response.model", r."attr.gen_ai.request.model", r."res.infertrace.engine.model")
+            AS own_model,
+        r."attr.infertrace.tenant.id" AS own_tenant,
+        r."res.service.name" AS service, r."res.service.instance.id" AS instance_id, r."res.host.name" AS host,
+        r."res.process.pid" AS pid, r."res.vllm.process_id" AS vllm_pid,
+        r."res.infertrace.component.kind" AS component_kind, r."res.infertrace.hardware" AS hardware,
+        r."res.cloud.region" AS region,
+        coalesce(r."attr.gen_ai.usage.input_tokens", r."attr.gen_ai.usage.prompt_tokens") AS input_tokens,
+        coalesce(r."attr.gen_ai.usage.output_tokens", r."attr.gen_ai.usage.completion_tokens",
+                 t.output_tokens) AS output_tokens,
+        coalesce(r."attr.gen_ai.usage.cache_read.input_tokens", r."attr.gen_ai.usage.cached_tokens")
+            AS cached_tokens,
+        r."attr.infertrace.request.system_prompt.id" AS system_prompt_id,
+        r."attr.infertrace.request.system_prompt.tokens" AS system_prompt_tokens,
+        r."attr.infertrace.request.assistant_prefill_tokens" AS assistant_prefill_tokens,
+        r."attr.gen_ai.request.max_tokens" AS max_tokens,
+        r."attr.infertrace.request.preemptions" AS own_preemptions,
+        coalesce(r."attr.infertrace.request.prefill_chunks", s.prefill_chunks) AS prefill_chunks,
+        r."attr.gen_ai.response.finish_reasons"[1] AS finish_reason,
+        r."attr.error.type" AS error_type,
         q.scheduled_ns AS q_scheduled_ns,
         list_filter(r.events, lambda e: e.name = 'first_token')[1].time_ns AS event_first_token_ns,
-        len(list_filter(r.events, lambda e: e.name IN ('preempted', 'journey.PREEMPTED'))) AS event_preemptions,
+        CASE WHEN r.form = 'sglang' THEN coalesce(s.preemptions, 0)
+             ELSE len(list_filter(r.events, lambda e: e.name IN ('preempted', 'journey.PREEMPTED'))) END
+            AS event_preemptions,
         CAST(round(r."attr.gen_ai.latency.time_in_queue" * 1e9) AS BIGINT) AS attr_queue_ns,
         CAST(round(r."attr.gen_ai.latency.time_to_first_token" * 1e9) AS BIGINT) AS attr_ttft_ns,
         CAST(round(r."attr.gen_ai.latency.time_in_model_prefill" * 1e9) AS BIGINT) AS attr_prefill_ns,
         CAST(round(r."attr.gen_ai.latency.e2e" * 1e9) AS BIGINT) AS attr_e2e_ns,
-        NULL::BIGINT AS own_scheduled_ns, NULL::BIGINT AS own_first_token_ns, NULL::BIGINT AS own_output_tokens,
-        NULL::BIGINT AS own_chunks, NULL::VARCHAR AS sglang_instance
-    FROM native r
-    LEFT JOIN queue q ON q.trace_id = r.trace_id AND q.parent_span_id = r.span_id
-    UNION ALL BY NAME
-    SELECT
-        r.*, 'sglang' AS form,
-        NULL AS q_scheduled_ns, NULL AS event_first_token_ns, coalesce(s.preemptions, 0) AS event_preemptions,
-        NULL AS attr_queue_ns,
-        CAST(round(r."attr.gen_ai.latency.time_to_first_token" * 1e9) AS BIGINT) AS attr_ttft_ns,
-        NULL AS attr_prefill_ns,
-        CAST(round(r."attr.gen_ai.latency.e2e" * 1e9) AS BIGINT) AS attr_e2e_ns,
-        s.scheduled_ns AS own_scheduled_ns, NULL AS own_first_token_ns, NULL AS own_output_tokens,
-        s.prefill_chunks AS own_chunks, s.scheduler AS sglang_instance
-    FROM sglang r
-    LEFT JOIN sglang_slices s ON s.trace_id = r.trace_id
-    UNION ALL BY NAME
-    SELECT
-        r.*, 'tgi' AS form,
-        NULL AS q_scheduled_ns, NULL AS event_first_token_ns, 0 AS event_preemptions, NULL AS attr_queue_ns,
-        NULL AS attr_ttft_ns, NULL AS attr_prefill_ns, NULL AS attr_e2e_ns,
-        t.scheduled_ns AS own_scheduled_ns, t.first_token_ns AS own_first_token_ns,
-        t.output_tokens AS own_output_tokens, NULL AS own_chunks, NULL AS sglang_instance
-    FROM tgi r
-    LEFT JOIN tgi_spans t ON t.trace_id = r.trace_id
+        coalesce(s.scheduled_ns, t.scheduled_ns) AS own_scheduled_ns,
+        t.first_token_ns AS own_first_token_ns,
+        s.scheduler AS sglang_instance,
+        CASE
+            WHEN r.form <> 'native' THEN r.form
+            WHEN r."attr.infertrace.request.preemptions" IS NOT NULL OR q.scheduled_ns IS NOT NULL THEN 'infertrace'
+            WHEN r."attr.gen_ai.latency.time_in_model_inference" IS NOT NULL OR r."res.vllm.process_id" IS NOT NULL
+                THEN 'vllm-v1'
+            ELSE 'vllm-v0'
+        END AS source
+    FROM engine_span r
+    LEFT JOIN queue q ON r.form = 'native' AND q.trace_id = r.trace_id AND q.parent_span_id = r.span_id
+    LEFT JOIN sglang_slices s ON r.form = 'sglang' AND s.trace_id = r.trace_id
+    LEFT JOIN tgi_spans t ON r.form = 'tgi' AND t.trace_id = r.trace_id
 ),
--- What else the trace says (a gateway's span): for requests whose own span lacks a model or a request id
+-- What else the trace says (a gateway's span): for requests whose own span lacks a model, an id or a tenant
 trace_info AS (
     SELECT trace_id,
            any_value("attr.gen_ai.request.model") FILTER (WHERE "attr.gen_ai.request.model" IS NOT NULL) AS model,
@@ -111,9 +134,7 @@ trace_info AS (
                AS tenant
     FROM spans
     WHERE trace_id IN (SELECT trace_id FROM engine
-                       WHERE coalesce("attr.gen_ai.response.model", "attr.gen_ai.request.model",
-                                      "res.infertrace.engine.model") IS NULL
-                          OR "attr.gen_ai.request.id" IS NULL OR "attr.infertrace.tenant.id" IS NULL)
+                       WHERE own_model IS NULL OR own_request_id IS NULL OR own_tenant IS NULL)
       AND name NOT IN ('llm_request', 'engine_step')
     GROUP BY trace_id
 ),
@@ -121,13 +142,6 @@ phases AS (
     SELECT
         e.*,
         ti.model AS trace_model, ti.request_id AS trace_request_id, ti.tenant AS trace_tenant,
-        CASE
-            WHEN e.form <> 'native' THEN e.form
-            WHEN e."attr.infertrace.request.preemptions" IS NOT NULL OR e.q_scheduled_ns IS NOT NULL THEN 'infertrace'
-            WHEN e."attr.gen_ai.latency.time_in_model_inference" IS NOT NULL OR e."res.vllm.process_id" IS NOT NULL
-                THEN 'vllm-v1'
-            ELSE 'vllm-v0'
-        END AS source,
         coalesce(e.event_first_token_ns, e.own_first_token_ns, e.start_ns + e.attr_ttft_ns) AS first_token
     FROM engine e
     LEFT JOIN trace_info ti ON ti.trace_id = e.trace_id
@@ -143,19 +157,18 @@ timed AS (
     FROM phases
 )
 SELECT
-    coalesce(p."attr.gen_ai.request.id", p.trace_request_id, p.span_id) AS request_id,
+    coalesce(p.own_request_id, p.trace_request_id, p.span_id) AS request_id,
     p.trace_id,
     p.span_id,
-    coalesce(p."attr.gen_ai.response.model", p."attr.gen_ai.request.model", p."res.infertrace.engine.model",
-             p.trace_model, p."res.service.name") AS model,
-    coalesce(p."attr.infertrace.tenant.id", p.trace_tenant) AS tenant,
-    p."res.service.name" AS service,
-    coalesce(p."res.service.instance.id", p."res.host.name" || ':' || CAST(p."res.process.pid" AS VARCHAR),
-             p.sglang_instance, p."res.service.name" || ':' || p."res.vllm.process_id",
-             p."res.service.name") AS instance,
-    coalesce(p."res.infertrace.component.kind", 'engine') AS component_kind,
-    p."res.infertrace.hardware" AS hardware,
-    p."res.cloud.region" AS region,
+    p.parent_span_id,
+    coalesce(p.own_model, p.trace_model, p.service) AS model,
+    coalesce(p.own_tenant, p.trace_tenant) AS tenant,
+    p.service,
+    coalesce(p.instance_id, p.host || ':' || CAST(p.pid AS VARCHAR), p.sglang_instance,
+             p.service || ':' || p.vllm_pid, p.service) AS instance,
+    coalesce(p.component_kind, 'engine') AS component_kind,
+    p.hardware,
+    p.region,
     p.start_ns AS arrival_ns,
     p.scheduled AS scheduled_ns,
     p.first_token AS first_token_ns,
@@ -166,35 +179,31 @@ SELECT
     p.finish - p.first_token AS decode_ns,
     p.finish - p.start_ns AS e2e_ns,
     kv.kv_transfer_ns,
-    coalesce(p."attr.gen_ai.usage.input_tokens", p."attr.gen_ai.usage.prompt_tokens") AS input_tokens,
-    coalesce(p."attr.gen_ai.usage.output_tokens", p."attr.gen_ai.usage.completion_tokens",
-             p.own_output_tokens) AS output_tokens,
-    coalesce(p."attr.gen_ai.usage.cache_read.input_tokens", p."attr.gen_ai.usage.cached_tokens") AS cached_tokens,
-    p."attr.infertrace.request.system_prompt.id" AS system_prompt_id,
-    p."attr.infertrace.request.system_prompt.tokens" AS system_prompt_tokens,
-    p."attr.infertrace.request.assistant_prefill_tokens" AS assistant_prefill_tokens,
-    p."attr.gen_ai.request.max_tokens" AS max_tokens,
-    coalesce(p."attr.infertrace.request.preemptions",
-             CASE WHEN p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0
-                  THEN p.event_preemptions END) AS preemptions,
-    coalesce(p."attr.infertrace.request.prefill_chunks", p.own_chunks) AS prefill_chunks,
-    p."attr.gen_ai.response.finish_reasons"[1] AS finish_reason,
-    p."attr.error.type" AS error_type,
+    p.input_tokens,
+    p.output_tokens,
+    p.cached_tokens,
+    p.system_prompt_id,
+    p.system_prompt_tokens,
+    p.assistant_prefill_tokens,
+    p.max_tokens,
+    coalesce(p.own_preemptions, CASE WHEN p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0
+                                     THEN p.event_preemptions END) AS preemptions,
+    p.prefill_chunks,
+    p.finish_reason,
+    p.error_type,
     p.status_code,
-    CASE WHEN p.status_code = 2 OR p."attr.error.type" IS NOT NULL THEN 'error' ELSE 'ok' END AS outcome,
+    CASE WHEN p.status_code = 2 OR p.error_type IS NOT NULL THEN 'error' ELSE 'ok' END AS outcome,
     CASE WHEN p.q_scheduled_ns IS NOT NULL OR p.event_first_token_ns IS NOT NULL OR p.form <> 'native'
               THEN 'spans'
          WHEN p.attr_ttft_ns IS NOT NULL THEN 'gen_ai.latency' END AS timing_source,
     p.source,
-    CASE WHEN coalesce(p."attr.gen_ai.response.model", p."attr.gen_ai.request.model",
-                       p."res.infertrace.engine.model") IS NOT NULL THEN 'attribute'
+    CASE WHEN p.own_model IS NOT NULL THEN 'attribute'
          WHEN p.trace_model IS NOT NULL THEN 'trace'
-         WHEN p."res.service.name" IS NOT NULL THEN 'service.name' END AS model_source,
-    CASE WHEN p."res.service.instance.id" IS NOT NULL THEN 'service.instance.id'
-         WHEN p."res.host.name" IS NOT NULL AND p."res.process.pid" IS NOT NULL THEN 'host.name+process.pid'
+         WHEN p.service IS NOT NULL THEN 'service.name' END AS model_source,
+    CASE WHEN p.instance_id IS NOT NULL THEN 'service.instance.id'
+         WHEN p.host IS NOT NULL AND p.pid IS NOT NULL THEN 'host.name+process.pid'
          WHEN p.sglang_instance IS NOT NULL THEN 'sglang scheduler'
-         WHEN p."res.service.name" IS NOT NULL AND p."res.vllm.process_id" IS NOT NULL
-              THEN 'service.name+vllm.process_id'
-         WHEN p."res.service.name" IS NOT NULL THEN 'service.name' END AS instance_source
+         WHEN p.service IS NOT NULL AND p.vllm_pid IS NOT NULL THEN 'service.name+vllm.process_id'
+         WHEN p.service IS NOT NULL THEN 'service.name' END AS instance_source
 FROM timed p
-LEFT JOIN kv ON kv.trace_id = p.trace_id AND kv.request_id = p."attr.gen_ai.request.id"
+LEFT JOIN kv ON kv.trace_id = p.trace_id AND kv.request_id = p.own_request_id
