@@ -28,21 +28,35 @@ eng AS MATERIALIZED (
     SELECT trace_id, span_id, parent_span_id, arrival_ns, finish_ns, service, model, tenant, request_id
     FROM requests
 ),
-around AS (
-    -- every span that could be a component or an entry: not an engine's own request, phase or step span
-    SELECT * FROM spans
+around AS MATERIALIZED (
+    -- every span that could be a component or an entry: not an engine's own request, phase or step span (one
+    -- scan: each scan of a store of many segments costs about as much)
+    SELECT
+        name, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, status_code,
+        "res.service.name", "res.service.instance.id", "res.host.name", "res.process.pid", "res.cloud.region",
+        "res.infertrace.component.kind", "attr.http.route", "attr.peer.service", "attr.server.address",
+        "attr.gen_ai.request.id", "attr.gen_ai.request.model", "attr.infertrace.tenant.id",
+        "attr.metadata.user_api_key_team_id", "attr.user.id", "attr.infertrace.component.outcome",
+        "attr.http.response.status_code", "attr.infertrace.route.target", "attr.error.type",
+        "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.output_tokens", "attr.infertrace.kv_transfer.bytes",
+        "attr.infertrace.kv_transfer.source", "attr.infertrace.kv_transfer.destination",
+        "attr.infertrace.kv_transfer.link"
+    FROM spans
     WHERE name NOT IN ('llm_request', 'queue', 'prefill', 'decode', 'engine_step')
 ),
 root_candidate AS (
     SELECT * FROM around WHERE kind = 2 OR "attr.http.route" IS NOT NULL
 ),
 entry AS MATERIALIZED (
+    -- a root: no parent, or a parent not in the store (an entry's parent would be a client's span, never an engine
+    -- phase or step span, so looking among these and the engines' spans is enough)
     SELECT * FROM root_candidate WHERE parent_span_id IS NULL
     UNION ALL
     SELECT r.* FROM root_candidate r
-    WHERE r.parent_span_id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM spans p WHERE p.trace_id = r.trace_id AND p.span_id = r.parent_span_id)
-      AND NOT EXISTS (SELECT 1 FROM eng e WHERE e.trace_id = r.trace_id AND e.span_id = r.span_id)
+    LEFT JOIN around p ON p.trace_id = r.trace_id AND p.span_id = r.parent_span_id
+    LEFT JOIN eng e ON e.trace_id = r.trace_id AND e.span_id = r.parent_span_id
+    LEFT JOIN eng own ON own.trace_id = r.trace_id AND own.span_id = r.span_id
+    WHERE r.parent_span_id IS NOT NULL AND p.span_id IS NULL AND e.span_id IS NULL AND own.span_id IS NULL
 ),
 request_trace AS (
     -- per request trace: what its engines and its entry say, and the entry's span and service

@@ -24,46 +24,62 @@
 -- SGLang's scheduler thread (host id:pid), else `service.name`:`vllm.process_id`, else `service.name`
 -- (instance_source says which). A request id missing on the span is taken from its trace, else the span id.
 WITH
--- the engine request spans of every source, each found by a filter its scan can apply
-engine_span AS NOT MATERIALIZED (
-    SELECT *, 'native' AS form FROM spans WHERE name = 'llm_request'
-    UNION ALL BY NAME
-    SELECT *, 'sglang' AS form FROM spans
-    WHERE "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %'
-    UNION ALL BY NAME
-    SELECT *, 'tgi' AS form FROM spans
-    WHERE "attr.code.namespace" = 'text_generation_router::server'
-      AND name IN ('chat_completions', 'completions', 'generate', 'generate_stream')
+-- One scan of the spans picks every row this relation reads (each further scan of a store of many segments
+-- costs as much as this one): engine request spans of every source, the reference engine's queue and
+-- kv_transfer spans, SGLang's stages and scheduler thread, TGI's queued and send_generation spans, and any
+-- other span naming a requested model (a gateway's: the model, id and tenant of a request whose engine span
+-- lacks them).
+pick AS MATERIALIZED (
+    SELECT
+        name, trace_id, span_id, parent_span_id, start_ns, end_ns, status_code, events,
+        "attr.gen_ai.request.id", "attr.gen_ai.response.model", "attr.gen_ai.request.model",
+        "attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id",
+        "res.service.name", "res.service.instance.id", "res.host.name", "res.process.pid", "res.vllm.process_id",
+        "res.infertrace.component.kind", "res.infertrace.hardware", "res.cloud.region", "res.infertrace.engine.model",
+        "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens", "attr.gen_ai.usage.output_tokens",
+        "attr.gen_ai.usage.completion_tokens", "attr.gen_ai.usage.cache_read.input_tokens",
+        "attr.gen_ai.usage.cached_tokens", "attr.infertrace.request.system_prompt.id",
+        "attr.infertrace.request.system_prompt.tokens", "attr.infertrace.request.assistant_prefill_tokens",
+        "attr.gen_ai.request.max_tokens", "attr.infertrace.request.preemptions",
+        "attr.infertrace.request.prefill_chunks", "attr.gen_ai.response.finish_reasons", "attr.error.type",
+        "attr.gen_ai.latency.time_in_queue", "attr.gen_ai.latency.time_to_first_token",
+        "attr.gen_ai.latency.time_in_model_prefill", "attr.gen_ai.latency.e2e",
+        "attr.gen_ai.latency.time_in_model_inference", "attr.rid", "attr.module", "attr.code.namespace",
+        "attr.thread_label", "attr.host_id", "attr.pid",
+        CASE WHEN name = 'llm_request' THEN 'native'
+             WHEN "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %' THEN 'sglang'
+             WHEN "attr.code.namespace" = 'text_generation_router::server'
+                  AND name IN ('chat_completions', 'completions', 'generate', 'generate_stream') THEN 'tgi'
+        END AS form
+    FROM spans
+    WHERE name IN ('llm_request', 'queue', 'kv_transfer', 'prefill_forward', 'chunked_prefill', 'queued',
+                   'send_generation', 'chat_completions', 'completions', 'generate', 'generate_stream')
+       OR "attr.thread_label" IS NOT NULL OR "attr.rid" IS NOT NULL
+       OR ("attr.gen_ai.request.model" IS NOT NULL AND name <> 'engine_step')
+),
+engine_span AS (
+    SELECT * FROM pick WHERE form IS NOT NULL
 ),
 queue AS (
     SELECT trace_id, parent_span_id, max(end_ns) AS scheduled_ns
-    FROM spans WHERE name = 'queue' GROUP BY ALL
+    FROM pick WHERE name = 'queue' GROUP BY ALL
 ),
 kv AS (
     SELECT trace_id, "attr.gen_ai.request.id" AS request_id, sum(end_ns - start_ns)::BIGINT AS kv_transfer_ns
-    FROM spans WHERE name = 'kv_transfer' GROUP BY ALL
+    FROM pick WHERE name = 'kv_transfer' GROUP BY ALL
 ),
--- SGLang: the scheduler's slices and thread span, per trace (one request per trace unless disaggregated). Each
--- scan filters on one name (or label) alone, a filter the Parquet reader applies before reading anything else:
--- on another source's store they read nothing.
-sglang_stage AS (
-    SELECT trace_id, name, start_ns FROM spans WHERE name = 'prefill_forward'
-    UNION ALL
-    SELECT trace_id, name, start_ns FROM spans WHERE name = 'chunked_prefill'
-),
-sglang_thread AS (
-    SELECT trace_id, "attr.host_id"[1:8] || ':' || CAST("attr.pid" AS VARCHAR) AS scheduler,
-           len(list_filter(events, lambda e: e.name = 'retract')) AS retracts
-    FROM (SELECT * FROM spans WHERE "attr.thread_label" IS NOT NULL)
-    WHERE "attr.thread_label" LIKE '%Scheduler'
-),
+-- SGLang: the scheduler's slices and thread span, per trace (one request per trace unless disaggregated)
 sglang_slices AS (
-    SELECT t.trace_id, any_value(t.scheduler) AS scheduler, sum(t.retracts) AS preemptions,
-           min(s.start_ns) FILTER (WHERE s.name = 'prefill_forward') AS scheduled_ns,
-           count(s.name) FILTER (WHERE s.name = 'chunked_prefill') AS prefill_chunks
-    FROM sglang_thread t
-    LEFT JOIN sglang_stage s ON s.trace_id = t.trace_id
-    GROUP BY t.trace_id
+    SELECT trace_id,
+           any_value("attr.host_id"[1:8] || ':' || CAST("attr.pid" AS VARCHAR))
+               FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS scheduler,
+           sum(len(list_filter(events, lambda e: e.name = 'retract')))
+               FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS preemptions,
+           min(start_ns) FILTER (WHERE name = 'prefill_forward') AS scheduled_ns,
+           count(*) FILTER (WHERE name = 'chunked_prefill') AS prefill_chunks
+    FROM pick
+    WHERE name IN ('prefill_forward', 'chunked_prefill') OR "attr.thread_label" IS NOT NULL
+    GROUP BY trace_id
 ),
 -- TGI: when the batching task picked the request, and the tokens it sent
 tgi_spans AS (
@@ -71,13 +87,11 @@ tgi_spans AS (
            max(end_ns) FILTER (WHERE name = 'queued') AS scheduled_ns,
            min(start_ns) FILTER (WHERE name = 'send_generation') AS first_token_ns,
            count(*) FILTER (WHERE name = 'send_generation') AS output_tokens
-    FROM (SELECT trace_id, name, start_ns, end_ns FROM spans WHERE name = 'queued'
-          UNION ALL
-          SELECT trace_id, name, start_ns, end_ns FROM spans WHERE name = 'send_generation')
+    FROM pick WHERE name IN ('queued', 'send_generation')
     GROUP BY trace_id
 ),
 -- one row per engine request, with every column the relation needs, named once
-engine AS MATERIALIZED (
+engine AS (
     SELECT
         r.form, r.trace_id, r.span_id, r.parent_span_id, r.start_ns, r.end_ns, r.status_code,
         r."attr.gen_ai.request.id" AS own_request_id,
@@ -128,14 +142,12 @@ engine AS MATERIALIZED (
 -- What else the trace says (a gateway's span): for requests whose own span lacks a model, an id or a tenant
 trace_info AS (
     SELECT trace_id,
-           any_value("attr.gen_ai.request.model") FILTER (WHERE "attr.gen_ai.request.model" IS NOT NULL) AS model,
+           any_value("attr.gen_ai.request.model") AS model,
            any_value("attr.gen_ai.request.id") FILTER (WHERE "attr.gen_ai.request.id" IS NOT NULL) AS request_id,
            any_value(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"))
                AS tenant
-    FROM spans
-    WHERE trace_id IN (SELECT trace_id FROM engine
-                       WHERE own_model IS NULL OR own_request_id IS NULL OR own_tenant IS NULL)
-      AND name NOT IN ('llm_request', 'engine_step')
+    FROM pick
+    WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL
     GROUP BY trace_id
 ),
 phases AS (
