@@ -293,7 +293,7 @@ class Gateway:
         if extra:
             attributes.update(extra)
         if not self.naming.native:
-            name, attributes = self.naming.component(name, status, extra)
+            name, attributes = self.naming.component(name, status)
         span = SpanRecord(call.trace_id, span_id, call.span_id, name, start, end, attributes)
         if status >= 500:
             span.status_code = STATUS_ERROR

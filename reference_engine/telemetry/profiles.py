@@ -160,7 +160,7 @@ class GatewayNaming:
         """A component's resource: its service and instance, without this project's component kind."""
         return native if self.native else {k: v for k, v in native.items() if k != sc.COMPONENT_KIND}
 
-    def component(self, name: str, status: int, extra: Attributes | None) -> tuple[str, Attributes]:
+    def component(self, name: str, status: int) -> tuple[str, Attributes]:
         """A component call (auth, rate limit, route, global queue) as a LiteLLM-style service-hook span."""
         service, call_type = LITELLM_SPANS[name]
         attributes: Attributes = {sc.LITELLM_SERVICE: service, sc.LITELLM_CALL_TYPE: call_type,

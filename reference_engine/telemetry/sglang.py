@@ -21,7 +21,7 @@ TTFT, E2E, decode, inference and prefill seconds on the tokenizer's clock. The r
 and the SDK's attributes; trace ids are 64-bit (SGLang's own id generator).
 
 The simulated engine is SGLang's scheduler. The tokenizer received the request `frontend_in` before the scheduler
-and sees each output `frontend_out` after it (`vllm.FrontendLatency`). A mixed step (prefills and decodes in one
+and sees each output `frontend_out` after it (`frontend.FrontendLatency`). A mixed step (prefills and decodes in one
 forward, SGLang's mixed chunk) is one `prefill` batch for every request in it.
 """
 
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
 from reference_engine.telemetry.buffer import SpanBuffer
+from reference_engine.telemetry.frontend import SDK_RESOURCE, FrontendLatency, finish_reason
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.timeline import Journey, StepSeen, Timeline
-from reference_engine.telemetry.vllm import SDK_RESOURCE, FrontendLatency, _finish_reason
 
 if TYPE_CHECKING:
     from reference_engine.engine.llm_engine import StepReport
@@ -149,7 +149,7 @@ class SglangTracer:
             sc.REQUEST_ID: rid,
             sc.REQUEST_MAX_TOKENS: req.max_tokens,
             sc.RESPONSE_MODEL: self.model,
-            sc.RESPONSE_FINISH_REASONS: json.dumps([_finish_reason(seq)]),
+            sc.RESPONSE_FINISH_REASONS: json.dumps([finish_reason(seq)]),
             sc.LATENCY_TIME_TO_FIRST_TOKEN: (first + delay_out - created) / 1e9,
             sc.LATENCY_E2E: (finished + delay_out - created) / 1e9,
             sc.LATENCY_TIME_IN_MODEL_DECODE: (finished - first) / 1e9,

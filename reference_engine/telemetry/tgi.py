@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
 from reference_engine.telemetry.buffer import SpanBuffer
+from reference_engine.telemetry.frontend import FrontendLatency
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.timeline import Journey, Timeline
-from reference_engine.telemetry.vllm import FrontendLatency
 
 if TYPE_CHECKING:
     from reference_engine.engine.llm_engine import StepReport

@@ -28,13 +28,14 @@ from __future__ import annotations
 import bisect
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infertrace import semconv as sc
 from reference_engine.telemetry.buffer import SpanBuffer
+from reference_engine.telemetry.frontend import SDK_RESOURCE, FrontendLatency, finish_reason
 from reference_engine.telemetry.otlp import SPAN_KIND_SERVER, Attributes, SpanRecord, SpanSink
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 V1_SCOPE = "vllm.tracing.otel"  # manual_instrument_otel: trace.get_tracer(__name__)
 V0_SCOPE = "vllm.llm_engine"  # init_tracer("vllm.llm_engine", ...)
-SDK_RESOURCE: Attributes = {"telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
-                            "telemetry.sdk.version": "1.27.0"}
 
 
 def vllm_resource(version: str, service_name: str, pid: int, instance_id: str | None = None) -> Attributes:
@@ -57,19 +56,6 @@ def vllm_resource(version: str, service_name: str, pid: int, instance_id: str | 
     if instance_id is not None:
         resource[sc.SERVICE_INSTANCE_ID] = instance_id
     return resource
-
-
-@dataclass
-class FrontendLatency:
-    """The API server's share of a request: from its arrival at the server to the engine core (tokenisation, IPC),
-    and from the core's output to the server (detokenisation). Drawn uniformly per request, in milliseconds."""
-
-    in_ms: tuple[float, float] = (1.0, 3.0)
-    out_ms: tuple[float, float] = (0.2, 1.0)
-    rng: random.Random = field(default_factory=random.Random)
-
-    def draw(self) -> tuple[int, int]:
-        return (round(self.rng.uniform(*self.in_ms) * 1e6), round(self.rng.uniform(*self.out_ms) * 1e6))
 
 
 class VllmTracer:
@@ -111,7 +97,7 @@ class VllmTracer:
             sc.LATENCY_TIME_IN_MODEL_DECODE: (last - first) / 1e9,
             sc.VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: (last - scheduled) / 1e9,
             sc.REQUEST_ID: req.request_id,
-            sc.RESPONSE_FINISH_REASONS: json.dumps([_finish_reason(seq)]),
+            sc.RESPONSE_FINISH_REASONS: json.dumps([finish_reason(seq)]),
             sc.VLLM_REQUEST_TOP_P: 1.0,
             sc.REQUEST_MAX_TOKENS: req.max_tokens,
             sc.VLLM_REQUEST_N: 1,
@@ -146,10 +132,6 @@ class VllmTracer:
 
     def close(self) -> None:
         self.out.close()
-
-
-def _finish_reason(seq: Sequence) -> str:
-    return "length" if seq.num_output_tokens >= seq.request.max_tokens else "stop"
 
 
 # ------------------------------------------------------------------------------------------ iteration log
@@ -195,6 +177,10 @@ class IterationLog:
     def on_finish(self, seq: Sequence) -> None:
         pass
 
+    def dummy(self, end_ns: int) -> _Iteration:
+        """The dummy batch a DP rank with nothing to run executes while another rank steps (a fraction of a ms)."""
+        return _Iteration(end_ns, 0, 0, 0, 0, round(self._rng.uniform(0.05, 0.2) * 1e6), True)
+
     def lines(self) -> list[str]:
         return [_line(self.rank, self.pid, i, it) for i, it in enumerate(sorted(self.iterations,
                                                                                  key=lambda x: x.end_ns))]
@@ -221,9 +207,7 @@ class IterationLogGroup:
             for instance, log in group:
                 busy = sorted((it.end_ns - it.elapsed_ns, it.end_ns) for it in log.iterations)
                 others = sorted({it.end_ns for _, other in group if other is not log for it in other.iterations})
-                dummies = [_Iteration(t, 0, 0, 0, 0, round(log._rng.uniform(0.05, 0.2) * 1e6), True)
-                           for t in others if not _covered(busy, t)]
-                log.iterations += dummies
+                log.iterations += [log.dummy(t) for t in others if not _covered(busy, t)]
                 path = self.directory / f"{instance}.log"
                 path.write_text("".join(line + "\n" for line in log.lines()), encoding="utf-8")
                 written.append(path)
