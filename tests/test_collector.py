@@ -168,22 +168,30 @@ def test_bodies_over_the_cap_get_413_before_and_after_decompression(collector: C
 
 def test_a_full_queue_answers_503_with_retry_after_and_recovers(collector: Collector) -> None:
     body = _export_body()
+    with collector.receiver.admit(len(body)), collector.receiver.admit(len(body)):  # queue_size=2, both busy
+        busy = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        assert "queue-size" in Status.FromString(busy.content).message
+    again = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+    assert again.status_code == 200
+
+
+def test_clients_still_sending_their_bodies_take_no_write_slot(collector: Collector) -> None:
+    body = _export_body()
     host, port = collector.address.split(":")
     slow = []
-    for _ in range(2):  # queue_size=2: two requests whose bodies are still arriving hold both slots
+    for _ in range(4):  # queue_size=2: four requests whose bodies are still arriving
         s = socket.create_connection((host, int(port)))
         s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
         slow.append(s)
     time.sleep(0.3)
-    busy = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
-    assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+    meanwhile = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+    assert meanwhile.status_code == 200
     for s in slow:
         s.sendall(body[5:])
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         s.close()
-    again = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
-    assert again.status_code == 200
 
 
 def test_wrong_path_and_method(collector: Collector) -> None:

@@ -44,7 +44,7 @@ def relation_sql(name: str) -> str:
     return resources.files("infertrace.store").joinpath("relations", f"{name}.sql").read_text(encoding="utf-8")
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -109,7 +109,7 @@ def read_footer(path: Path) -> SegmentInfo | str:
     return info
 
 
-def _projection(schema: pa.Schema) -> str:
+def projection(schema: pa.Schema) -> str:
     """SELECT list that maps a segment schema onto the store's schema: a column missing from older segments
     reads as NULL, one whose type changed is cast; columns the schema no longer has are left out."""
     items = []
@@ -168,8 +168,8 @@ class Store:
         con = self.con
         parts = []
         for key, paths in readable.items():
-            files = ", ".join(_sql_string(str(p)) for p in paths)
-            parts.append(f"SELECT {_projection(schemas[key])} FROM read_parquet([{files}], "
+            files = ", ".join(sql_string(str(p)) for p in paths)
+            parts.append(f"SELECT {projection(schemas[key])} FROM read_parquet([{files}], "
                          f"hive_partitioning = false)")
         if parts:
             con.execute("CREATE OR REPLACE VIEW spans_raw AS " + " UNION ALL ".join(parts))
