@@ -191,7 +191,7 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path, inputs: list[Path]) -> t
     union = " UNION ALL ".join(
         f"SELECT {projection(schemas[k])} FROM read_parquet([{', '.join(sql_string(str(p)) for p in paths)}])"
         for k, paths in by_schema.items())
-    reader = con.execute(f"SELECT DISTINCT * FROM ({union}) ORDER BY start_ns").fetch_record_batch(64 * 1024)
+    reader = con.sql(f"SELECT DISTINCT * FROM ({union}) ORDER BY start_ns").to_arrow_reader(64 * 1024)
     schema = SCHEMA.with_metadata(notes_metadata(notes))
     rows_out = 0
 
