@@ -104,9 +104,12 @@ class GrpcServer:
             ("grpc.max_connection_idle_ms", 300_000),
             ("grpc.http2.max_pings_without_data", 0),
         ]
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or receiver.limits.queue_size,
-                                                             thread_name_prefix="infertrace-grpc"),
-                                  options=options, maximum_concurrent_rpcs=4 * receiver.limits.queue_size)
+        # More handler threads than write slots: a call beyond the slots is answered RESOURCE_EXHAUSTED with
+        # RetryInfo at once (retried by exporters) instead of waiting, and grpcio's own limit on concurrent
+        # calls, which answers without RetryInfo (not retried: the spans would be lost), is not used.
+        threads = workers or 2 * receiver.limits.queue_size
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infertrace-grpc"),
+                                  options=options)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(receiver), self.server)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if tls:

@@ -22,7 +22,9 @@ import socket
 import ssl
 import threading
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import h11
@@ -243,9 +245,15 @@ class HttpServer:
                 raise _Refusal(415, f"Content-Type {content_type!r}: send {PROTOBUF} or {JSON}", _GRPC_UNIMPLEMENTED)
             raw = await self._read_body(request)
             size = len(raw)
-            body = decompress(raw, request.headers.get("content-encoding", ""), self.receiver.limits.max_body_bytes)
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                self._workers, self._store, body, content_type == JSON, f"http {peer}")
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(None, decompress, raw, request.headers.get("content-encoding", ""),
+                                              self.receiver.limits.max_body_bytes)
+            del raw
+            # Admitted here, before a worker is taken: past the queue or the memory limit the answer is an
+            # immediate 503, not a wait behind the requests being written.
+            with self._admitted(len(body)):
+                outcome = await loop.run_in_executor(self._workers, self._store, body, content_type == JSON,
+                                                     f"http {peer}")
         except _Refusal as e:
             log_outcome("http", peer, e.status, now() - start, size, error=e.message)
             return _error(e, as_json)
@@ -278,16 +286,21 @@ class HttpServer:
             raise _Refusal(400, "the client closed the connection before sending the whole body",
                            _GRPC_INVALID_ARGUMENT) from None
 
-    def _store(self, body: bytes, as_json: bool, peer: str) -> Outcome:
+    @contextmanager
+    def _admitted(self, body_bytes: int) -> Iterator[None]:
         try:
-            with self.receiver.admit(len(body)):
-                if as_json:
-                    return self.receiver.store_json(body, peer)
-                return self.receiver.store_protobuf(body, peer)
-        except BadExport as e:
-            raise _Refusal(400, str(e), _GRPC_INVALID_ARGUMENT) from None
+            with self.receiver.admit(body_bytes):
+                yield
         except Overloaded as e:
             raise _Refusal(503, str(e), _GRPC_RESOURCE_EXHAUSTED, e.retry_after_s) from None
+
+    def _store(self, body: bytes, as_json: bool, peer: str) -> Outcome:
+        try:
+            if as_json:
+                return self.receiver.store_json(body, peer)
+            return self.receiver.store_protobuf(body, peer)
+        except BadExport as e:
+            raise _Refusal(400, str(e), _GRPC_INVALID_ARGUMENT) from None
         except StorageUnavailable as e:
             raise _Refusal(503, str(e), _GRPC_UNAVAILABLE, e.retry_after_s) from None
 
