@@ -205,3 +205,12 @@ def test_segments_written_before_a_new_declared_key_read_it_as_null(tmp_path: Pa
     pq.write_table(table, segment)
     with Store.open(root) as store:
         assert store.sql('SELECT count(*), count("attr.gen_ai.request.model") FROM spans').fetchall() == [(5, 0)]
+
+
+def test_background_compaction_merges_a_size_class_once_it_has_four_segments(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    receiver = _small_segments(root, 3)
+    assert compact(root, grace_s=0, fanout=4).inputs == 0  # three small segments: left as they are
+    receiver.store_json(_export(1000, 5), "fourth")
+    assert compact(root, grace_s=0, fanout=4).inputs == 4
+    assert len(list_segments(root)) == 1 and len(_rows(root)) == 20

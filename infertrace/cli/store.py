@@ -94,8 +94,8 @@ def collect(
     header_timeout: Annotated[float, typer.Option(help="Seconds to send complete request headers")] = 10.0,
     body_timeout: Annotated[float, typer.Option(help="Seconds to send a request body (408 after)")] = 30.0,
     idle_timeout: Annotated[int, typer.Option(help="Seconds an idle kept-alive connection stays open")] = 30,
-    compact_interval: Annotated[float, typer.Option(help="Seconds between background compactions (0: none)")] = 60.0,
-    compact_min_age: Annotated[float, typer.Option(help="Only segments older than this many seconds merge")] = 60.0,
+    compact_interval: Annotated[float, typer.Option(help="Seconds between background compactions (0: none)")] = 30.0,
+    compact_min_age: Annotated[float, typer.Option(help="Only segments older than this many seconds merge")] = 10.0,
     grace: Annotated[float, typer.Option(help="Seconds merged segments stay for readers' snapshots")] = 300.0,
     retain: Annotated[str | None, typer.Option(help="Drop partitions older than this, e.g. 7d")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error: one line per request at info")] = (

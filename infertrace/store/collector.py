@@ -19,6 +19,7 @@ from infertrace.store.http_server import HttpServer
 from infertrace.store.receiver import Limits, Receiver
 
 log = logging.getLogger("infertrace.collect")
+COMPACTION_FANOUT = 4  # background compaction merges a size class once it has this many segments
 
 
 def parse_listen(listen: str, option: str = "--listen", default_port: int = 4318) -> tuple[str, int]:
@@ -37,7 +38,7 @@ class Collector:
                  max_body_bytes: int = 32 * 1024 * 1024, queue_size: int = 16,
                  memory_limit_bytes: int = 1024 * 1024 * 1024, grpc: tuple[str, int] | None = None,
                  tls: tuple[str, str] | None = None, header_timeout: float = 10.0, body_timeout: float = 30.0,
-                 idle_timeout: int = 30, compact_interval_s: float | None = 60.0, compact_min_age_s: float = 60.0,
+                 idle_timeout: int = 30, compact_interval_s: float | None = 30.0, compact_min_age_s: float = 10.0,
                  grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None) -> None:
         self.receiver = Receiver(root, Limits(max_body_bytes, queue_size, memory_limit_bytes), token)
         self.root = self.receiver.root
@@ -100,7 +101,7 @@ class Collector:
         while not self._stop.wait(self.compact_interval_s):
             try:
                 summary = compact(self.root, min_age_s=self.compact_min_age_s, grace_s=self.grace_s,
-                                  retain_s=self.retain_s)
+                                  retain_s=self.retain_s, fanout=COMPACTION_FANOUT)
             except Exception as e:  # never fatal: the segments stay as they are and readers go on
                 log.error("compaction failed: %r", e)
                 continue

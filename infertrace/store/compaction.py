@@ -3,7 +3,9 @@ partitions dropped.
 
 Per partition directory, segments under `target_bytes` and older than `min_age_s` are grouped (oldest first,
 up to `target_bytes` of input per group) and each group of two or more is merged into one segment, exact
-duplicate rows removed. The steps, each safe to be killed after:
+duplicate rows removed. In the background (the collector) only segments of one size class merge, once there
+are `fanout` of them, so a span is rewritten a few times on its way into a large segment, not at every run.
+The steps, each safe to be killed after:
 
 1. `seg-<key>.replaces` (the input names) is written atomically: fsync, rename, directory fsync;
 2. the merged rows are written to a temporary, fsynced and renamed to `seg-<key>.parquet` (key: a hash of
@@ -58,6 +60,7 @@ from infertrace.store.values import merge_counts
 LOCK_NAME = ".compaction.lock"
 DEFAULT_TARGET_BYTES = 128 << 20
 DEFAULT_GRACE_S = 300.0
+TIER_BASE_BYTES = 64 << 10
 _EXPIRED_PREFIX = ".expired-"
 
 
@@ -100,9 +103,10 @@ def compaction_lock(root: Path) -> Iterator[bool]:
 
 
 def compact(root: str | Path, target_bytes: int = DEFAULT_TARGET_BYTES, min_age_s: float = 0.0,
-            grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None,
+            grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None, fanout: int | None = None,
             memory_limit: str = "512MB") -> CompactionSummary:
-    """Merges small segments of every partition, finishes earlier runs' removals, applies retention."""
+    """Merges small segments of every partition (all of them, or with a `fanout` only size classes that
+    have that many), finishes earlier runs' removals, applies retention."""
     root = Path(root)
     started = time.perf_counter()
     summary = CompactionSummary()
@@ -122,7 +126,7 @@ def compact(root: str | Path, target_bytes: int = DEFAULT_TARGET_BYTES, min_age_
         try:
             for folder in partition_dirs(root):
                 summary.removed += finish(folder, grace_s)
-                groups = _groups(folder, target_bytes, min_age_s)
+                groups = _groups(folder, target_bytes, min_age_s, fanout)
                 for group in groups:
                     rows_in, rows_out = merge(con, folder, group)
                     summary.inputs += len(group)
@@ -138,7 +142,15 @@ def compact(root: str | Path, target_bytes: int = DEFAULT_TARGET_BYTES, min_age_
     return summary
 
 
-def _groups(folder: Path, target_bytes: int, min_age_s: float) -> list[list[Path]]:
+def _tier(size: int) -> int:
+    """Size class of a segment: 0 below 64 KiB, then one per factor of 4."""
+    return ((size // TIER_BASE_BYTES).bit_length() + 1) // 2
+
+
+def _groups(folder: Path, target_bytes: int, min_age_s: float, fanout: int | None) -> list[list[Path]]:
+    """Groups of segments to merge, oldest first, each up to `target_bytes` of input. With a `fanout`
+    (background compaction), only segments of the same size class merge, and only once `fanout` of them
+    are there: each span is rewritten about log4(size) times instead of at every run."""
     now = time.time()
     small = []
     for path in list_partition(folder).segments:
@@ -149,16 +161,22 @@ def _groups(folder: Path, target_bytes: int, min_age_s: float) -> list[list[Path
         if stat.st_size < target_bytes and now - stat.st_mtime >= min_age_s and not isinstance(read_footer(path), str):
             small.append((stat.st_mtime, path.name, stat.st_size, path))
     small.sort()
+    classes: dict[int, list[tuple[float, str, int, Path]]] = {}
+    for entry in small:
+        classes.setdefault(_tier(entry[2]) if fanout else 0, []).append(entry)
     groups: list[list[Path]] = []
-    current: list[Path] = []
-    size = 0
-    for _, _, bytes_, path in small:
-        if current and size + bytes_ > target_bytes:
-            groups.append(current)
-            current, size = [], 0
-        current.append(path)
-        size += bytes_
-    groups.append(current)
+    for members in classes.values():
+        if fanout and len(members) < fanout:
+            continue
+        current: list[Path] = []
+        size = 0
+        for _, _, bytes_, path in members:
+            if current and size + bytes_ > target_bytes:
+                groups.append(current)
+                current, size = [], 0
+            current.append(path)
+            size += bytes_
+        groups.append(current)
     return [g for g in groups if len(g) >= 2]
 
 
