@@ -92,7 +92,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds the exporters send")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--batch", type=int, default=100, help="spans per export")
-    parser.add_argument("--compact-interval", type=float, default=20.0)
+    parser.add_argument("--compact-interval", type=float, default=30.0, help="the collector's option")
+    parser.add_argument("--compact-min-age", type=float, default=10.0, help="the collector's option")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -108,7 +109,7 @@ def main() -> None:
     port = _free_port()
     collector = subprocess.Popen(
         [sys.executable, "-m", "infertrace.cli", "collect", "--store", str(store), "--listen", f"127.0.0.1:{port}",
-         "--compact-interval", str(args.compact_interval), "--compact-min-age", str(args.compact_interval),
+         "--compact-interval", str(args.compact_interval), "--compact-min-age", str(args.compact_min_age),
          "--grace", "30", "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=ROOT)
     assert collector.stdout is not None

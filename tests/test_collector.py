@@ -21,6 +21,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import Compression as GrpcCompression
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
@@ -494,3 +495,39 @@ def test_over_the_memory_limit_the_answer_is_503_with_retry_after(tmp_path: Path
         assert requests.post(_url(c), data=body, headers={"Content-Type": "application/json"}).status_code == 200
     finally:
         c.shutdown()
+
+
+def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mapping_stores() -> None:
+    from google.protobuf import json_format
+
+    from infertrace.otlp_json import message_to_otlp_dict
+    from infertrace.store import otlp_json
+    from infertrace.store.batch import SpanBatch
+
+    provider = TracerProvider(resource=Resource({"service.name": "gw", "service.instance.id": "gw-1", "n": 3}))
+    tracer = provider.get_tracer("scope", "1.2")
+    spans = []
+    parent = tracer.start_span("gateway", start_time=T0, attributes={"gen_ai.request.id": "r1"})
+    link_to = parent.get_span_context()
+    child = tracer.start_span(
+        "route", context=trace_api.set_span_in_context(parent), start_time=T0 + 5, links=[
+            trace_api.Link(link_to, {"weight": 2, "why": "retry"})],
+        attributes={"i": -(2**63), "d": 1.5, "b": True, "s": "é", "ints": [1, 2], "strs": ["a"], "bools": [True],
+                    "doubles": [0.5], "gen_ai.response.finish_reasons": '["stop"]', "http.response.status_code": 200.0})
+    child.add_event("first_token", {"infertrace.chunk.tokens": 12}, timestamp=T0 + 7)
+    child.set_status(trace_api.Status(trace_api.StatusCode.ERROR, "boom"))
+    child.end(end_time=T0 + 9)
+    parent.end(end_time=T0 + 10)
+    spans = [parent, child]
+    request = encode_spans(spans)
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="raw").value.bytes_value = b"\x00\xff"
+    kv = request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="kv").value.kvlist_value.values.add()
+    kv.key, kv.value.int_value = "inner", 7
+    generic, direct = SpanBatch(), SpanBatch()
+    generic.add_traces_data(message_to_otlp_dict(request), "x", 0)
+    for rs in request.resource_spans:
+        direct.add_traces_data({"resourceSpans": [otlp_json.resource_spans(rs)]}, "x", 0)
+    assert not generic.rejections and not direct.rejections
+    assert direct.table().equals(generic.table())
+    assert direct.notes.counts() == generic.notes.counts()
+    assert json_format.MessageToDict(request)  # the message is valid protobuf

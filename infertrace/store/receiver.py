@@ -31,9 +31,8 @@ from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
-from infertrace.otlp_json import message_to_otlp_dict
+from infertrace.store import otlp_json
 from infertrace.store.batch import BadRecord, SpanBatch
 from infertrace.store.segments import fingerprint, remove_stale_temporaries, write_quarantine, write_segments
 from infertrace.store.values import describe
@@ -42,7 +41,6 @@ log = logging.getLogger("infertrace.collect")
 
 RETRY_AFTER_S: Final = 1
 DECODE_EXPANSION: Final = 12  # memory to decode and store a body ≈ this × its decompressed size (measured)
-_SPANS_PER_CHUNK: Final = 2048  # protobuf → JSON mapping in chunks: bounds the Python objects alive at once
 
 
 class BadExport(Exception):
@@ -144,9 +142,9 @@ class Receiver:
         """Stores a parsed `ExportTraceServiceRequest` (what gRPC hands over)."""
         batch = SpanBatch()
         try:
-            for chunk in _chunks(request):
-                batch.add_traces_data(message_to_otlp_dict(chunk), peer, 0)
-        except (BadRecord, ValueError) as e:
+            for resource_spans in request.resource_spans:
+                batch.add_traces_data({"resourceSpans": [otlp_json.resource_spans(resource_spans)]}, peer, 0)
+        except BadRecord as e:
             raise BadExport(f"not a trace export: {e}") from None
         if source is None:
             source = fingerprint(request.SerializeToString(deterministic=True))
@@ -179,26 +177,6 @@ class Receiver:
             self.spans_stored += batch.num_spans
         return Outcome(batch.num_spans, len(batch.rejections),
                        batch.rejections[0].reason if batch.rejections else "", batch.notes.counts())
-
-
-def _chunks(request: ExportTraceServiceRequest) -> Iterator[TracesData]:
-    """The request as `TracesData` messages of at most `_SPANS_PER_CHUNK` spans each (same resources and
-    scopes), so that only one chunk's JSON mapping is alive at a time."""
-    for rs in request.resource_spans:
-        if not rs.scope_spans:
-            continue
-        for ss in rs.scope_spans:
-            spans = ss.spans
-            for first in range(0, max(len(spans), 1), _SPANS_PER_CHUNK):
-                chunk = TracesData()
-                out = chunk.resource_spans.add()
-                out.resource.CopyFrom(rs.resource)
-                out.schema_url = rs.schema_url
-                scope = out.scope_spans.add()
-                scope.scope.CopyFrom(ss.scope)
-                scope.schema_url = ss.schema_url
-                scope.spans.extend(spans[first:first + _SPANS_PER_CHUNK])
-                yield chunk
 
 
 # ----------------------------------------------------------------------------------------- logging
