@@ -80,15 +80,17 @@ def test_exact_duplicates_are_removed_and_conflicting_content_is_kept_and_counte
     root = tmp_path / "store"
     receiver = Receiver(root)
     receiver.store_json(_export(0, 10), "a")
-    receiver.store_json(_export(0, 10) + b" ", "b")  # same spans, another body: stored again, read once
+    receiver.store_json(_export(0, 10) + b" ", "retry")  # the same content again: nothing added
+    receiver.store_json(_export(0, 5), "b")  # five of the same spans, batched differently: stored, read once
     other = [{"key": "gen_ai.request.id", "value": {"stringValue": "changed"}}]
     receiver.store_json(_export(0, 3, attributes=other), "c")  # same ids, different content
+    receiver.store_json(_export(0, 3, attributes=other), "c again")  # that conflict retried: nothing added
     with Store.open(root) as store:
-        assert store.sql("SELECT count(*) FROM spans_raw").fetchall() == [(23,)]
+        assert store.sql("SELECT count(*) FROM spans_raw").fetchall() == [(18,)]
         assert store.sql("SELECT count(*) FROM spans").fetchall() == [(10,)]
-        assert (store.duplicate_rows, store.conflicting_spans) == (13, 3)
+        assert (store.duplicate_rows, store.conflicting_spans) == (8, 3)
     summary = compact(root, grace_s=0)
-    assert (summary.rows_in, summary.rows_out) == (23, 13)
+    assert (summary.rows_in, summary.rows_out) == (18, 13)  # the five exact duplicates removed
     with Store.open(root) as store:
         assert store.sql("SELECT count(*) FROM spans_raw").fetchall() == [(13,)]
         assert (store.duplicate_rows, store.conflicting_spans) == (3, 3)

@@ -26,7 +26,6 @@ from infertrace.store.segments import (
     QUARANTINE_DIR,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
-    fingerprint,
     fsync_dir,
     list_partition,
     partition_dirs,
@@ -185,8 +184,7 @@ def repair(root: str | Path) -> RepairSummary:
                     continue
                 salvaged = _salvage(path)
                 if salvaged is not None and salvaged.num_rows:
-                    key = fingerprint(path.name.encode())
-                    out = folder / f"{SEGMENT_PREFIX}salvaged-{key.decode().replace(':', '-')}{SEGMENT_SUFFIX}"
+                    out = folder / f"{SEGMENT_PREFIX}salvaged-{path.stem.removeprefix(SEGMENT_PREFIX)}{SEGMENT_SUFFIX}"
                     write_atomically(out, lambda f, t=salvaged: write_parquet(t, f))
                     summary.salvaged_rows += salvaged.num_rows
                 target = root / CORRUPT_DIR / path.relative_to(root)

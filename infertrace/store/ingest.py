@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import parse_block, spans_table
-from infertrace.store.segments import fingerprint, write_quarantine, write_segments
+from infertrace.store.segments import write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
@@ -123,20 +123,16 @@ class _Block:
 
     lines: list[bytes]
     first_line: int
-    parsed: Future[tuple[pa.Table | None, bytes]] | None  # None: parse record by record
+    parsed: Future[pa.Table | None] | None  # None: parse record by record
     read_to: int  # position in the (compressed) file after the block
 
 
-def _block_data(lines: list[bytes]) -> bytes:
-    return b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines if line.strip())
-
-
-def _parse(lines: list[bytes]) -> tuple[pa.Table | None, bytes]:
-    """(Arrow's parse of the block or None, the block's fingerprint), on the parser thread."""
-    data = _block_data(lines)
-    if not data:
-        return None, fingerprint(data)
-    return parse_block(data, max(map(len, lines))), fingerprint(data)
+def _parse(lines: list[bytes]) -> pa.Table | None:
+    content = [line for line in lines if line.strip()]
+    if not content:
+        return None
+    return parse_block(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in content),
+                       max(map(len, content)))
 
 
 @dataclass
@@ -229,11 +225,8 @@ def _finish_block(root: Path, block: _Block, source: str, summary: IngestSummary
                   on_progress: Callable[[int], None] | None, position: int) -> int:
     """Stores one block; returns the file position progress has been reported to."""
     rejections: list[Rejection] = []
-    if block.parsed is not None:
-        parsed, source_key = block.parsed.result()
-    else:
-        parsed, source_key = None, fingerprint(_block_data(block.lines))
-    whole = _ingest_block(root, block.lines, block.first_line, source, parsed, source_key, summary, rejections)
+    parsed = block.parsed.result() if block.parsed is not None else None
+    whole = _ingest_block(root, block.lines, block.first_line, source, parsed, summary, rejections)
     summary.add_rejections(rejections, whole)
     _quarantine(root, rejections, summary)
     if on_progress is not None:
@@ -248,7 +241,7 @@ def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary)
 
 
 def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, parsed: pa.Table | None,
-                  source_key: bytes, summary: IngestSummary, rejections: list[Rejection]) -> int:
+                  summary: IngestSummary, rejections: list[Rejection]) -> int:
     """Stores one block of lines (`parsed` by Arrow, or None); returns how many lines were rejected whole."""
     decoded = spans_table(parsed) if parsed is not None else None
     table, notes = decoded if decoded is not None else (None, Notes())
@@ -279,7 +272,7 @@ def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, 
         del batch
         gc.collect()
     if table is not None and table.num_rows:
-        written = write_segments(root, table, notes, source_key)
+        written = write_segments(root, table, notes)
         summary.spans_read += table.num_rows
         summary.spans_new += written.spans_new
         summary.segments += len(written.segments)

@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from infertrace.store import otlp_json
 from infertrace.store.batch import BadRecord, SpanBatch
-from infertrace.store.segments import fingerprint, remove_stale_temporaries, write_quarantine, write_segments
+from infertrace.store.segments import remove_stale_temporaries, write_quarantine, write_segments
 from infertrace.store.values import describe
 
 log = logging.getLogger("infertrace.collect")
@@ -136,9 +136,9 @@ class Receiver:
             request = ExportTraceServiceRequest.FromString(body)
         except (DecodeError, RecursionError) as e:
             raise BadExport(f"body is not an ExportTraceServiceRequest: {e}") from None
-        return self.store_message(request, peer, fingerprint(body))
+        return self.store_message(request, peer)
 
-    def store_message(self, request: ExportTraceServiceRequest, peer: str, source: bytes | None = None) -> Outcome:
+    def store_message(self, request: ExportTraceServiceRequest, peer: str) -> Outcome:
         """Stores a parsed `ExportTraceServiceRequest` (what gRPC hands over)."""
         batch = SpanBatch()
         try:
@@ -146,9 +146,7 @@ class Receiver:
                 batch.add_traces_data({"resourceSpans": [otlp_json.resource_spans(resource_spans)]}, peer, 0)
         except BadRecord as e:
             raise BadExport(f"not a trace export: {e}") from None
-        if source is None:
-            source = fingerprint(request.SerializeToString(deterministic=True))
-        return self._write(batch, source)
+        return self._write(batch)
 
     def store_json(self, body: bytes, peer: str) -> Outcome:
         """Stores an OTLP/JSON `ExportTraceServiceRequest`."""
@@ -164,12 +162,12 @@ class Receiver:
                 batch.add_traces_data(data, peer, 0)
             except BadRecord as e:
                 raise BadExport(f"not a trace export: {e}") from None
-        return self._write(batch, fingerprint(body))
+        return self._write(batch)
 
-    def _write(self, batch: SpanBatch, source: bytes) -> Outcome:
+    def _write(self, batch: SpanBatch) -> Outcome:
         try:
             if batch.num_spans:
-                write_segments(self.root, batch.table(), batch.notes, source)
+                write_segments(self.root, batch.table(), batch.notes)
             write_quarantine(self.root, batch.rejections)
         except OSError as e:  # the disk, not the data: the client keeps the spans and retries
             raise StorageUnavailable(f"cannot write to the store: {e.strerror or e}") from None

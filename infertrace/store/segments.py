@@ -12,10 +12,10 @@ into place (atomic on POSIX) and the directory fsynced; a new directory is fsync
 step fails (a full disk), the temporary is removed and the error raised: nothing half-written stays. Readers
 list `seg-*.parquet` only, so they never see a half-written file, and never hold a lock a writer needs.
 
-The key hashes the span identities (trace id, span id) of the segment together with a fingerprint of the
-input they came from (length and CRC-32 of the request body or block of lines): the same request retried,
-or the same file ingested again, finds its segment there and adds nothing, while different content under
-the same ids gets its own segment, so a conflict is kept (and counted by readers), never dropped.
+The key hashes the span identities (trace id, span id) of the segment: the same request retried, or the
+same file ingested again, finds a segment of that name holding exactly its rows and adds nothing. Other
+content under the same ids (a conflict) is written beside it, under a key that adds a digest of the
+content: kept (and counted by readers), never dropped. Only a name collision costs a read of the segment.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import os
 import re
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,25 +54,39 @@ _NS_PER_DAY = 86_400 * 10**9
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE})
 
 
-def fingerprint(data: bytes | bytearray | memoryview) -> bytes:
-    """What the segment key takes from the input: its length and CRC-32 (cheap: ingest hashes every byte)."""
-    return f"{len(data)}:{zlib.crc32(data)}".encode()
-
-
 def _partition_name(service: str | None) -> str:
     if not service:
         return "service=_unknown"
     return "service=" + _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", service)[:100]
 
 
-def content_key(table: pa.Table, source: bytes = b"") -> str:
-    """Hash of the sorted span identities in the table and of the input's fingerprint."""
+def content_key(table: pa.Table, salt: bytes = b"") -> str:
+    """Hash of the sorted span identities in the table (and of `salt`, for a conflicting version)."""
     keys = pc.binary_join_element_wise(table["trace_id"], table["span_id"], "")
     ordered = pc.sort_indices(keys)
-    digest = hashlib.sha256(source + b"\n")
+    digest = hashlib.sha256(salt)
     for chunk in keys.take(ordered).chunks:
         digest.update("\n".join(chunk.to_pylist()).encode())
     return digest.hexdigest()[:40]
+
+
+def content_digest(table: pa.Table) -> bytes:
+    """A hash of every value of the table (its Arrow IPC stream)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
+        writer.write_table(table.replace_schema_metadata(None).combine_chunks())
+    return hashlib.sha256(sink.getvalue()).digest()
+
+
+def holds(path: Path, table: pa.Table) -> bool:
+    """Whether the segment at `path` exists and holds exactly these rows."""
+    if not path.exists():
+        return False
+    try:
+        existing = pq.read_table(path)
+    except (OSError, pa.ArrowException, ValueError):
+        return False  # unreadable: write the rows again beside it
+    return existing.schema.remove_metadata() == table.schema.remove_metadata() and existing.equals(table)
 
 
 def fsync_dir(path: Path) -> None:
@@ -146,21 +159,29 @@ class Written:
     spans_new: int  # spans in segments that did not exist before
 
 
-def write_segments(root: Path, table: pa.Table, notes: Notes | None = None, source: bytes = b"") -> Written:
-    """Writes a batch as one segment per partition, each with its notes in the Parquet metadata. `source`
-    is the input's `fingerprint`. Spans of a segment that already existed count as not new."""
+def write_segments(root: Path, table: pa.Table, notes: Notes | None = None) -> Written:
+    """Writes a batch as one segment per partition, each with its notes in the Parquet metadata. A segment
+    that already holds exactly these rows is not written again (its spans count as not new); one that holds
+    the same spans with other content is kept, and this content written beside it under a key that adds its
+    digest (a conflict: both are stored, and readers count it)."""
     written, new = [], 0
     for directory, rows, part in partitions(table):
         folder = root / directory
         ensure_dir(folder)
-        path = folder / f"{SEGMENT_PREFIX}{content_key(part, source)}{SEGMENT_SUFFIX}"
-        written.append(path)
+        path = folder / f"{SEGMENT_PREFIX}{content_key(part)}{SEGMENT_SUFFIX}"
         if path.exists():
-            continue
+            if holds(path, part):
+                written.append(path)
+                continue
+            path = folder / f"{SEGMENT_PREFIX}{content_key(part, content_digest(part))}{SEGMENT_SUFFIX}"
+            if holds(path, part):
+                written.append(path)
+                continue
         counts = notes.counts(rows) if notes is not None and len(notes) else {}
         if counts:
             part = part.replace_schema_metadata(notes_metadata(counts))
         write_atomically(path, lambda f, part=part: write_parquet(part, f))
+        written.append(path)
         new += part.num_rows
     return Written(written, new)
 
