@@ -303,13 +303,19 @@ class Notes:
         del self._rows[size:], self._labels[size:]
 
     def counts(self, rows: np.ndarray | None = None) -> dict[str, dict[str, int]]:
-        """{what: {key: count}}, over every row, or over the rows in `rows` (sorted span indices)."""
+        """{what: {key: count}}, over every row, or over the rows in `rows` (span indices)."""
+        if not self._rows:
+            return {}
+        labels = sorted(set(self._labels))
+        index = {label: i for i, label in enumerate(labels)}
+        codes = np.repeat(np.array([index[label] for label in self._labels]), [len(r) for r in self._rows])
+        if rows is not None:
+            codes = codes[np.isin(np.concatenate(self._rows), rows)]
         out: dict[str, dict[str, int]] = {}
-        for array, (what, key) in zip(self._rows, self._labels, strict=True):
-            n = len(array) if rows is None else int(np.isin(array, rows, assume_unique=False).sum())
+        for i, n in enumerate(np.bincount(codes, minlength=len(labels)).tolist()):
             if n:
-                per_key = out.setdefault(what, {})
-                per_key[key] = per_key.get(key, 0) + n
+                what, key = labels[i]
+                out.setdefault(what, {})[key] = n
         return out
 
 
