@@ -501,7 +501,7 @@ def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mappi
     from google.protobuf import json_format
 
     from infertrace.otlp_json import message_to_otlp_dict
-    from infertrace.store import otlp_json
+    from infertrace.store import protobuf_spans
     from infertrace.store.batch import SpanBatch
 
     provider = TracerProvider(resource=Resource({"service.name": "gw", "service.instance.id": "gw-1", "n": 3}))
@@ -526,7 +526,7 @@ def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mappi
     generic, direct = SpanBatch(), SpanBatch()
     generic.add_traces_data(message_to_otlp_dict(request), "x", 0)
     for rs in request.resource_spans:
-        direct.add_traces_data({"resourceSpans": [otlp_json.resource_spans(rs)]}, "x", 0)
+        direct.add_traces_data({"resourceSpans": [protobuf_spans.resource_spans(rs)]}, "x", 0)
     assert not generic.rejections and not direct.rejections
     assert direct.table().equals(generic.table())
     assert direct.notes.counts() == generic.notes.counts()

@@ -32,7 +32,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infertrace.store import otlp_json
+from infertrace.store import protobuf_spans
 from infertrace.store.batch import BadRecord, SpanBatch
 from infertrace.store.segments import remove_stale_temporaries, write_quarantine, write_segments
 from infertrace.store.values import describe
@@ -143,7 +143,7 @@ class Receiver:
         batch = SpanBatch()
         try:
             for resource_spans in request.resource_spans:
-                batch.add_traces_data({"resourceSpans": [otlp_json.resource_spans(resource_spans)]}, peer, 0)
+                batch.add_traces_data({"resourceSpans": [protobuf_spans.resource_spans(resource_spans)]}, peer, 0)
         except BadRecord as e:
             raise BadExport(f"not a trace export: {e}") from None
         return self._write(batch)
