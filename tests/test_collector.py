@@ -526,7 +526,8 @@ def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mappi
     generic, direct = SpanBatch(), SpanBatch()
     generic.add_traces_data(message_to_otlp_dict(request), "x", 0)
     for rs in request.resource_spans:
-        direct.add_traces_data({"resourceSpans": [protobuf_spans.resource_spans(rs)]}, "x", 0)
+        for chunk in protobuf_spans.resource_spans(rs, spans_per_chunk=1):
+            direct.add_traces_data({"resourceSpans": [chunk]}, "x", 0)
     assert not generic.rejections and not direct.rejections
     assert direct.table().equals(generic.table())
     assert direct.notes.counts() == generic.notes.counts()

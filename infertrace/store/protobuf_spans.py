@@ -7,6 +7,7 @@ Checked against `json_format` by a test."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -70,7 +71,12 @@ def _link(link: Span.Link) -> dict[str, Any]:
     return out
 
 
-def resource_spans(rs: ResourceSpans) -> dict[str, Any]:
-    return {"resource": {"attributes": key_values(rs.resource.attributes)},
-            "scopeSpans": [{"scope": {"name": ss.scope.name or None, "version": ss.scope.version or None},
-                            "spans": [span(s) for s in ss.spans]} for ss in rs.scope_spans]}
+def resource_spans(rs: ResourceSpans, spans_per_chunk: int = 2048) -> Iterator[dict[str, Any]]:
+    """One `ResourceSpans` as `resourceSpans` entries of at most `spans_per_chunk` spans each (its resource
+    and scope repeated), so that only one chunk's dicts are alive at a time."""
+    resource = {"attributes": key_values(rs.resource.attributes)}
+    for ss in rs.scope_spans:
+        scope = {"name": ss.scope.name or None, "version": ss.scope.version or None}
+        for first in range(0, max(len(ss.spans), 1), spans_per_chunk):
+            spans = [span(s) for s in ss.spans[first:first + spans_per_chunk]]
+            yield {"resource": resource, "scopeSpans": [{"scope": scope, "spans": spans}]}
