@@ -49,6 +49,17 @@ def test_a_store_of_tgi_spans_says_which_analyses_it_cannot_run_and_what_ingest_
     assert doc["sections"]["prefix_cache"]["status"] == "unavailable"
 
 
+def test_a_converted_attribute_is_counted_and_said_not_quarantined(tmp_path: Path) -> None:
+    summary = ingest_paths(tmp_path / "store", [FIXTURES / "vllm_v1.jsonl"])
+    assert summary.skipped == 0
+    with Store.open(tmp_path / "store") as store:
+        coverage = store_coverage(store)
+    assert coverage.quarantine.records == 0
+    assert "converted 2 attribute values to their declared type (gen_ai.response.finish_reasons: 2)" in \
+        coverage.stored_with_changes
+    assert any(line.startswith("Stored with changes:") for line in coverage.sentences())
+
+
 def test_a_store_of_this_projects_spans_supports_every_analysis() -> None:
     with Store.open(sample_store("rate_limiter_flapping").store) as store:
         coverage = store_coverage(store)

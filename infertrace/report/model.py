@@ -339,6 +339,8 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
         "analyses": [{"key": a.key, "title": a.title, "supported": a.supported, "detail": a.detail}
                      for a in coverage.analyses],
         "quarantine": {"records": q.records, "reasons": [{"reason": r, "count": n} for r, n in q.reasons]},
+        "stored_with_changes": coverage.stored_with_changes,
+        "unreadable_segments": coverage.unreadable_segments,
     }
 
 

@@ -15,6 +15,7 @@ from infertrace.analyzers import materialize_once, query_text
 from infertrace.sources import ENGINES
 from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
+from infertrace.store.values import describe
 
 SOURCE_TITLES = {"infertrace": "the reference engine", **{k: p.title for k, p in ENGINES.items()}}
 TOKEN_SPANS = "SGLang decode_loop or TGI send_generation spans"
@@ -50,6 +51,8 @@ class StoreCoverage:
     model_from_service: int  # requests whose model is only their service.name
     instance_fallbacks: dict[str, int]  # requests whose instance came from something else than service.instance.id
     quarantine: Quarantine
+    stored_with_changes: str  # what ingest converted, kept as text, truncated or dropped to store spans ("" if none)
+    unreadable_segments: int  # segments the reader left out of its snapshot
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -79,6 +82,11 @@ class StoreCoverage:
             lines.append(f"Quarantined at ingest: {q.records} lines or spans; commonest reasons: {top}.")
         else:
             lines.append("Quarantined at ingest: nothing.")
+        if self.stored_with_changes:
+            lines.append(f"Stored with changes: {self.stored_with_changes}.")
+        if self.unreadable_segments:
+            lines.append(f"{self.unreadable_segments} segments could not be read and are left out (infertrace store "
+                         "check).")
         return lines
 
 
@@ -119,6 +127,8 @@ def store_coverage(store: Store) -> StoreCoverage:
         instance_fallbacks={str(k): n for k, n in counts.get("instance_source", {}).items()
                             if k not in ("service.instance.id", None)},
         quarantine=quarantine_summary(store),
+        stored_with_changes=describe(store.notes),
+        unreadable_segments=len(store.skipped),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 
