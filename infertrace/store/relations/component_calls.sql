@@ -11,7 +11,8 @@
 -- of it: a proxy's call to the engine), and that runs on another service than the entry or carries
 -- http.route, peer.service or server.address. Spans of the entry's own service without those are listed too
 -- (found_by 'same_service': a proxy's in-process hooks) for `--components` to name; this project's own
--- gateway spans (`auth`, `rate_limit`, `route`, `global_queue`) and `kv_transfer` are found by name.
+-- gateway spans (`auth`, `rate_limit`, `route`, `global_queue`) and `kv_transfer` are found by name, also in a
+-- trace that has neither an entry nor an engine span (a trace whose other spans were lost or sampled away).
 -- The entry is the root span of a request trace (no parent, or a parent not in the store) that is a SERVER
 -- span or carries http.route and is not an engine's own span: `component` is 'gateway' for it.
 -- Columns: component ('gateway' for the entry, else the span name), role ('entry' | 'call' | 'kv_transfer'),
@@ -82,17 +83,20 @@ call AS (
         a.*,
         CASE WHEN a.span_id = rt.entry_span_id THEN 'entry'
              WHEN a.name IN ('auth', 'rate_limit', 'route', 'global_queue', 'kv_transfer')
-                  AND a."res.infertrace.component.kind" IS NOT NULL THEN 'name'
+                  AND (a."res.infertrace.component.kind" IS NOT NULL OR rt.trace_id IS NULL) THEN 'name'
              WHEN rt.entry_span_id IS NULL OR a."res.service.name" IS DISTINCT FROM rt.entry_service THEN 'service'
              WHEN coalesce(a."attr.http.route", a."attr.peer.service", a."attr.server.address") IS NOT NULL THEN 'http'
              ELSE 'same_service'
         END AS found_by
     FROM around a
-    JOIN request_trace rt ON rt.trace_id = a.trace_id
+    LEFT JOIN request_trace rt ON rt.trace_id = a.trace_id
     LEFT JOIN wrapper w ON w.trace_id = a.trace_id AND w.span_id = a.span_id
-    WHERE (a.span_id = rt.entry_span_id OR a.name = 'kv_transfer'
-           OR NOT list_contains(coalesce(rt.services, []), a."res.service.name"))  -- an engine's own spans
-      AND w.span_id IS NULL
+    WHERE w.span_id IS NULL
+      AND CASE WHEN rt.trace_id IS NULL  -- a trace without an entry or an engine: this project's names only
+               THEN a.name IN ('auth', 'rate_limit', 'route', 'global_queue', 'kv_transfer')
+               ELSE a.span_id = rt.entry_span_id OR a.name = 'kv_transfer'
+                    OR NOT list_contains(coalesce(rt.services, []), a."res.service.name")  -- an engine's own spans
+          END
 )
 SELECT
     CASE WHEN c.found_by = 'entry' THEN 'gateway' ELSE c.name END AS component,
@@ -128,4 +132,4 @@ SELECT
     c."attr.infertrace.kv_transfer.destination" AS kv_destination,
     c."attr.infertrace.kv_transfer.link" AS kv_link
 FROM call c
-JOIN request_trace rt ON rt.trace_id = c.trace_id
+LEFT JOIN request_trace rt ON rt.trace_id = c.trace_id
