@@ -17,7 +17,11 @@ def ingest(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
-    Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine."""
+    Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine.
+
+    Example:
+      infertrace ingest --store traces/ otel-export/*.jsonl.gz
+    """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.store.ingest import expand_paths, ingest_paths
@@ -49,7 +53,11 @@ def collect(
     queue_size: Annotated[int, typer.Option(help="Requests accepted at once; more get 503 + Retry-After")] = 16,
 ) -> None:
     """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON, gzip) into a store. A request is answered
-    200 only after its spans are durably stored."""
+    200 only after its spans are durably stored.
+
+    Example:
+      infertrace collect --store traces/ --listen 127.0.0.1:4318
+    """
     from infertrace.store.collector import Collector, parse_listen
 
     try:
