@@ -140,7 +140,7 @@ def write_otlp(store: Store, out: Path | IO[str], since_ns: int | None = None, u
     """Writes the spans overlapping [since, until) (all when None) as OTLP JSON lines (gzip when `out` ends in
     .gz); returns the number of spans written."""
     reader = store.sql(query_text("otlp_spans"), params={"since": since_ns, "until": until_ns}) \
-        .fetch_record_batch(spans_per_line)
+        .to_arrow_reader(spans_per_line)
     columns = _Columns(reader.schema)
     written = 0
     with _open_text(out) as stream:
