@@ -21,8 +21,11 @@ def utc(ns: int) -> pd.Timestamp:
 
 
 def time_x(field: str = "time", title: str = "time (UTC)", fmt: str = TIME_FORMAT, **kwargs: object) -> alt.X:
+    """A UTC time axis. Labels are formatted by an expression: the `format` property alone is overridden by
+    Vega's own multi-format (12-hour, local) labels in Streamlit's renderer."""
     return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
-                 axis=alt.Axis(format=fmt, formatType="utc", labelAngle=0), **kwargs)
+                 axis=alt.Axis(labelExpr=f"utcFormat(datum.value, '{fmt}')", labelAngle=0, labelOverlap=True),
+                 **kwargs)
 
 
 def time_x2(field: str) -> alt.X2:

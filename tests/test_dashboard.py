@@ -5,6 +5,7 @@ the runbook page and refresh after new segments arrive."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -155,8 +156,14 @@ def test_itl_heatmap_shows_the_engines_tokens_by_time_and_band_with_its_stalls_m
     engine_stalls = {s.step_index for s in analyses["itl"].stalls if s.instance == engine}
     assert set(marks["step"]) == engine_stalls
     assert spec["params"][0]["name"] == "stall_pick"  # a click on a mark selects the stall
-    _, load = chart_data(at, "series")
-    assert {"running (mean)", "waiting (peak)", "KV use (peak share)", "preemptions"} == set(load["series"])
+    bucket_s = next(re.search(r"per (\d+) s and ITL band", c.value).group(1) for c in at.caption
+                    if "ITL band" in c.value)
+    with Store.open(store_dir) as store:
+        load = run_query(store, "engine_load_over_time", {"instance": engine, "bucket_s": bucket_s})
+    _, queue = chart_data(at, "series")
+    assert set(queue["series"]) == {"running (mean)", "waiting (peak)"}
+    _, kv = chart_data(at, "kv_use_max")
+    assert len(kv) == len(load) and list(kv["preemptions"]) == list(load["preemptions"])
 
 
 def test_the_stalls_table_and_culprit_link_to_the_request_waterfall(

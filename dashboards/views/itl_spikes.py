@@ -86,17 +86,25 @@ st.caption(f"Tokens of {engine} per {bucket_s} s and ITL band (bands double); re
 
 load = results.runbook(root, snap, "engine_load_over_time", (("bucket_s", str(bucket_s)), ("instance", engine)))
 if not load.empty:
-    series = {"running_mean": "running (mean)", "waiting_max": "waiting (peak)", "kv_use_max": "KV use (peak share)",
-              "preemptions": "preemptions"}
-    long = load.melt(id_vars=["bucket_start"], value_vars=list(series), var_name="series", value_name="value")
-    long["series"] = long["series"].map(series)
-    st.altair_chart(alt.Chart(long).mark_line(interpolate="step-after").encode(
-        x=charts.time_x("bucket_start"), y=alt.Y("value:Q", title=None),
-        color=alt.Color("series:N", legend=None),
-        row=alt.Row("series:N", title=None, sort=list(series.values()),
-                    header=alt.Header(labelAngle=0, labelAlign="left")),
-        tooltip=[charts.time_tooltip("bucket_start", "from (UTC)"), "series", "value"],
-    ).properties(height=70).resolve_scale(y="independent"), width="stretch", key="itl_load")
+    queue = load.melt(id_vars=["bucket_start"], value_vars=["running_mean", "waiting_max"], var_name="series",
+                      value_name="requests")
+    queue["series"] = queue["series"].map({"running_mean": "running (mean)", "waiting_max": "waiting (peak)"})
+    left, right = st.columns(2)
+    left.altair_chart(alt.Chart(queue).mark_line(interpolate="step-after").encode(
+        x=charts.time_x("bucket_start"), y=alt.Y("requests:Q", title="requests"),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top")),
+        tooltip=[charts.time_tooltip("bucket_start", "from (UTC)"), "series", "requests"],
+    ).properties(height=200), width="stretch", key="itl_load_queue")
+    kv = alt.Chart(load).mark_line(interpolate="step-after", color="#7c3aed").encode(
+        x=charts.time_x("bucket_start"), y=alt.Y("kv_use_max:Q", title="KV use (peak share)", axis=alt.Axis(
+            format="%", titleColor="#7c3aed")),
+        tooltip=[charts.time_tooltip("bucket_start", "from (UTC)"), "kv_use_max", "preemptions", "busy_share"])
+    preempted = alt.Chart(load).mark_bar(color="#f97316", opacity=0.7).encode(
+        x=charts.time_x("bucket_start"), y=alt.Y("preemptions:Q", title="preemptions",
+                                                 axis=alt.Axis(titleColor="#f97316", orient="right", format="d",
+                                                                               tickMinStep=1)))
+    right.altair_chart(alt.layer(preempted, kv).resolve_scale(y="independent").properties(height=200),
+                       width="stretch", key="itl_load_kv")
     st.caption(f"Engine load of {engine} per {bucket_s} s: requests running and waiting at step ends, the KV "
                f"cache's share of blocks in use, preemptions.")
 

@@ -28,7 +28,7 @@ if stages.empty:
     st.warning(f"No spans of request `{request_id}` in the store (it may be outside it, or the id is mistyped).")
     st.stop()
 
-stages["label"] = [f"{'  ' * int(d)}{s} · {i}" if i else f"{'  ' * int(d)}{s}"
+stages["label"] = [f"{'› ' * int(d)}{s} · {i}" if i else f"{'› ' * int(d)}{s}"
                    for s, d, i in zip(stages["stage"], stages["depth"], stages["instance"], strict=True)]
 total_ms = float((stages["end"].max() - stages["start"].min()).total_seconds() * 1e3)
 st.caption(f"{len(stages)} stages over {total_ms:.1f} ms, from {stages['start'].min()} UTC.")
@@ -41,7 +41,10 @@ bars = alt.Chart(stages).mark_bar(cornerRadius=2, height={"band": 0.7}).encode(
              alt.Tooltip("start_ms:Q", title="starts at ms"), alt.Tooltip("duration_ms:Q", title="ms"), "detail"],
 )
 st.altair_chart(bars.properties(height=32 * len(stages) + 40), width="stretch", key="waterfall_chart")
-st.dataframe(stages.drop(columns=["label"]), hide_index=True, width="stretch", key="waterfall_table")
+moment = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss.SSS")
+st.dataframe(stages.drop(columns=["label"]), hide_index=True, width="stretch", key="waterfall_table",
+             column_config={"start": moment, "end": moment})
+st.caption("Times in UTC; depth 0 is the gateway and the engine request, › marks what ran inside them.")
 
 tokens = results.runbook(root, snap, "request_tokens", (("request_id", request_id),))
 if not tokens.empty:

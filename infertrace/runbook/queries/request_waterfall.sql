@@ -10,7 +10,7 @@ WITH req AS (
     SELECT * FROM requests WHERE request_id = $request_id
 ),
 stage AS (
-    SELECT 1 AS depth, component AS stage, instance, start_ns, end_ns,
+    SELECT CASE component WHEN 'gateway' THEN 0 ELSE 1 END AS depth, component AS stage, instance, start_ns, end_ns,
            concat_ws(' ', outcome, CAST(http_status AS VARCHAR), route_target) AS detail
     FROM component_calls
     WHERE request_id = $request_id OR trace_id IN (SELECT trace_id FROM req)
