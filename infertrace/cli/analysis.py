@@ -70,7 +70,7 @@ def query(
     from infertrace.store.store import Store
 
     try:
-        with Store.open(store) as opened:
+        with Store.open(store) as opened, err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
     except RunbookError as e:
         raise fail(str(e)) from None

@@ -77,7 +77,11 @@ def evaluate(
     if unknown:
         raise fail(f"--section: unknown {unknown}; known: {', '.join(EVALUATORS)}")
     try:
-        results = {name: run(bank) for name, (run, _) in EVALUATORS.items() if not section or name in section}
+        results = {}
+        for name, (run, _) in EVALUATORS.items():
+            if not section or name in section:
+                with err.status(f"Evaluating {name} on {bank} …"):
+                    results[name] = run(bank)
     except FileNotFoundError as e:
         raise fail(str(e)) from None
     if fmt == "json":

@@ -66,12 +66,14 @@ def demo(
     err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …",
               soft_wrap=True, markup=False)
     try:
-        run = run_demo(out, seed, duration)
+        with err.status("Simulating and ingesting …"):
+            run = run_demo(out, seed, duration)
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
     err.print(injected(run.truth), soft_wrap=True, markup=False)
-    with Store.open(out) as store:
-        print(render(build_report(store), fmt), end="")
+    with Store.open(out) as store, err.status("Analysing …"):
+        doc = build_report(store)
+    print(render(doc, fmt), end="")
     err.print(f"\nOpen the dashboard on this store:\n  infertrace dashboard --store {out}\n"
               f"then browse http://127.0.0.1:8501/ (ITL spikes, incidents, runbook). Ask the runbook:\n"
               f"  infertrace query --store {out} worst_itl_gaps --param top=5", soft_wrap=True, markup=False)
