@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from infertrace.cli.conventions import parse_when, warn_if_outside
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from infertrace.report import ReportOptions
+    from infertrace.store.store import Store
 
 
 def _query_names(incomplete: str) -> list[str]:
@@ -91,6 +94,24 @@ def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]
     } for q in queries.values()])
 
 
+def materialized_results(store: Store, options: ReportOptions) -> dict[str, Any]:
+    """The analyses the report needs, from the store's materialised results (computed and kept when
+    missing): whole-store analyses always, the SLO summary only for an unfiltered report."""
+    from infertrace.report import ReportOptions
+    from infertrace.results import result
+    from infertrace.results.relations import attach
+
+    attach(store)
+    wanted = {"incidents": "rca", "itl": "itl", "ttft": "ttft", "prefix_cache": "prefix_cache",
+              "prefill_throughput": "roofline"}
+    out: dict[str, Any] = {"cache" if name == "prefix_cache" else name: result(store, name)
+                           for section, name in wanted.items() if section in options.sections}
+    default = ReportOptions(sections=options.sections)
+    if "slo" in options.sections and options == default:
+        out["slo"] = result(store, "slo")
+    return out
+
+
 def _time_value(key: str, value: str) -> int:
     try:
         return parse_when(value)
@@ -148,7 +169,7 @@ def report(
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
             with err.status("Analysing the store …"):
-                doc = build_report(opened, options)
+                doc = build_report(opened, options, **materialized_results(opened, options))
     except FileNotFoundError as e:
         raise fail(f"--store {store}: {e}") from None
     warn_if_outside(doc["store"], since_ns, until_ns)
