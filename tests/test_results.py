@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -113,3 +114,20 @@ def test_report_reads_materialised_results_and_says_the_same_as_when_computed_li
     second = report()  # reads them
     assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
     assert not (store_dir / RELATIONS_DIR).exists() or (store_dir / RELATIONS_DIR).is_dir()
+
+
+def test_a_collector_side_materializer_writes_the_results_once_new_segments_settle(tmp_path: Path) -> None:
+    from infertrace.results.background import Materializer
+
+    store_dir = tmp_path / "store"
+    materializer = Materializer(store_dir, settle_s=0.5, poll_s=0.2).start()
+    try:
+        ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])  # what the collector writes
+        deadline = time.monotonic() + 300
+        while materializer.runs < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        materializer.stop()
+    assert materializer.runs == 1
+    with Store.open(store_dir) as store:
+        assert all(load(store, name) is not None for name in ANALYSES)
