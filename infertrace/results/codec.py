@@ -18,6 +18,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+
 _PRIMITIVES = (int, float, str, bool)
 
 
@@ -96,3 +98,33 @@ def decoder(hint: Any) -> Callable[[Any], Any]:
         key, value = decoder(args[0]), decoder(args[1])
         return lambda data: {key(k): value(v) for k, v in data}
     raise TypeError(f"cannot read a stored value as {hint!r}")
+
+
+def decode_column(array: pa.Array | pa.ChunkedArray, hint: Any) -> list[Any]:
+    """Every value of an Arrow column of type `hint` (as `materialized` stores a result's large lists), built
+    column by column: a list of many dataclasses with nested lists reads in a fraction of the time a row by
+    row `to_pylist` and `decode` take."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        hint = options[0] if len(options) == 1 else hint
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _PRIMITIVES or hint is Any:
+        return array.to_pylist()
+    if array.null_count:  # rare: a missing nested value; row by row keeps it exact
+        read = decoder(hint)
+        return [None if v is None else read(v) for v in array.to_pylist()]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        offsets = array.offsets.to_numpy()
+        values = decode_column(array.values, args[0])
+        return [tuple(values[offsets[i]:offsets[i + 1]]) for i in range(len(array))]
+    if dataclasses.is_dataclass(hint):
+        hints = _hints(hint)
+        children = array.flatten()
+        columns = [decode_column(child, hints[f.name]) for f, child in zip(dataclasses.fields(hint), children,
+                                                                           strict=True)]
+        return [hint(*values) for values in zip(*columns, strict=True)] if columns else [hint() for _ in array]
+    read = decoder(hint)
+    return [read(v) for v in array.to_pylist()]

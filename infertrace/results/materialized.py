@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infertrace.results.codec import decode, decoder, encode
+from infertrace.results.codec import decode, decode_column, encode
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -86,21 +86,29 @@ ANALYSES: dict[str, Callable[[Store], Any]] = {
 }
 
 
+_CODE = {  # what each kind of derived data depends on
+    "relations": (("infertrace.store", "relations/*.sql"),),
+    "results": (("infertrace.analyzers", "*.py"), ("infertrace.analyzers", "sql/*.sql"),
+                ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py")),
+}
+
+
 @functools.cache
-def code_version() -> str:
-    """A hash of the code results depend on: the analyzers (Python and SQL) and the store's relations."""
+def code_version(kind: str = "results") -> str:
+    """A hash of the code that derived data depends on: for results, the analyzers (Python and SQL), the
+    relations' SQL and this package; for relations, their SQL."""
     digest = hashlib.sha256()
-    for package, pattern in (("infertrace.analyzers", "*.py"), ("infertrace.analyzers", "sql/*.sql"),
-                             ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py")):
+    for package, pattern in _CODE[kind]:
         folder = Path(str(resources.files(package)))
         for path in sorted(folder.glob(pattern)):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def snapshot_key(store: Store) -> str:
-    """The key of the store's current snapshot: its segments' names and the code version."""
-    digest = hashlib.sha256(code_version().encode())
+def snapshot_key(store: Store, kind: str = "results") -> str:
+    """The key of the store's current snapshot: its segments' names and the version of the code `kind` of
+    derived data (results, relations) depends on."""
+    digest = hashlib.sha256(code_version(kind).encode())
     for name in sorted(p.name for p in store.segments):
         digest.update(b"\n" + name.encode())
     return digest.hexdigest()[:24]
@@ -156,8 +164,9 @@ def _items_table(items: tuple[Any, ...], item_type: Any) -> pa.Table:
 def _items(table: pa.Table, item_type: Any) -> tuple[Any, ...]:
     if table.column_names == ["json"]:
         return tuple(decode(json.loads(text), item_type) for text in table["json"].to_pylist())
-    read = decoder(item_type)
-    return tuple(read(row) for row in table.to_pylist())
+    if table.num_rows == 0:
+        return ()
+    return tuple(decode_column(table.to_struct_array(), item_type))
 
 
 # ------------------------------------------------------------------------------------ read and write

@@ -41,7 +41,7 @@ def materialize_relations(store: Store) -> float:
     if not store.segments:
         return 0.0
     parent = store.root / RELATIONS_DIR
-    final = parent / snapshot_key(store)
+    final = parent / snapshot_key(store, "relations")
     if (final / "done").is_file():
         return 0.0
     started = time.perf_counter()
@@ -70,7 +70,7 @@ def attach(store: Store) -> bool:
     (or INFERTRACE_RESULTS=live)."""
     if is_live() or not store.segments:
         return False
-    folder = store.root / RELATIONS_DIR / snapshot_key(store)
+    folder = store.root / RELATIONS_DIR / snapshot_key(store, "relations")
     if not (folder / "done").is_file():
         return False
     for name in _relations():
