@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -94,6 +95,16 @@ def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]
     } for q in queries.values()])
 
 
+def _materialized_report(root: Path) -> dict[str, Any] | None:
+    """The unfiltered report of the store's current snapshot, when materialised (`infertrace.results`)."""
+    from infertrace.results.materialized import load_report
+    from infertrace.store.segments import list_segments
+
+    if not root.is_dir():
+        return None
+    return load_report(root, [p.name for p in list_segments(root)])
+
+
 def materialized_results(store: Store, options: ReportOptions) -> dict[str, Any]:
     """The analyses the report needs, from the store's materialised results (computed and kept when
     missing): whole-store analyses always, the SLO summary only for an unfiltered report."""
@@ -162,16 +173,22 @@ def report(
         raise fail(f"--since {since} is not before --until {until}")
     options = ReportOptions(since_ns=since_ns, until_ns=until_ns, model=model, tenant=tenant, targets=targets,
                             sections=tuple(section) if section else SECTIONS)
-    from infertrace.store.store import Store
+    doc = _materialized_report(store) if options == ReportOptions() else None
+    if doc is None:
+        from infertrace.results.materialized import save_report
+        from infertrace.store.store import Store
 
-    try:
-        with Store.open(store) as opened:
-            if not opened.segments:
-                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
-            with err.status("Analysing the store …"):
-                doc = build_report(opened, options, **materialized_results(opened, options))
-    except FileNotFoundError as e:
-        raise fail(f"--store {store}: {e}") from None
+        try:
+            with Store.open(store) as opened:
+                if not opened.segments:
+                    raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+                with err.status("Analysing the store …"):
+                    doc = build_report(opened, options, **materialized_results(opened, options))
+                if options == ReportOptions():
+                    with contextlib.suppress(OSError):  # a read-only store: the report is right, only not kept
+                        save_report(opened, doc)
+        except FileNotFoundError as e:
+            raise fail(f"--store {store}: {e}") from None
     warn_if_outside(doc["store"], since_ns, until_ns)
     if out is None and fmt == "table":
         from infertrace.report.layout import layout

@@ -108,8 +108,13 @@ def code_version(kind: str = "results") -> str:
 def snapshot_key(store: Store, kind: str = "results") -> str:
     """The key of the store's current snapshot: its segments' names and the version of the code `kind` of
     derived data (results, relations) depends on."""
+    return segments_key([p.name for p in store.segments], kind)
+
+
+def segments_key(names: Iterable[str], kind: str = "results") -> str:
+    """`snapshot_key` from the segments' names alone (no store opened)."""
     digest = hashlib.sha256(code_version(kind).encode())
-    for name in sorted(p.name for p in store.segments):
+    for name in sorted(names):
         digest.update(b"\n" + name.encode())
     return digest.hexdigest()[:24]
 
@@ -257,6 +262,39 @@ def result(store: Store, name: str) -> Any:
     return value
 
 
+REPORT = "report"  # the unfiltered report's document, built from the results above
+
+
+def load_report(root: Path, segment_names: Iterable[str]) -> dict[str, Any] | None:
+    """The unfiltered report document of the snapshot with these segments, or None; reads one small file and
+    opens no store, so `infertrace report` answers at once."""
+    path = Path(root) / RESULTS_DIR / REPORT / segments_key(segment_names) / "result.parquet"
+    if is_live() or not path.is_file():
+        return None
+    try:
+        return json.loads(pq.read_table(path)["result"][0].as_py())
+    except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+        log.warning("materialised report %s unreadable (%s): building it again", path, e)
+        return None
+
+
+def save_report(store: Store, doc: dict[str, Any]) -> None:
+    """Keeps the unfiltered report document of the store's snapshot (atomically, as results are kept)."""
+    parent = _folder(store, REPORT)
+    parent.mkdir(parents=True, exist_ok=True)
+    key = snapshot_key(store)
+    temporary = parent / f".{key}.tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    meta = {"analysis": REPORT, "code_version": code_version(), "segments": sorted(p.name for p in store.segments)}
+    pq.write_table(pa.table({"meta": [json.dumps(meta)], "result": [json.dumps(doc)]}), temporary / "result.parquet")
+    try:
+        temporary.rename(parent / key)
+    except OSError:
+        shutil.rmtree(temporary, ignore_errors=True)
+    _prune(parent)
+
+
 def materialize(store: Store, names: Iterable[str] = ANALYSES,
                 on_progress: Callable[[str], None] | None = None) -> dict[str, float]:
     """Computes and writes the snapshot's derived relations and every named analysis it has no result for
@@ -282,4 +320,14 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         spent[name] = time.perf_counter() - started
         save(store, name, value, spent[name])
         log.info("materialised %s in %.2f s", name, spent[name])
+    if set(names) == set(ANALYSES) and load_report(store.root, (p.name for p in store.segments)) is None:
+        from infertrace.report import build_report
+
+        if on_progress is not None:
+            on_progress(REPORT)
+        started = time.perf_counter()
+        results = {name: result(store, name) for name in ANALYSES}
+        results["cache"] = results.pop("prefix_cache")
+        save_report(store, build_report(store, **results))
+        spent[REPORT] = time.perf_counter() - started
     return spent
