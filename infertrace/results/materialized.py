@@ -279,7 +279,10 @@ def load_report(root: Path, segment_names: Iterable[str]) -> dict[str, Any] | No
 
 
 def save_report(store: Store, doc: dict[str, Any]) -> None:
-    """Keeps the unfiltered report document of the store's snapshot (atomically, as results are kept)."""
+    """Keeps the unfiltered report document of the store's snapshot (atomically, as results are kept);
+    nothing with INFERTRACE_RESULTS=live."""
+    if is_live():
+        return
     parent = _folder(store, REPORT)
     parent.mkdir(parents=True, exist_ok=True)
     key = snapshot_key(store)
