@@ -6,9 +6,11 @@ prometheus-client's parser."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -219,6 +221,31 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
         ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
         after = sum(s.value for s in _samples(_scrape(url)["vllm:prompt_tokens"], "_total"))
         assert after > before
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_collect_with_metrics_serves_them_and_materialises_what_it_received(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    process = subprocess.Popen([sys.executable, "-m", "infertrace", "collect", "--store", str(store_dir),
+                                "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        receiver = re.search(r"listening on (\S+/v1/traces)", process.stdout.readline()).group(1)
+        metrics = re.search(r"metrics on (\S+/metrics)", process.stdout.readline()).group(1)
+        sent = subprocess.run([sys.executable, "-m", "infertrace", "simulate", "--duration", "15", "--rate", "3",
+                               "--seed", "2", "--no-progress", "--otlp-endpoint", receiver],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert sent.returncode == 0, sent.stderr
+        families = _scrape(metrics)
+        generated = sum(s.value for s in _samples(families["vllm:generation_tokens"], "_total"))
+        assert generated > 0
+        deadline = time.monotonic() + 300  # the materialiser waits for the segments to settle
+        while not (store_dir / "derived" / "results" / "report").is_dir() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert {p.name for p in (store_dir / "derived" / "results").iterdir()} >= {"slo", "itl", "rca", "report"}
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.derived import materialize_store, start_helpers
 
 
 def ingest(
@@ -15,6 +16,8 @@ def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    materialize: Annotated[bool, typer.Option(
+        help="Then compute the new snapshot's analyses once for the dashboard and report (docs/results.md)")] = True,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
     Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine.
@@ -39,6 +42,8 @@ def ingest(
     except OSError as e:
         raise fail(str(e)) from None
     err.print(summary.paragraph())
+    if materialize:
+        materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
 
@@ -51,12 +56,16 @@ def collect(
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, after decompression (413 above)")] = (
         32 * 1024 * 1024),
     queue_size: Annotated[int, typer.Option(help="Requests accepted at once; more get 503 + Retry-After")] = 16,
+    metrics: Annotated[str | None, typer.Option(
+        help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
+    materialize: Annotated[bool, typer.Option(
+        help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
 ) -> None:
     """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON, gzip) into a store. A request is answered
     200 only after its spans are durably stored.
 
     Example:
-      infertrace collect --store traces/ --listen 127.0.0.1:4318
+      infertrace collect --store traces/ --listen 127.0.0.1:4318 --metrics 127.0.0.1:9464
     """
     from infertrace.store.collector import Collector, parse_listen
 
@@ -66,9 +75,11 @@ def collect(
     except (OSError, ValueError) as e:
         raise fail(str(e)) from None
     print(f"infertrace collect: listening on http://{collector.address}/v1/traces, store {store}", flush=True)
+    helpers = start_helpers(store, metrics, materialize)
     try:
         collector.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         collector.shutdown()
+        helpers.stop()
