@@ -44,45 +44,26 @@ KEEP = 3  # result keys kept per analysis
 LIVE_ENV = "INFERTRACE_RESULTS"
 
 
-def _slo(store: Store) -> Any:
-    from infertrace.analyzers.slo import slo_summary
+def _analysis(module: str, function: str) -> Callable[[Store], Any]:
+    """An analyzer, imported when first run (the dashboard imports only what its pages use)."""
 
-    return slo_summary(store)
+    def compute(store: Store) -> Any:
+        import importlib
 
+        return getattr(importlib.import_module(module), function)(store)
 
-def _itl(store: Store) -> Any:
-    from infertrace.analyzers.itl import analyze_itl
-
-    return analyze_itl(store)
-
-
-def _rca(store: Store) -> Any:
-    from infertrace.analyzers.rca import analyze_incidents
-
-    return analyze_incidents(store)
-
-
-def _prefix_cache(store: Store) -> Any:
-    from infertrace.analyzers.prefix_cache import analyze_prefix_cache
-
-    return analyze_prefix_cache(store)
-
-
-def _ttft(store: Store) -> Any:
-    from infertrace.analyzers.ttft import analyze_ttft
-
-    return analyze_ttft(store)
-
-
-def _roofline(store: Store) -> Any:
-    from infertrace.analyzers.roofline import analyze_prefill_roofline
-
-    return analyze_prefill_roofline(store)
+    compute.__name__ = function
+    return compute
 
 
 # Each analysis with its default parameters, as the dashboard and an unfiltered report use it.
 ANALYSES: dict[str, Callable[[Store], Any]] = {
-    "slo": _slo, "itl": _itl, "rca": _rca, "prefix_cache": _prefix_cache, "ttft": _ttft, "roofline": _roofline,
+    "slo": _analysis("infertrace.analyzers.slo", "slo_summary"),
+    "itl": _analysis("infertrace.analyzers.itl", "analyze_itl"),
+    "rca": _analysis("infertrace.analyzers.rca", "analyze_incidents"),
+    "prefix_cache": _analysis("infertrace.analyzers.prefix_cache", "analyze_prefix_cache"),
+    "ttft": _analysis("infertrace.analyzers.ttft", "analyze_ttft"),
+    "roofline": _analysis("infertrace.analyzers.roofline", "analyze_prefill_roofline"),
 }
 
 
