@@ -194,18 +194,16 @@ def test_otlp_endpoint_resolves_as_the_sdk_does() -> None:
 
 def test_simulate_sends_to_the_collector_the_otel_environment_names_with_its_headers(tmp_path: Path) -> None:
     collector = Collector(tmp_path / "store", "127.0.0.1", 0, token="s3cret")
-    import threading
-
-    thread = threading.Thread(target=collector.serve_forever, daemon=True)
-    thread.start()
+    collector.start()
+    address = collector.address
     try:
         result = infertrace("simulate", "--duration", "10", "--rate", "2", "--seed", "3", "--no-progress", env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.address}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{address}",
             "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20s3cret"})
     finally:
         collector.shutdown()
     assert result.returncode == 0, result.stderr
-    assert f"http://{collector.address}/v1/traces" in result.stderr
+    assert f"http://{address}/v1/traces" in result.stderr
     requests = int(re.search(r"(\d+) requests", " ".join(result.stderr.split())).group(1))
     with Store.open(tmp_path / "store") as opened:
         assert opened.sql("SELECT count(*) FROM requests").fetchall()[0][0] == requests > 0
