@@ -354,9 +354,10 @@ def _unavailable(coverage: StoreCoverage, key: str) -> dict[str, Any] | None:
 def build_report(store: Store, options: ReportOptions | None = None, *, rca: RcaReport | None = None,
                  itl: ItlAnalysis | None = None, ttft: TtftAnalysis | None = None,
                  cache: PrefixCacheAnalysis | None = None, roofline: RooflineAnalysis | None = None,
-                 coverage: StoreCoverage | None = None) -> dict[str, Any]:
+                 coverage: StoreCoverage | None = None, slo: SloSummary | None = None) -> dict[str, Any]:
     """The report document for the store. Analyzer results may be passed in when already computed (tests,
-    the dashboard); otherwise the analyzers run here. An analysis the store cannot support (infertrace.sources.
+    the dashboard, materialised results); otherwise the analyzers run here. `slo` must be the summary for
+    the options' window, model, tenant and targets. An analysis the store cannot support (infertrace.sources.
     capabilities: no step spans for ITL attribution, no cached-token counts for the prefix cache) is reported
     unavailable with the reason, never as an empty result."""
     from infertrace.sources.capabilities import store_coverage
@@ -365,8 +366,9 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
     coverage = coverage or store_coverage(store)
     sections: dict[str, Any] = {}
     if "slo" in o.sections:
-        sections["slo"] = slo_section(slo_summary(store, since_ns=o.since_ns, until_ns=o.until_ns, model=o.model,
-                                                  tenant=o.tenant, targets=o.targets, critical_ratio=o.critical_ratio))
+        sections["slo"] = slo_section(slo or slo_summary(
+            store, since_ns=o.since_ns, until_ns=o.until_ns, model=o.model, tenant=o.tenant, targets=o.targets,
+            critical_ratio=o.critical_ratio))
     if "incidents" in o.sections:
         if rca is None:
             from infertrace.analyzers.rca import analyze_incidents

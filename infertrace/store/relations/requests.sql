@@ -198,8 +198,8 @@ SELECT
     p.system_prompt_tokens,
     p.assistant_prefill_tokens,
     p.max_tokens,
-    coalesce(p.own_preemptions, CASE WHEN p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0
-                                     THEN p.event_preemptions END) AS preemptions,
+    CAST(coalesce(p.own_preemptions, CASE WHEN p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0
+                                          THEN p.event_preemptions END) AS BIGINT) AS preemptions,
     p.prefill_chunks,
     p.finish_reason,
     p.error_type,
