@@ -119,6 +119,37 @@ def test_a_litellm_proxys_in_process_hooks_are_components_once_a_components_file
     assert request == {"tenant": "team-red", "model": "Qwen/Qwen2.5-1.5B-Instruct"}
 
 
+def test_a_components_file_changes_what_report_ranks_even_after_the_store_materialised_its_results_without_one(
+        tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from infertrace.cli import app
+    from infertrace.results import result
+
+    store_dir, rules = tmp_path / "store", ROOT / "examples" / "components" / "litellm.toml"
+    runner = CliRunner()
+    ingested = runner.invoke(app, ["ingest", "--store", str(store_dir), str(FIXTURES / "litellm_vllm_v0.jsonl")])
+    assert ingested.exit_code == 0, ingested.output
+    assert list((store_dir / "derived" / "results" / "report").iterdir()), "ingest materialised the report"
+
+    def report(*extra: str) -> dict[str, Any]:
+        out = runner.invoke(app, ["report", "--store", str(store_dir), "--format", "json", "--fail-on", "never",
+                                  *extra])
+        assert out.exit_code == 0, out.output
+        return {a["key"]: a for a in json.loads(out.stdout)["coverage"]["analyses"]}
+
+    for extra in ((), ("--components", str(rules)), ()):  # without, with, and without the rules again
+        components = report(*extra)["rca_components"]
+        assert components["supported"] == bool(extra), components
+        assert ("2 component calls" in components["detail"]) == bool(extra), components
+    with Store.open(store_dir) as store:
+        assert not result(store, "rca").topology.has_components
+        register(store, load_rules(rules))
+        assert result(store, "rca").topology.has_components  # kept under a key of its own
+
+
 # ------------------------------------------------------------------------------- the emulations' shape
 def _shape(path: Path) -> dict[str, dict[str, str]]:
     """Per span name (SGLang's request and thread spans by their fixed part), each attribute key and its value

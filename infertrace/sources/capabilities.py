@@ -111,13 +111,14 @@ def store_coverage(store: Store) -> StoreCoverage:
         return sum(counts.get(what, {}).values())
 
     calls = counts.get("calls", {})
+    named = _named_in_process(store) if calls.get("same_service") else 0
     coverage = StoreCoverage(
         engine_requests=total("source"),
         sources={str(k): n for k, n in sorted(counts.get("source", {}).items(), key=lambda kv: -kv[1])},
         entry_requests=total("entry"),
         entry_services=tuple(sorted(str(k) for k in counts.get("entry", {}) if k is not None)),
-        component_calls=sum(n for k, n in calls.items() if k != "same_service"),
-        in_process_calls=calls.get("same_service", 0),
+        component_calls=sum(n for k, n in calls.items() if k != "same_service") + named,
+        in_process_calls=calls.get("same_service", 0) - named,
         step_spans=total("step_spans"),
         tokens_from_steps=counts.get("tokens", {}).get("steps", 0),
         tokens_from_spans=counts.get("tokens", {}).get("spans", 0),
@@ -131,6 +132,18 @@ def store_coverage(store: Store) -> StoreCoverage:
         unreadable_segments=len(store.skipped),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
+
+
+def _named_in_process(store: Store) -> int:
+    """Calls in the gateway's own process that the store connection's `--components` rules name (then they are
+    components like any other)."""
+    from infertrace.analyzers.topology import load_paths
+    from infertrace.sources.components import registered
+
+    if not registered(store):
+        return 0
+    paths = load_paths(store)
+    return int((paths["found_by"] == "same_service").sum()) if not paths.empty else 0
 
 
 def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
