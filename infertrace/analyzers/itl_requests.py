@@ -23,6 +23,9 @@ and the token times, per engine instance:
    intersected with the common part of those gaps; victims whose gaps share no common part make one window
    each group. Prefills run back to back (prefill-first) keep their own windows: the next one starts where
    the last ended, so neither overlaps the other's by more than the tolerance;
+   Among every gap of another request that overlaps the prefill the same way (spike or not), the median
+   excess must be a stall as well: a true stall delays every request decoding then, while a client's per-token
+   jitter lengthens one request's gap at a time;
 5. a candidate is cleared when some request on the instance had a whole normal gap (no spike) inside its
    prefill interval before its last step: its chunks demonstrably did not stall the decodes beside them;
 6. culprit windows on an instance that overlap by more than the tolerance are one stall (prefills batched in
@@ -254,8 +257,9 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
                      cands: _Candidates, tol: int, noise: int, p: RequestOnlyParams) -> list[RequestStall]:
     sp = np.flatnonzero(spike)
     sp = sp[np.argsort(g.start[sp], kind="stable")]
-    s_start, s_end = g.start[sp], g.end[sp]
-    longest = int((s_end - s_start).max()) if len(sp) else 0
+    every = np.argsort(g.start, kind="stable")
+    e_start, e_end = g.start[every], g.end[every]
+    longest = int((e_end - e_start).max()) if len(every) else 0
     normal = np.flatnonzero(~spike)
     normal = normal[np.argsort(g.start[normal], kind="stable")]
     n_start = g.start[normal]
@@ -263,17 +267,22 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     claims: list[_Claim] = []
     for j in range(len(cands.ids)):
         s, f = int(cands.start[j]), int(cands.end[j])
-        a = int(np.searchsorted(s_start, s - longest, "left"))
-        b = int(np.searchsorted(s_start, f - tol, "left"))
-        hit = np.arange(a, b)
-        hit = hit[(s_end[hit] > s + tol) & (g.rid[sp[hit]] != cands.ids[j])]
+        a = int(np.searchsorted(e_start, s - longest, "left"))
+        b = int(np.searchsorted(e_start, f - tol, "left"))
+        over = every[a:b]
+        over = over[(g.end[over] > s + tol) & (g.rid[over] != cands.ids[j])]
+        hit = over[spike[over]]
         if not len(hit):
+            continue
+        # Decoders across the prefill: their median excess must be a stall too (one request's jitter is not).
+        if np.median(excess[over]) < max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns):
             continue
         k = int(np.searchsorted(n_start, s + tol, "left"))
         if k < len(normal) and int(n_earliest_end[k]) < f - tol:
             continue  # a whole normal gap inside its prefill: its chunks did not stall the decodes
-        for group in _common_groups(s_start[hit], s_end[hit]):
-            gaps = sp[hit[group]]
+        hit = hit[np.argsort(g.start[hit], kind="stable")]
+        for group in _common_groups(g.start[hit], g.end[hit]):
+            gaps = hit[group]
             lo, hi = max(s, int(g.start[gaps].max())), min(f, int(g.end[gaps].min()))
             if hi - lo > tol or (hi > lo and f - s <= tol):
                 claims.append(_Claim(j, lo, hi, gaps.tolist()))
@@ -340,13 +349,29 @@ def _stall(instance: str, lo: int, hi: int, members: list[_Claim], g: _Gaps, exc
     return RequestStall(instance, lo, hi, victims, int(g.itl[gaps].max()), int(excess[gaps].max()), tuple(culprits))
 
 
-def attribute_store_requests(store: Store, params: RequestOnlyParams | None = None) -> RequestOnlyAttribution:
-    """The request-only attribution on a store: `llm_request` spans for the requests and, standing in for a
-    streaming client's records, the token times of the `tokens` relation (no step membership is used)."""
+def token_source(store: Store) -> str | None:
+    """Which token times the request-only method can read on the store: 'client_tokens' (a streaming client's,
+    ingested), 'tokens' (the engine's own per-token spans: SGLang, TGI, the reference engine) or None."""
+    if store.sql("SELECT count(*) FROM client_tokens").fetchall()[0][0]:
+        return "client_tokens"
+    if store.sql("SELECT count(*) FROM tokens").fetchall()[0][0]:
+        return "tokens"
+    return None
+
+
+def attribute_store_requests(store: Store, params: RequestOnlyParams | None = None,
+                             tokens: str | None = None) -> RequestOnlyAttribution:
+    """The request-only attribution on a store: the engine request spans for the requests and, for the token
+    times, a client's (`client_tokens`, on the client's clock: offsets estimated) when the store has them, else
+    the `tokens` relation (no step membership is used). `tokens` forces one of the two."""
     requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, "
                          "cached_tokens FROM requests").df()
-    tokens = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
-    return attribute_from_requests(requests, tokens, params)
+    which = tokens or token_source(store) or "tokens"
+    if which == "client_tokens":
+        times = store.sql("SELECT request_id, time_ns FROM client_tokens").df()
+        return attribute_from_requests(requests, times, params, clock="client")
+    times = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
+    return attribute_from_requests(requests, times, params)
 
 
 # ------------------------------------------------------------------------------- vLLM iteration logs
