@@ -132,10 +132,11 @@ def coarse_offset(ends: np.ndarray, first_tokens: np.ndarray) -> int:
 
 def anchor_iterations(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, requests: pd.DataFrame,
                       slack_ns: int) -> dict[int, list[int]]:
-    """Prefill iterations whose finishing prompt is recognised: iteration row → the request rows whose first token
+    """Prefill iterations whose finishing prompt is recognised: iteration row → the request row whose first token
     (on the spans' clock, `lo`/`hi` already moved onto it) falls in its bounds and whose uncached prompt tokens
-    are its context tokens (one request), or a whole number of 16-token KV blocks more (a prefix-cache hit that
-    the span does not count). Kept only when exactly one request fits."""
+    are its context tokens, or, when the span counts no cached tokens, a whole number of 16-token KV blocks fewer
+    (a prefix-cache hit). Kept only when exactly one request fits and that request fits no other iteration (a
+    chunk of a longer prompt can look like a cached prompt)."""
     first = requests["first_token_ns"].to_numpy(dtype=np.int64)
     order = np.argsort(first, kind="stable")
     first_sorted = first[order]
@@ -150,11 +151,20 @@ def anchor_iterations(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, request
         a = int(np.searchsorted(first_sorted, lo[i] - slack_ns, "left"))
         b = int(np.searchsorted(first_sorted, hi[i] + slack_ns, "right"))
         cand = order[a:b]
-        extra = np.where(known_cache[cand], uncached[cand], prompt[cand]) - ctx_tok[i]
-        fits = cand[(extra == 0) | (~known_cache[cand] & (extra > 0) & (extra % 16 == 0))]
+        target = np.where(known_cache[cand], uncached[cand], prompt[cand])
+        extra = target - ctx_tok[i]
+        # a chunked prompt: its chunks are the single-prefill iterations just before, summing to it
+        sums = np.cumsum(ctx_tok[max(i - 64, 0):i + 1][::-1])
+        run = ctx_req[max(i - 64, 0):i + 1][::-1] == 1
+        sums = sums[:int(np.argmin(run)) if not run.all() else len(run)]
+        cached_hit = ~known_cache[cand] & (extra > 0) & (extra % 16 == 0)
+        fits = cand[(extra == 0) | cached_hit | np.isin(target, sums[1:])]
         if len(fits) == 1:
             anchors[i] = [int(fits[0])]
-    return anchors
+    taken: dict[int, int] = {}
+    for rows in anchors.values():
+        taken[rows[0]] = taken.get(rows[0], 0) + 1
+    return {i: rows for i, rows in anchors.items() if taken[rows[0]] == 1}  # a request anchors one iteration
 
 
 def fine_offset(lo: np.ndarray, hi: np.ndarray, anchors: dict[int, list[int]], first: np.ndarray) -> int:
@@ -223,12 +233,40 @@ def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
         anchors = anchor_iterations(log, lo + coarse, hi + coarse, mine, p.match_window_ns)
         offset = coarse + fine_offset(lo + coarse, hi + coarse, anchors, first) if anchors else coarse
         logs.append(LogPlacement(name, instance, len(log), offset, len(anchors), int(prefill_rows.sum())))
-        placed = place_ends(log, lo + offset, hi + offset, {i: int(first[r[0]]) for i, r in anchors.items()})
+        exact = {i: int(first[r[0]]) for i, r in anchors.items()}
+        placed = place_ends(log, lo + offset, hi + offset, exact)
+        scheduled = mine["scheduled_ns"].fillna(mine["first_token_ns"]).to_numpy(dtype=np.int64)
+        more = timed_anchors(placed, log["elapsed_ns"].to_numpy(dtype=np.int64), prefill_rows, first, scheduled,
+                             p.match_window_ns)
+        placed = place_ends(log, lo + offset, hi + offset, {**more, **exact})
         found, long_idle = _log_stalls(name, instance, log, placed, half, mine, anchors, p)
         stalls += found
         unexplained += long_idle
     stalls.sort(key=lambda s: (s.instance, s.end_ns))
     return IterationAttribution(p, tuple(stalls), tuple(logs), unexplained, tuple(notes))
+
+
+def timed_anchors(placed: np.ndarray, elapsed: np.ndarray, prefill_rows: np.ndarray, first: np.ndarray,
+                  scheduled: np.ndarray, window_ns: int) -> dict[int, int]:
+    """More anchors once the log is placed: a request's first token that lies within `window_ns` of exactly one
+    prefill iteration's placed end (the next nearest at least twice as far) marks that end; its first scheduling
+    marks the start of the iteration that computed its first chunk (that end is then the scheduling plus the
+    iteration's elapsed time). Spans alone say when a chunked prompt started and finished."""
+    rows = np.flatnonzero(prefill_rows)
+    out: dict[int, int] = {}
+    if len(rows) < 2:
+        return out
+    for times, shift in ((first, np.zeros(len(elapsed), dtype=np.int64)), (scheduled, elapsed)):
+        marks = placed[rows] - shift[rows]
+        order = np.argsort(marks, kind="stable")
+        found_rows, found = rows[order], marks[order]
+        for t in times.tolist():
+            k = int(np.searchsorted(found, t))
+            near = sorted((abs(int(found[j]) - t), j) for j in (k - 2, k - 1, k, k + 1) if 0 <= j < len(found))
+            if near and near[0][0] <= window_ns and (len(near) == 1 or near[1][0] >= 2 * max(near[0][0], 1)):
+                row = int(found_rows[near[0][1]])
+                out.setdefault(row, t + int(shift[row]))
+    return out
 
 
 def place_ends(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, anchored: dict[int, int]) -> np.ndarray:
@@ -304,7 +342,8 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
             base = decode_only(gen)
             excess = elapsed - base
         else:
-            waiting = int(((first < end - elapsed - tol) & (finish > end + tol)).sum())
+            edge = 1_000_000  # the spans' first tokens and finishes are late by the API server's output latency
+            waiting = int(((first <= end - elapsed + edge) & (first < end - edge) & (finish > end + edge)).sum())
             if not waiting:
                 continue
             base, excess = decode_only(waiting), elapsed
@@ -346,10 +385,11 @@ def as_windows(attr: IterationAttribution, half_width_ns: int = 5_000_000) -> Re
 
 def join_iterations(windows: RequestOnlyAttribution, attr: IterationAttribution,
                     tolerance_ns: int = 5_000_000) -> RequestOnlyAttribution:
-    """Token-time windows checked against the iteration log: a window keeps its culprits only when a stalled
-    iteration of its instance ends in it (within `tolerance_ns`), and gains that iteration's named requests; a
-    window with no stalled iteration is unexplained (the log says no prefill stalled there); a stalled iteration
-    no window holds is added as its own window."""
+    """Token-time windows checked against the iteration log: a window keeps a culprit only when a stalled
+    iteration of its instance ends in it (within `tolerance_ns`); the iteration's named requests (matched by
+    their context tokens) replace the window's when it names any. A window with no stalled iteration is
+    unexplained (the log says no prefill stalled there); a stalled iteration no window holds is added as its own
+    window."""
     by_instance: dict[str, list[IterationStall]] = {}
     for s in attr.stalls:
         by_instance.setdefault(s.instance, []).append(s)
@@ -364,14 +404,15 @@ def join_iterations(windows: RequestOnlyAttribution, attr: IterationAttribution,
         if not inside:
             out.append(replace(w, culprits=()))
             continue
-        named = {c.request_id: c for c in w.culprits}
+        named: dict[str, RequestCulprit] = {}
         for s in inside:
             used.add((s.instance, s.end_ns))
             for c in s.culprits:
                 old = named.get(c.request_id)
                 named[c.request_id] = RequestCulprit(c.request_id, c.tenant, c.uncached_tokens,
                                                      max(c.confidence, old.confidence if old else 0.0), True)
-        out.append(replace(w, culprits=tuple(sorted(named.values(), key=lambda c: -c.confidence))))
+        culprits = tuple(sorted(named.values(), key=lambda c: -c.confidence)) if named else w.culprits
+        out.append(replace(w, culprits=culprits))
     extra = [s for s in as_windows(attr, tolerance_ns).stalls if (s.instance, s.start_ns + tolerance_ns) not in used]
     stalls = tuple(sorted([*out, *extra], key=lambda s: (s.instance, s.start_ns, s.end_ns)))
     return replace(windows, stalls=stalls, clock=f"{windows.clock} + iteration log",

@@ -16,7 +16,7 @@ and the token times, per engine instance:
    stays at the decode step while most gaps are stalled (a request with few tokens, whose own median is a
    stall, is judged against the engine's step);
 3. a spike is a gap whose excess over the baseline is at least `stall_ratio` times the baseline and at least
-   `min_excess_ns`;
+   `min_excess_ns`, plus the timing noise (a gap between two client-timed tokens carries two jitters);
 4. a candidate is every request's prefill interval (first scheduling to first token). It stalled the spikes
    of other requests that overlap its interval by more than the tolerance (a prefill that touches a gap by a
    nanosecond, e.g. times rebuilt from float seconds, did not stall it). Its window is its interval
@@ -24,8 +24,9 @@ and the token times, per engine instance:
    each group. Prefills run back to back (prefill-first) keep their own windows: the next one starts where
    the last ended, so neither overlaps the other's by more than the tolerance;
    Among every gap of another request that overlaps the prefill the same way (spike or not), the median
-   excess must be a stall as well: a true stall delays every request decoding then, while a client's per-token
-   jitter lengthens one request's gap at a time;
+   excess must be a stall as well, by a margin of twice the timing noise over the square root of their number:
+   a true stall delays every request decoding then, while a client's per-token jitter lengthens one request's
+   gap at a time;
 5. a candidate is cleared when some request on the instance had a whole normal gap (no spike) inside its
    prefill interval before its last step: its chunks demonstrably did not stall the decodes beside them;
 6. culprit windows on an instance that overlap by more than the tolerance are one stall (prefills batched in
@@ -77,7 +78,8 @@ class RequestCulprit:
 
 @dataclass(frozen=True)
 class RequestStall:
-    """A window on one instance in which one or more decoding requests were stalled."""
+    """A window on one instance in which one or more decoding requests were stalled, on the spans' clock (client
+    times are moved back by the culprits' own offsets, or the median offset for a window without a culprit)."""
 
     instance: str
     start_ns: int
@@ -154,7 +156,7 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
     g = _Gaps(rid[ends], inst[ends], t[ends - 1], t[ends])
     base = _engine_baseline(g, p)
     excess = g.itl - base
-    spike = excess >= np.maximum(np.rint(p.stall_ratio * base).astype(np.int64), p.min_excess_ns)
+    spike = excess >= np.maximum(np.rint(p.stall_ratio * base).astype(np.int64), p.min_excess_ns) + noise
 
     prefill = requests.dropna(subset=["instance", "scheduled_ns", "first_token_ns"])
     missing = int(requests["request_id"].nunique()) - int(prefill["request_id"].nunique())
@@ -239,6 +241,8 @@ class _Candidates:
         order = np.argsort(self.start, kind="stable")
         self.ids, self.tenants, self.start, self.end = self.ids[order], self.tenants[order], self.start[order], \
             self.end[order]
+        self.shift = shift[order]
+        self.default_shift = default_offset
         self.uncached = (rows["input_tokens"].fillna(0) - rows["cached_tokens"].fillna(0)).clip(lower=1).to_numpy(
             dtype=np.float64)[order]
 
@@ -275,7 +279,8 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         if not len(hit):
             continue
         # Decoders across the prefill: their median excess must be a stall too (one request's jitter is not).
-        if np.median(excess[over]) < max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns):
+        threshold = max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns)
+        if np.median(excess[over]) < threshold + 2 * noise / np.sqrt(len(over)):
             continue
         k = int(np.searchsorted(n_start, s + tol, "left"))
         if k < len(normal) and int(n_earliest_end[k]) < f - tol:
@@ -285,6 +290,8 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
             gaps = hit[group]
             lo, hi = max(s, int(g.start[gaps].max())), min(f, int(g.end[gaps].min()))
             if hi - lo > tol or (hi > lo and f - s <= tol):
+                # the victims' token times are uncertain by the timing noise: so is the window's edge
+                lo, hi = max(s, lo - noise), min(f, hi + noise)
                 claims.append(_Claim(j, lo, hi, gaps.tolist()))
     stalls: list[RequestStall] = []
     claimed = np.zeros(len(g), dtype=bool)
@@ -307,7 +314,8 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     rest = sp[~claimed[sp]]
     for group in _common_groups(g.start[rest], g.end[rest]):
         gaps = rest[group]
-        stalls.append(RequestStall(instance, int(g.start[gaps].max()), int(g.end[gaps].min()),
+        stalls.append(RequestStall(instance, int(g.start[gaps].max()) - cands.default_shift,
+                                   int(g.end[gaps].min()) - cands.default_shift,
                                    tuple(sorted(set(g.rid[gaps].tolist()))), int(g.itl[gaps].max()),
                                    int(excess[gaps].max()), ()))
     return stalls
@@ -346,7 +354,9 @@ def _stall(instance: str, lo: int, hi: int, members: list[_Claim], g: _Gaps, exc
                 for j, sh, cl, x, y in zip(js, share, clear, s, f, strict=True) if sh * cl >= p.min_confidence]
     culprits.sort(key=lambda c: -c.confidence)
     victims = tuple(sorted(set(g.rid[gaps].tolist())))
-    return RequestStall(instance, lo, hi, victims, int(g.itl[gaps].max()), int(excess[gaps].max()), tuple(culprits))
+    back = round(float(np.median(cands.shift[js])))  # onto the spans' clock: the culprits' own offsets
+    return RequestStall(instance, lo - back, hi - back, victims, int(g.itl[gaps].max()), int(excess[gaps].max()),
+                        tuple(culprits))
 
 
 def token_source(store: Store) -> str | None:

@@ -32,21 +32,26 @@ from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 
 class _Counts:
-    def __init__(self) -> None:
-        self.tp = self.fp = self.fn = 0
+    """tp: true pairs found; fn: true pairs missed; fp: named pairs that are wrong; named_ok: named pairs that are
+    right (a window can hold several stalled steps, and a step lie in several windows, so named_ok and tp differ
+    for the window methods). Precision is named_ok / (named_ok + fp), recall tp / (tp + fn)."""
 
-    def add(self, tp: int, fp: int, fn: int) -> None:
+    def __init__(self) -> None:
+        self.tp = self.fp = self.fn = self.named_ok = 0
+
+    def add(self, tp: int, fp: int, fn: int, named_ok: int | None = None) -> None:
         self.tp += tp
         self.fp += fp
         self.fn += fn
+        self.named_ok += tp if named_ok is None else named_ok
 
     def scores(self) -> dict[str, Any]:
-        precision = self.tp / (self.tp + self.fp) if self.tp + self.fp else None
+        precision = self.named_ok / (self.named_ok + self.fp) if self.named_ok + self.fp else None
         recall = self.tp / (self.tp + self.fn) if self.tp + self.fn else None
         f1 = (2 * precision * recall / (precision + recall)
               if precision is not None and recall is not None and precision + recall else None)
         return {"precision": _r(precision), "recall": _r(recall), "f1": _r(f1), "tp": self.tp, "fp": self.fp,
-                "fn": self.fn}
+                "fn": self.fn, "named_ok": self.named_ok}
 
 
 def _r(x: float | None) -> float | None:
@@ -121,13 +126,14 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
             hits = [(s["engine"], s["step_index"], c.request_id) for s in inside
                     if any(x["request"] == c.request_id and not x["recompute"] for x in s["culprits"])]
             recalled.update(hits)
-            per_policy[policy].add(bool(hits), not hits, 0)
+            per_policy[policy].add(0, not hits, 0, bool(hits))
         if stall.instance in negative:
             spikes += 1
             if stall.culprits and not any("prefill" in s["causes"] for s in inside):
                 false += 1
-    for pair in true_pairs - recalled:
-        per_policy[policies.get(pair[0], "unknown")].add(0, 0, 1)
+    for pair in true_pairs:
+        found = pair in recalled
+        per_policy[policies.get(pair[0], "unknown")].add(int(found), 0, int(not found), 0)
     return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false}
 
 
@@ -217,7 +223,7 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
                       else score_requests(truth, results[method], policies))
             for policy, counts in result["per_policy"].items():
                 for target in (overall[method], per_family[family][method], per_policy[policy][method]):
-                    target.add(counts.tp, counts.fp, counts.fn)
+                    target.add(counts.tp, counts.fp, counts.fn, counts.named_ok)
             negative[method][0] += result["negative_false"]
             negative[method][1] += result["negative_spikes"]
             if method == "steps":
@@ -278,7 +284,7 @@ def render_itl(result: dict[str, Any]) -> str:
     def row(name: str, s: dict[str, Any]) -> str:
         false = (f"{_fmt(s['false_attribution_rate'])} ({s['negative_control_false']}/"
                  f"{s['negative_control_spikes']})")
-        return (f"{name:34} {s["scenarios_run"]:>5} {_fmt(s['precision']):>9} "
+        return (f"{name:34} {s['scenarios_run']:>5} {_fmt(s['precision']):>9} "
                 f"{_fmt(s['recall']):>7} {_fmt(s['f1']):>6} {s['tp']:>7} {s['fp']:>6} {s['fn']:>6} {false:>12}")
 
     for key, title in COMBINATIONS.items():

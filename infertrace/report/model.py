@@ -17,6 +17,7 @@ from infertrace.report.recommendations import recommend
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.itl_iterations import IterationAttribution
     from infertrace.analyzers.itl_requests import RequestOnlyAttribution
     from infertrace.analyzers.prefix_cache import PrefixCacheAnalysis
     from infertrace.analyzers.rca import RcaReport
@@ -248,6 +249,50 @@ def itl_request_section(attr: RequestOnlyAttribution, token_source: str, models:
             "culprits": [{"request_id": c.request_id, "confidence": _r(c.confidence, 3)} for c in s.culprits],
         } for s in worst],
         "notes": list(attr.notes),
+    }
+
+
+def itl_iteration_section(attr: IterationAttribution, options: ReportOptions) -> dict[str, Any]:
+    """ITL stalls named from vLLM's iteration log alone (no step spans, no token times): the stalled iterations,
+    placed on the spans' clock, and the requests whose prefill was in them."""
+    stalls = [s for s in attr.stalls if _overlaps(s.end_ns - s.elapsed_ns, s.end_ns, options)]
+    worst = sorted(stalls, key=lambda s: (-s.excess_ns, s.end_ns))[:options.top]
+    culprits: dict[str, dict[str, Any]] = {}
+    for s in stalls:
+        for c in s.culprits:
+            entry = culprits.setdefault(c.request_id, {"request_id": c.request_id, "tenant": c.tenant,
+                                                       "instance": s.instance, "uncached_tokens": c.uncached_tokens,
+                                                       "stalls": 0, "victims": 0, "victim_excess_ns": 0,
+                                                       "confidence": 0.0})
+            entry["stalls"] += 1
+            entry["victims"] = max(entry["victims"], s.generation_requests)
+            entry["victim_excess_ns"] += s.excess_ns * max(s.generation_requests, 1)
+            entry["confidence"] = max(entry["confidence"], c.confidence)
+    top = sorted(culprits.values(), key=lambda c: (-c["victim_excess_ns"], c["request_id"]))[:options.top]
+    return {
+        "status": "ok",
+        "method": "request spans + iteration log",
+        "clock_offset_ms": None, "timing_noise_ms": None, "tolerance_ms": None,
+        "stall_ratio": attr.params.stall_ratio,
+        "min_excess_ms": ms(attr.params.min_excess_ns),
+        "requests_with_token_times": 0,
+        "engines": [{"instance": lg.instance or lg.log, "model": None, "decode_baseline_ms": None,
+                     "stalls_with_culprit": sum(1 for s in stalls if s.log == lg.log and s.culprits),
+                     "unexplained": sum(1 for s in stalls if s.log == lg.log and not s.culprits)}
+                    for lg in attr.logs],
+        "stalls": sum(1 for s in stalls if s.culprits),
+        "unexplained": sum(1 for s in stalls if not s.culprits) + attr.unexplained,
+        "top_culprits": [{**{k: v for k, v in c.items() if k != "victim_excess_ns"},
+                          "victim_excess_ms": ms(c["victim_excess_ns"]), "confidence": _r(c["confidence"], 3)}
+                         for c in top],
+        "worst_stalls": [{
+            "instance": s.instance, "start": iso(s.end_ns - s.elapsed_ns), "end": iso(s.end_ns),
+            "window_ms": ms(s.elapsed_ns), "excess_ms": ms(s.excess_ns), "victims": s.generation_requests,
+            "culprits": [{"request_id": c.request_id, "confidence": _r(c.confidence, 3)} for c in s.culprits],
+        } for s in worst],
+        "notes": list(attr.notes) + [f"log {lg.log}: placed on {lg.instance} by {lg.matched} of "
+                                     f"{lg.prefill_iterations} prefill iterations, offset {ms(lg.offset_ns)} ms"
+                                     for lg in attr.logs if lg.offset_ns is not None],
     }
 
 

@@ -189,10 +189,10 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     if c.step_spans:
         itl = f"From {c.step_spans} engine_step spans: each stall's culprit prefills and victims, exactly."
     elif c.client_token_requests or c.tokens_from_spans:
-        tokens = (f"{c.client_token_requests} requests' client token times (their clock offset and jitter "
+        times = (f"{c.client_token_requests} requests' client token times (their clock offset and jitter "
                   "estimated from the data)" if c.client_token_requests else f"per-token times from {TOKEN_SPANS}")
         itl = (f"No engine_step spans: the request-only method (infertrace.analyzers.itl_requests) joins request "
-               f"spans with {tokens}: stall windows, not steps, and a confidence per culprit.")
+               f"spans with {times}: stall windows, not steps, and a confidence per culprit.")
     elif c.iteration_lines:
         itl = (f"No engine_step spans and no token times: {c.iteration_lines} vLLM iteration log lines, placed on "
                "the spans' clock by their first tokens, name the stalled iterations and the requests whose "
