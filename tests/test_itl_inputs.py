@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from infertrace.analyzers.itl_iterations import attribute_iterations
@@ -97,21 +98,34 @@ def test_an_iteration_log_names_the_prefill_only_iteration_that_stalled_a_decode
     assert placed.instance == "e0" and abs(placed.offset_ns + 2 * 3600 * 10**9) < 1_000 * MS
 
 
-def test_report_on_a_vllm_v1_store_names_culprits_from_client_tokens_or_the_iteration_log(tmp_path: Path) -> None:
-    spans, tokens, logs = tmp_path / "spans.jsonl.gz", tmp_path / "client.jsonl", tmp_path / "logs"
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 s of vLLM V1 telemetry: spans, a client's token times and the iteration log."""
+    root = tmp_path_factory.mktemp("vllm")
     _invoke("simulate", "--telemetry", "vllm-v1", "--instance-ids", "--rate", "6", "--prompt-mean", "1500",
-            "--output-mean", "40", "--duration", "20", "--seed", "3", "--no-progress", "--out", str(spans),
-            "--client-tokens", str(tokens), "--iteration-logs", str(logs))
-    for name, inputs in (("tokens", [str(spans), str(tokens)]), ("log", [str(spans), str(logs)])):
+            "--output-mean", "40", "--duration", "20", "--seed", "3", "--no-progress", "--out",
+            str(root / "spans.jsonl.gz"), "--client-tokens", str(root / "client.jsonl"), "--iteration-logs",
+            str(root / "logs"))
+    return root
+
+
+def test_report_on_a_vllm_v1_store_names_culprits_with_the_best_method_its_inputs_allow(vllm_run: Path,
+                                                                                          tmp_path: Path) -> None:
+    spans, tokens, logs = vllm_run / "spans.jsonl.gz", vllm_run / "client.jsonl", vllm_run / "logs"
+    methods = {"tokens": "request spans + client token times", "log": "request spans + iteration log",
+               "both": "request spans + client token times + iteration log"}
+    for name, expected in methods.items():
         store = tmp_path / name
-        extra = ["--source", "vllm-iteration-log"] if name == "log" else []
-        _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", *inputs[:1])
-        _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", *extra, *inputs[1:])
+        _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", str(spans))
+        if name in ("tokens", "both"):
+            _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", str(tokens))
+        if name in ("log", "both"):
+            _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", "--source",
+                    "vllm-iteration-log", str(logs))
         doc = json.loads(_invoke("report", "--store", str(store), "--format", "json", "--fail-on", "never"))
         itl = doc["sections"]["itl"]
         analysis = next(a for a in doc["coverage"]["analyses"] if a["key"] == "itl")
         assert analysis["supported"], analysis
-        expected = "request spans + client token times" if name == "tokens" else "request spans + iteration log"
         assert itl["method"] == expected
         assert itl["stalls"] > 0 and itl["top_culprits"]
         assert all(0 < c["confidence"] <= 1 for c in itl["top_culprits"])
@@ -136,3 +150,16 @@ def test_evaluate_scores_each_input_combination_of_a_vllm_bank(tmp_path: Path) -
     for title in ("spans + client tokens", "spans + iteration log", "spans + tokens + iteration log"):
         assert title in out
     assert "code_completion/" in out
+
+
+def test_the_dashboards_itl_page_shows_the_culprits_of_a_vllm_store_with_the_method_named(
+        vllm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_dashboard import app, frame
+
+    store = tmp_path / "store"
+    _invoke("ingest", "--store", str(store), "--no-progress", "--no-materialize", str(vllm_run / "spans.jsonl.gz"),
+            str(vllm_run / "client.jsonl"))
+    at = app(store, monkeypatch, "views/itl_spikes.py")
+    assert any("Method: request spans + client token times" in i.value for i in at.info)
+    culprits = frame(at, "confidence")
+    assert len(culprits) > 0 and culprits["confidence"].between(0, 1).all()

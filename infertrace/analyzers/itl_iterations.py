@@ -385,35 +385,22 @@ def as_windows(attr: IterationAttribution, half_width_ns: int = 5_000_000) -> Re
 
 def join_iterations(windows: RequestOnlyAttribution, attr: IterationAttribution,
                     tolerance_ns: int = 5_000_000) -> RequestOnlyAttribution:
-    """Token-time windows checked against the iteration log: a window keeps a culprit only when a stalled
-    iteration of its instance ends in it (within `tolerance_ns`); the iteration's named requests (matched by
-    their context tokens) replace the window's when it names any. A window with no stalled iteration is
-    unexplained (the log says no prefill stalled there); a stalled iteration no window holds is added as its own
-    window."""
-    by_instance: dict[str, list[IterationStall]] = {}
+    """The iteration log's stalls (placed within a millisecond, culprits named by their context tokens) as
+    windows, and the token-time windows that hold no iteration the log placed (a stall the log's decode-only
+    levels missed): where both saw the stall, the log's names are kept."""
+    iterations = as_windows(attr, tolerance_ns)
+    by_instance: dict[str, np.ndarray] = {}
     for s in attr.stalls:
-        by_instance.setdefault(s.instance, []).append(s)
-    ends = {k: np.array([s.end_ns for s in v], dtype=np.int64) for k, v in by_instance.items()}
-    used: set[tuple[str, int]] = set()
-    out: list[RequestStall] = []
+        by_instance.setdefault(s.instance, np.array([], dtype=np.int64))
+    for inst in by_instance:
+        by_instance[inst] = np.array(sorted(s.end_ns for s in attr.stalls if s.instance == inst), dtype=np.int64)
+    kept = []
     for w in windows.stalls:
-        e = ends.get(w.instance, np.array([], dtype=np.int64))
+        e = by_instance.get(w.instance, np.array([], dtype=np.int64))
         a = int(np.searchsorted(e, w.start_ns - tolerance_ns, "left"))
         b = int(np.searchsorted(e, w.end_ns + tolerance_ns, "right"))
-        inside = by_instance.get(w.instance, [])[a:b]
-        if not inside:
-            out.append(replace(w, culprits=()))
-            continue
-        named: dict[str, RequestCulprit] = {}
-        for s in inside:
-            used.add((s.instance, s.end_ns))
-            for c in s.culprits:
-                old = named.get(c.request_id)
-                named[c.request_id] = RequestCulprit(c.request_id, c.tenant, c.uncached_tokens,
-                                                     max(c.confidence, old.confidence if old else 0.0), True)
-        culprits = tuple(sorted(named.values(), key=lambda c: -c.confidence)) if named else w.culprits
-        out.append(replace(w, culprits=culprits))
-    extra = [s for s in as_windows(attr, tolerance_ns).stalls if (s.instance, s.start_ns + tolerance_ns) not in used]
-    stalls = tuple(sorted([*out, *extra], key=lambda s: (s.instance, s.start_ns, s.end_ns)))
+        if a == b:
+            kept.append(w)
+    stalls = tuple(sorted([*iterations.stalls, *kept], key=lambda s: (s.instance, s.start_ns, s.end_ns)))
     return replace(windows, stalls=stalls, clock=f"{windows.clock} + iteration log",
                    notes=(*windows.notes, *attr.notes))

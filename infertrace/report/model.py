@@ -191,7 +191,8 @@ def itl_section(itl: ItlAnalysis, options: ReportOptions, tenants: dict[str, str
     }
 
 
-REQUEST_METHODS = {"client_tokens": "request spans + client token times", "tokens": "request spans + token spans"}
+REQUEST_METHODS = {"client_tokens": "request spans + client token times", "tokens": "request spans + token spans",
+                   "joined": "request spans + client token times + iteration log"}
 
 
 def itl_request_section(attr: RequestOnlyAttribution, token_source: str, models: dict[str, str | None],
@@ -225,7 +226,7 @@ def itl_request_section(attr: RequestOnlyAttribution, token_source: str, models:
     return {
         "status": "ok",
         "method": REQUEST_METHODS[token_source],
-        "clock_offset_ms": ms(attr.clock_offset_ns) if attr.clock == "client" else None,
+        "clock_offset_ms": ms(attr.clock_offset_ns) if attr.clock.startswith("client") else None,
         "timing_noise_ms": ms(attr.timing_noise_ns),
         "tolerance_ms": ms(attr.tolerance_ns),
         "stall_ratio": attr.params.stall_ratio,
@@ -496,7 +497,12 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
     if "itl" in o.sections and (unavailable := _unavailable(coverage, "itl")) is not None:
         sections["itl"] = unavailable
     elif "itl" in o.sections and not coverage.step_spans and (source := token_source(store)) is not None:
+        # without step spans, the best method the store's inputs allow (measured: BENCHMARKS.md, ITL inputs)
         attr = attribute_store_requests(store, tokens=source)
+        if source == "client_tokens" and coverage.iteration_lines:
+            from infertrace.analyzers.itl_iterations import attribute_store_iterations, join_iterations
+
+            attr, source = join_iterations(attr, attribute_store_iterations(store)), "joined"
         models = dict(store.sql("SELECT instance, any_value(model) FROM requests GROUP BY instance").fetchall())
         tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
         sections["itl"] = itl_request_section(attr, source, models, o, tenants)

@@ -193,6 +193,9 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
                   "estimated from the data)" if c.client_token_requests else f"per-token times from {TOKEN_SPANS}")
         itl = (f"No engine_step spans: the request-only method (infertrace.analyzers.itl_requests) joins request "
                f"spans with {times}: stall windows, not steps, and a confidence per culprit.")
+        if c.client_token_requests and c.iteration_lines:
+            itl += (f" {c.iteration_lines} vLLM iteration log lines name the stalled iterations' prefills by their "
+                    "context tokens where they saw the stall (infertrace.analyzers.itl_iterations).")
     elif c.iteration_lines:
         itl = (f"No engine_step spans and no token times: {c.iteration_lines} vLLM iteration log lines, placed on "
                "the spans' clock by their first tokens, name the stalled iterations and the requests whose "
