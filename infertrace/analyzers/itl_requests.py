@@ -2,8 +2,8 @@
 
 What vLLM gives without extra instrumentation is one `llm_request` span per request (arrival, first
 scheduling, first token, finish; the `gen_ai.latency.*` attributes), and, where a client streamed the reply,
-the time of each token; or vLLM's iteration log lines (`infertrace.analyzers.itl_iterations`). From the spans
-and the token times, per engine instance:
+the time of each token (vLLM's iteration log lines are read by `infertrace.analyzers.itl_iterations`). From the
+spans and the token times, per engine instance:
 
 1. clocks: token times a client recorded (`clock="client"`) are late by the network and jittered per token.
    Each request's offset is its first token as the client saw it less its first token on the span; a
@@ -42,10 +42,8 @@ Times are integer nanoseconds throughout: a float64 cannot hold a nanosecond at 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Literal
 
 import numpy as np
@@ -382,69 +380,3 @@ def attribute_store_requests(store: Store, params: RequestOnlyParams | None = No
         return attribute_from_requests(requests, times, params, clock="client")
     times = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
     return attribute_from_requests(requests, times, params)
-
-
-# ------------------------------------------------------------------------------- vLLM iteration logs
-ITERATION_LINE = re.compile(
-    r"(?:(?P<level>[A-Z]+)\s+(?P<date>\d{2}-\d{2})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?)\s.*?)?"
-    r"Iteration\((?P<iteration>\d+)\):\s+"
-    r"(?P<ctx_req>\d+)\s+context requests,\s+(?P<ctx_tok>\d+)\s+context tokens,\s+"
-    r"(?P<gen_req>\d+)\s+generation requests,\s+(?P<gen_tok>\d+)\s+generation tokens,\s+"
-    r"iteration elapsed time:\s+(?P<elapsed>[0-9.]+)\s*ms")
-
-
-@dataclass(frozen=True)
-class Iteration:
-    iteration: int
-    context_requests: int
-    context_tokens: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_ns: int
-    logged_at: str | None  # the log line's own timestamp (vLLM: MM-DD HH:MM:SS), when present
-
-
-def parse_iteration_log(lines: Iterable[str]) -> list[Iteration]:
-    """vLLM's per-iteration log lines; other lines are skipped."""
-    out = []
-    for line in lines:
-        m = ITERATION_LINE.search(line)
-        if m is None:
-            continue
-        stamp = f"{m['date']} {m['time']}" if m["date"] else None
-        out.append(Iteration(int(m["iteration"]), int(m["ctx_req"]), int(m["ctx_tok"]), int(m["gen_req"]),
-                             int(m["gen_tok"]), round(float(m["elapsed"]) * 1e6), stamp))
-    return out
-
-
-def iteration_spikes(iterations: list[Iteration], params: RequestOnlyParams | None = None,
-                     year: int | None = None) -> pd.DataFrame:
-    """The iterations that stalled their generation requests: elapsed time above the median of
-    generation-only iterations with the same number of generation requests (nearest such, else all), by
-    the stall threshold, with context tokens in them. End times are the log timestamp of the first line
-    plus the cumulative elapsed time (vLLM's stamps have whole seconds: the offset is within a second).
-    Columns: iteration, end_ns, elapsed_ns, context_tokens, generation_requests, decode_only_ns,
-    excess_ns."""
-    p = params or RequestOnlyParams()
-    if not iterations:
-        return pd.DataFrame(columns=["iteration", "end_ns", "elapsed_ns", "context_tokens", "generation_requests",
-                                     "decode_only_ns", "excess_ns"])
-    df = pd.DataFrame([vars(i) for i in iterations])
-    anchor = 0
-    if df["logged_at"].iloc[0]:
-        stamp = datetime.strptime(f"{year or datetime.now().year}-{df['logged_at'].iloc[0]}".split(".")[0],
-                                  "%Y-%m-%d %H:%M:%S")
-        anchor = int(stamp.timestamp()) * 10**9
-    df["end_ns"] = anchor + df["elapsed_ns"].cumsum()
-    gen_only = df[(df["context_tokens"] == 0) & (df["generation_requests"] > 0)]
-    levels = gen_only.groupby("generation_requests")["elapsed_ns"].median()
-    if levels.empty:
-        base = np.zeros(len(df))
-    else:
-        base = np.interp(df["generation_requests"], levels.index.to_numpy(), levels.to_numpy())
-    df["decode_only_ns"] = np.rint(base).astype(np.int64)
-    df["excess_ns"] = df["elapsed_ns"] - np.where(df["generation_requests"] > 0, df["decode_only_ns"], 0)
-    stalled = (df["context_tokens"] > 0) & (df["generation_requests"] > 0) & (
-        df["excess_ns"] >= np.maximum(p.stall_ratio * df["decode_only_ns"], p.min_excess_ns))
-    return df.loc[stalled, ["iteration", "end_ns", "elapsed_ns", "context_tokens", "generation_requests",
-                            "decode_only_ns", "excess_ns"]].reset_index(drop=True)
