@@ -58,6 +58,10 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+# Confidence bins of named culprits: how often a culprit named with that confidence is right (calibration).
+CONFIDENCE_BINS = {"<0.5": (0.0, 0.5), "0.5-0.8": (0.5, 0.8), "0.8-0.95": (0.8, 0.95), ">=0.95": (0.95, 1.01)}
+
+
 def _truth_pairs(itl: dict[str, Any]) -> set[tuple[str, int, str]]:
     return {(s["engine"], s["step_index"], c["request"]) for s in itl["stalled_steps"] for c in s["culprits"]
             if not c["recompute"]}
@@ -117,6 +121,7 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
     recalled: set[tuple[str, int, str]] = set()
     negative = _negative_engines(truth)
     spikes = false = 0
+    calibration: dict[str, list[int]] = {label: [0, 0] for label in CONFIDENCE_BINS}  # [named, right]
     for stall in attribution.stalls:
         e = ends.get(stall.instance, np.array([], dtype=np.int64))
         inside = by_engine.get(stall.instance, [])[int(np.searchsorted(e, stall.start_ns, "right")):
@@ -127,6 +132,9 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
                     if any(x["request"] == c.request_id and not x["recompute"] for x in s["culprits"])]
             recalled.update(hits)
             per_policy[policy].add(0, not hits, 0, bool(hits))
+            label = next(lb for lb, (lo, hi) in CONFIDENCE_BINS.items() if lo <= c.confidence < hi)
+            calibration[label][0] += 1
+            calibration[label][1] += bool(hits)
         if stall.instance in negative:
             spikes += 1
             if stall.culprits and not any("prefill" in s["causes"] for s in inside):
@@ -134,7 +142,7 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
     for pair in true_pairs:
         found = pair in recalled
         per_policy[policies.get(pair[0], "unknown")].add(int(found), 0, int(not found), 0)
-    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false}
+    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false, "calibration": calibration}
 
 
 # The inputs a store can hold beside the request spans, and the method each combination runs (JSON keys).
@@ -202,6 +210,7 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
     per_family: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
     per_policy: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
     negative = {m: [0, 0] for m in methods}  # [false, spikes]
+    calibration = {m: {label: [0, 0] for label in CONFIDENCE_BINS} for m in methods}
     ran: dict[str, int] = defaultdict(int)  # scenarios each method ran on
     labels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     timing = {"stalls": 0, "found": 0, "errors_ns": []}
@@ -226,6 +235,9 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
                     target.add(counts.tp, counts.fp, counts.fn, counts.named_ok)
             negative[method][0] += result["negative_false"]
             negative[method][1] += result["negative_spikes"]
+            for label, (named, right) in result.get("calibration", {}).items():
+                calibration[method][label][0] += named
+                calibration[method][label][1] += right
             if method == "steps":
                 for cause, (n, same) in result["labels"].items():
                     labels[cause][0] += n
@@ -244,6 +256,8 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
 
     def section(method: str) -> dict[str, Any]:
         return {**overall[method].scores(), "scenarios_run": ran[method], "false_attribution_rate": rate(method),
+                "calibration": {label: {"named": n, "right": r, "share_right": _r(r / n) if n else None}
+                                for label, (n, r) in calibration[method].items()},
                 "negative_control_spikes": negative[method][1], "negative_control_false": negative[method][0],
                 "per_family": {f: c[method].scores() for f, c in sorted(per_family.items())},
                 "per_policy": {p: c[method].scores() for p, c in sorted(per_policy.items())}}
@@ -293,6 +307,11 @@ def render_itl(result: dict[str, Any]) -> str:
             lines.append(row(title if key != "requests" else "spans only (token spans)", s))
     for cause, s in result.get("negative_control_labels", {}).items():
         lines.append(f"  step spans: {cause} stalls labelled {cause}: {s['labelled']} of {s['stalls']}")
+    for key, title in COMBINATIONS.items():
+        bins = sections.get(key, {}).get("calibration", {})
+        if key != "steps" and any(b["named"] for b in bins.values()):
+            lines.append(f"  {title}: named culprits right, by confidence: " + ", ".join(
+                f"{label} {_fmt(b['share_right'])} of {b['named']}" for label, b in bins.items() if b["named"]))
     timing = result.get("iteration_timing", {})
     if timing.get("stalls"):
         lines.append(f"  iteration log: {timing['found_within_5ms']} of {timing['stalls']} prefill stalls found within "
