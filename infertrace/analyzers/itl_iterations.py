@@ -26,8 +26,9 @@ elapsed time, stamped with the logging process's local wall clock in whole secon
    named requests' uncached prompt tokens can account for the iteration's context tokens, less when the
    candidates were more than the line's count or their tokens fall short.
 
-Iterations with no context tokens that still ran long (host pauses, a preemption's recompute logged as
-context tokens is not told apart) are counted as unexplained when they are not prefills.
+Iterations with no context tokens that still ran long (host pauses) are stalls without a culprit, as is a stall
+far longer than its context tokens can cost (four times the log's median excess per context token, plus 20 ms:
+a host pause during a small chunk). A preemption's recompute is logged as context tokens and is not told apart.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class IterationAttribution:
     params: IterationParams
     stalls: tuple[IterationStall, ...]
     logs: tuple[LogPlacement, ...]
-    unexplained: int  # long iterations with no context tokens (host pauses, other causes)
+    unexplained: int  # stalled iterations with no culprit named (no context tokens, or far beyond their cost)
     notes: tuple[str, ...] = field(default=())
 
     def pairs(self) -> list[tuple[str, int, str, float]]:
@@ -239,9 +240,9 @@ def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
         more = timed_anchors(placed, log["elapsed_ns"].to_numpy(dtype=np.int64), prefill_rows, first, scheduled,
                              p.match_window_ns)
         placed = place_ends(log, lo + offset, hi + offset, {**more, **exact})
-        found, long_idle = _log_stalls(name, instance, log, placed, half, mine, anchors, p)
+        found, without_culprit = _log_stalls(name, instance, log, placed, half, mine, anchors, p)
         stalls += found
-        unexplained += long_idle
+        unexplained += without_culprit
     stalls.sort(key=lambda s: (s.instance, s.end_ns))
     return IterationAttribution(p, tuple(stalls), tuple(logs), unexplained, tuple(notes))
 
@@ -326,7 +327,6 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
         dtype=np.int64)
     tol = 2 * p.match_window_ns
     out: list[IterationStall] = []
-    long_idle = 0
     rows = log.to_dict("records")
     for i, row in enumerate(rows):
         if row["dummy"]:
@@ -336,7 +336,8 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
         if row["context_tokens"] == 0:
             base = decode_only(gen)
             if gen and elapsed - base >= max(p.stall_ratio * base, p.min_excess_ns):
-                long_idle += 1
+                out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]),
+                                          elapsed, base, elapsed - base, 0, 0, gen, ()))
             continue
         if gen:
             base = decode_only(gen)
@@ -363,7 +364,18 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
         out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]), elapsed,
                                   base, excess, int(row["context_requests"]), int(row["context_tokens"]), gen,
                                   culprits))
-    return out, long_idle
+    return _implausible_cleared(out), sum(1 for s in out if not s.culprits)
+
+
+def _implausible_cleared(stalls: list[IterationStall], factor: float = 4.0) -> list[IterationStall]:
+    """A stall far longer than its context tokens can cost (the log's median excess per context token, `factor`
+    times over) had another cause too, e.g. a host pause during a small chunk: its prefills are not named."""
+    named = [s for s in stalls if s.culprits and s.context_tokens]
+    if len(named) < 5:
+        return stalls
+    rate = float(np.median([s.excess_ns / s.context_tokens for s in named]))
+    return [replace(s, culprits=()) if s.culprits and s.excess_ns > factor * rate * s.context_tokens + 2 * 10**7
+            else s for s in stalls]
 
 
 def attribute_store_iterations(store: Store, params: IterationParams | None = None) -> IterationAttribution:

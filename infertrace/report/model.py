@@ -282,7 +282,7 @@ def itl_iteration_section(attr: IterationAttribution, options: ReportOptions) ->
                      "unexplained": sum(1 for s in stalls if s.log == lg.log and not s.culprits)}
                     for lg in attr.logs],
         "stalls": sum(1 for s in stalls if s.culprits),
-        "unexplained": sum(1 for s in stalls if not s.culprits) + attr.unexplained,
+        "unexplained": sum(1 for s in stalls if not s.culprits),
         "top_culprits": [{**{k: v for k, v in c.items() if k != "victim_excess_ns"},
                           "victim_excess_ms": ms(c["victim_excess_ns"]), "confidence": _r(c["confidence"], 3)}
                          for c in top],
