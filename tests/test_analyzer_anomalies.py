@@ -9,26 +9,26 @@ import pytest
 
 from infertrace.analyzers.anomalies import (
     DetectionConfig,
-    change_point,
     detect_anomalies,
     load_requests,
     request_scores,
 )
+from infertrace.analyzers.changepoint import mean_shift
 from tests.test_analyzer_rca import EPOCH, THREE, Fault, HandFleet, hand_store
 
 
 def test_change_point_is_the_least_squares_mean_shift() -> None:
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.normal(0, 1, 70), rng.normal(3, 1, 30)])
-    assert change_point(values) == 70
-    assert change_point(values[::-1], rising=False) == 30
-    assert change_point(np.zeros(50)) is None  # no split raises the mean
+    assert mean_shift(values) == 70
+    assert mean_shift(values[::-1], rising=False) == 30
+    assert mean_shift(np.zeros(50)) is None  # no split raises the mean
 
 
 def test_a_shift_that_lowers_the_mean_is_not_an_onset() -> None:
     values = np.concatenate([np.full(40, 5.0), np.full(40, 1.0)])
-    assert change_point(values, rising=True) is None
-    assert change_point(values, rising=False) == 40
+    assert mean_shift(values, rising=True) is None
+    assert mean_shift(values, rising=False) == 40
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ Scores are robust, as BARO's are: each series' buckets are compared with that se
 median absolute deviation (MAD) over the whole period, so a fault shorter than half the period cannot hide
 itself in the baseline (BARO's inter-quartile range breaks down when a fault covers a quarter of it).
 Latencies are scored on the mean of their logarithms per bucket (a slowdown is a ratio); rates on the
-binomial upper tail of each bucket's count (alone, and pooled with the bucket before) under the series'
-baseline rate: exact for rare events. A bucket is anomalous when some metric scores
+binomial upper tail of each bucket's count (alone, and pooled with the 1, 3 and 7 buckets before) under the
+series' baseline rate: exact for rare events, and a failure of a few percent of calls shows once minutes of it
+are pooled. A bucket is anomalous when some metric scores
 at least `threshold`; an anomaly is a run of at least `min_buckets` anomalous buckets (gaps up to
 `merge_gap_s` merged, so a flapping fault stays one anomaly). Its onset and end are then located at
 request resolution by a single mean-shift change-point (least squares, as one step of binary segmentation)
@@ -31,6 +32,7 @@ import pandas as pd
 from scipy.stats import binom, norm
 
 from infertrace.analyzers import query_text
+from infertrace.analyzers.changepoint import mean_shift
 from infertrace.store.store import Store
 
 # metric -> (request_outcomes column, kind, what it is)
@@ -43,6 +45,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "truncated": ("truncated", "rate", "share of generations cut at max_tokens"),
 }
 SCOPES = ("model", "tenant")
+POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
 
 
 @dataclass(frozen=True)
@@ -213,9 +216,14 @@ def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> n
         tail = binom.sf(k - 1, m, p)  # P(K >= k)
         return np.where(k > m * p, np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0), 0.0)
 
-    # A rare event spread thinly over a long fault shows in two buckets pooled before it shows in one.
-    pair_k, pair_n = counts + np.concatenate([[0.0], counts[:-1]]), n + np.concatenate([[0.0], n[:-1]])
-    return np.maximum(score(counts, n), score(pair_k, pair_n))
+    # A rare event spread thinly over a long fault (a component failing a few percent of its calls) shows in
+    # buckets pooled over a few minutes before it shows in one: the bucket alone, and with the 1, 3 and 7 before.
+    best = score(counts, n)
+    for width in POOLED_BUCKETS:
+        pooled_k = np.convolve(counts, np.ones(width))[:len(counts)]
+        pooled_n = np.convolve(n, np.ones(width))[:len(n)]
+        best = np.maximum(best, score(pooled_k, pooled_n))
+    return best
 
 
 def _mad(deviations: np.ndarray) -> float:
@@ -236,24 +244,6 @@ def _baselines(table: pd.DataFrame, scope: str, key: str) -> dict[str, float]:
     return out
 
 
-def change_point(values: np.ndarray, rising: bool = True) -> int | None:
-    """Index of the first value after the single least-squares mean shift in `values` (one step of binary
-    segmentation); None when no split raises (rising) or lowers (not rising) the mean."""
-    n = len(values)
-    if n < 2:
-        return None
-    cumulative = np.cumsum(values)
-    total = cumulative[-1]
-    k = np.arange(1, n)
-    left_mean = cumulative[:-1] / k
-    right_mean = (total - cumulative[:-1]) / (n - k)
-    gain = k * (n - k) / n * (left_mean - right_mean) ** 2
-    direction = right_mean > left_mean if rising else right_mean < left_mean
-    gain = np.where(direction, gain, -1.0)
-    best = int(np.argmax(gain))
-    return best + 1 if gain[best] > 0 else None
-
-
 def _request_values(requests: pd.DataFrame, metric: str) -> np.ndarray:
     column, kind, _ = METRICS[metric]
     values = requests[column].to_numpy(dtype=float)
@@ -269,7 +259,7 @@ def _refine(rows: pd.DataFrame, metric: str, lo_ns: int, hi_ns: int, rising: boo
     values = _request_values(window, metric)
     keep = np.isfinite(values)
     times = window["arrival_ns"].to_numpy()[keep]
-    at = change_point(values[keep], rising)
+    at = mean_shift(values[keep], rising)
     return None if at is None else int(times[at])
 
 
@@ -309,7 +299,10 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
             refined = _refine(rows, dominant, onset - 2 * bucket_ns, onset + bucket_ns, rising=True)
             if refined is not None:
                 onset = refined
-            refined = _refine(rows, dominant, end - bucket_ns, end + 2 * bucket_ns, rising=False)
+            # a rate pooled over POOLED_BUCKETS stays high that long after its fault ended: look back as far
+            back = max(POOLED_BUCKETS) if METRICS[dominant][1] == "rate" else 1
+            refined = _refine(rows, dominant, max(end - back * bucket_ns, onset + bucket_ns), end + 2 * bucket_ns,
+                              rising=False)
             if refined is not None and refined > onset + bucket_ns:
                 end = refined
             inside = rows[(rows["arrival_ns"] >= onset) & (rows["arrival_ns"] < end)]
@@ -404,15 +397,18 @@ def detect_anomalies(store: Store, config: DetectionConfig | None = None) -> Ano
 
 # ------------------------------------------------------------------------------ request-level flags
 def request_scores(requests: pd.DataFrame, windows: list[tuple[int, int]],
-                   config: DetectionConfig | None = None) -> pd.DataFrame:
+                   config: DetectionConfig | None = None, baseline: np.ndarray | None = None) -> pd.DataFrame:
     """Per request: whether it is anomalous and why. Failed, rate-limited and truncated requests are; so is a
     request whose TTFT or decode time per token scores at least `request_threshold` against its model's
-    requests outside every window in `windows` (the baseline). Columns: anomalous, reason, score."""
+    baseline requests: those marked in `baseline`, else those outside every window in `windows`. Columns:
+    anomalous, reason, score (the largest robust latency score), slowest (its metric: ttft or tpot)."""
     config = config or DetectionConfig()
     arrival = requests["arrival_ns"].to_numpy()
     outside = np.ones(len(requests), dtype=bool)
     for lo, hi in windows:
         outside &= ~((arrival >= lo) & (arrival < hi))
+    if baseline is not None:
+        outside = baseline
     score = np.zeros(len(requests))
     reason = np.full(len(requests), "", dtype=object)
     models = requests["model"].to_numpy()
@@ -432,13 +428,15 @@ def request_scores(requests: pd.DataFrame, windows: list[tuple[int, int]],
         better = np.isfinite(z) & (z > score)
         score = np.where(better, z, score)
         reason = np.where(better, metric, reason)
+    slowest = reason.copy()  # the latency metric that scored highest, anomalous or not
     anomalous = score >= config.request_threshold
     for flag, why in (("truncated", "truncated"), ("rejected", "rate_limited"), ("failed", "error")):
         hit = requests[flag].to_numpy(dtype=bool)
         anomalous |= hit
         reason = np.where(hit, why, reason)
     reason = np.where(anomalous, reason, "")
-    return pd.DataFrame({"anomalous": anomalous, "reason": reason, "score": score}, index=requests.index)
+    return pd.DataFrame({"anomalous": anomalous, "reason": reason, "score": score, "slowest": slowest},
+                        index=requests.index)
 
 
 # ----------------------------------------------------------------------------------------- wording
