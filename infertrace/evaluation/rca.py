@@ -249,8 +249,8 @@ def culprits(truth: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
-    """The reported incident that is the culprit's: overlapping its window (detection may lag its end), sharing
-    most of its models, then with most anomalous requests."""
+    """The reported incident that is the culprit's: overlapping its window (detection may lag its end), with the
+    most similar set of models (Jaccard), then the most anomalous requests."""
     window = cause.get("window")
     models = set(cause.get("models", ()))
     best, best_key = None, None
@@ -259,8 +259,9 @@ def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> Inci
         overlaps = window is None or (i.onset_ns < window["end_ns"] + MATCH_SLACK_NS and window["start_ns"] < i.end_ns)
         if not overlaps:
             continue
-        key = (len(models & set(i.models)), d.anomalous_requests)
-        if key[0] and (best_key is None or key > best_key):
+        common = len(models & set(i.models))
+        key = (common / len(models | set(i.models)), d.anomalous_requests)
+        if common and (best_key is None or key > best_key):
             best, best_key = d, key
     return best
 

@@ -54,6 +54,7 @@ from reference_engine.scenarios.large_fleets import (
     LARGE_FAMILIES,
     MIN_DURATION_S,
     large_fleet,
+    utilization,
 )
 from reference_engine.workload import SyntheticWorkload
 
@@ -420,6 +421,10 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
             params: dict[str, Any] = {"extra_ms": round(rng.uniform(50, 400), 1)}
             if rng.random() < 0.7:
                 params["tenant"] = rng.choice(tenants)
+            if component.workers:  # extra time per call would saturate its workers: a smaller slowdown instead
+                params["factor"] = round(1 + (max(1.2, 0.8 / max(utilization(fleet, component), 0.05)) - 1)
+                                         * params["extra_ms"] / 400, 2)
+                params["extra_ms"] = 0.0
             fault = FaultSpec("auth_latency" if kind == "auth" else "router_latency", component.id, at, length, params)
             instances, models = [component.id], list(component.models)
         elif kind == "rate_limiter":

@@ -292,7 +292,7 @@ def _retry_storm(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Dra
     return Drawn(fleet, [fault], [_cause(fleet, fault, "auth")], symptoms, details={"factor": factor})
 
 
-def _utilization(fleet: FleetSpec, component: AuthSpec | RouterSpec) -> float:
+def utilization(fleet: FleetSpec, component: AuthSpec | RouterSpec) -> float:
     """Share of its workers' capacity a component's traced and background calls use (at the diurnal mean)."""
     group = fleet.auth if isinstance(component, AuthSpec) else fleet.routers
     traced = _traced_rps(model_rates(fleet), component.models, _sharing(list(fleet.model_names), group))
@@ -304,7 +304,7 @@ def _slowdown(rng: random.Random, fleet: FleetSpec, component: AuthSpec | Router
     per call would saturate them at once) its service time multiplied enough to bring them to 95–115% of their
     capacity (at least ×2)."""
     if component.workers:
-        factor = max(2.0, rng.uniform(0.95, 1.15) / max(_utilization(fleet, component), 0.05))
+        factor = max(2.0, rng.uniform(0.95, 1.15) / max(utilization(fleet, component), 0.05))
         return {"extra_ms": 0.0, "factor": round(factor, 2)}
     return {"extra_ms": round(rng.uniform(150, 800), 1)}
 
