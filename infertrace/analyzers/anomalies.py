@@ -294,15 +294,18 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
             totals = {m: float(np.nansum(np.clip(run[f"{m}_score"].to_numpy(dtype=float) - config.threshold, 0, None)))
                       for m in METRICS}
             dominant = max(totals, key=lambda m: totals[m])
+            if METRICS[dominant][1] == "rate":
+                # a rate pooled over the buckets before stays high after its events stopped: the anomaly ends
+                # with the last bucket that had more of them than the baseline rate
+                excess = run.loc[run[dominant].to_numpy(dtype=float) > baselines[dominant], "bucket"]
+                if len(excess):
+                    last = int(excess.max())
             onset = start_ns + first * bucket_ns
             end = start_ns + (last + 1) * bucket_ns
             refined = _refine(rows, dominant, onset - 2 * bucket_ns, onset + bucket_ns, rising=True)
             if refined is not None:
                 onset = refined
-            # a rate pooled over POOLED_BUCKETS stays high that long after its fault ended: look back as far
-            back = max(POOLED_BUCKETS) if METRICS[dominant][1] == "rate" else 1
-            refined = _refine(rows, dominant, max(end - back * bucket_ns, onset + bucket_ns), end + 2 * bucket_ns,
-                              rising=False)
+            refined = _refine(rows, dominant, end - bucket_ns, end + 2 * bucket_ns, rising=False)
             if refined is not None and refined > onset + bucket_ns:
                 end = refined
             inside = rows[(rows["arrival_ns"] >= onset) & (rows["arrival_ns"] < end)]
