@@ -555,7 +555,7 @@ def _incident_commonality(requests: pd.DataFrame, troubled: pd.DataFrame, reqs: 
     lo, hi = window
     arrival = requests["arrival_ns"].to_numpy()
     scope = requests["model"].isin(incident.models).to_numpy()
-    symptoms = [a.metric for a in incident.anomalies]
+    symptoms = [a.metric for a in incident.anomalies] or ["ttft"]  # found on a component alone: its slowness
     symptom = max(set(symptoms), key=symptoms.count)
     anomalous = troubled[troubled["flagged"].to_numpy(dtype=bool)]
     reason = np.full(len(requests), "", dtype=object)
@@ -579,7 +579,7 @@ def analyze_incidents(store: Store, config: DetectionConfig | None = None) -> Rc
 
 def analyze_inputs(inputs: RcaInputs, config: DetectionConfig | None = None) -> RcaReport:
     config = config or DetectionConfig()
-    report = detect_in_requests(inputs.requests, config)
+    report = detect_in_requests(inputs.requests, config, inputs.paths)
     windows = [(i.onset_ns, i.end_ns) for i in report.incidents]
     diagnoses = [d for incident in report.incidents
                  for d in diagnose(inputs, incident, windows, config, claims=report.incidents)]
