@@ -242,39 +242,53 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
         elif latency:
             scores[i] = _latency_scores(values[i:i + 1], values[base], config)[0]
         else:
-            head = max(0, i - max(POOLED_BUCKETS) + 1)  # the pooled windows that end at i
-            scores[i] = _rate_scores(values[head:i + 1], n[head:i + 1], config, baseline=(values[base], n[base]))[-1]
+            scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config))
         if not scores[i] >= config.threshold:
             normal.append(i)
     return scores
 
 
-def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig,
-                 baseline: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Per bucket, the binomial upper tail of its count under the baseline rate, as a normal score (exact for
-    the small counts that a rare event gives). The baseline rate, from `baseline` (rates and counts of normal
-    buckets) or else the series itself, is the larger of the median bucket rate and the pooled rate of the
-    buckets at or below it, smoothed by one event in the pooled count (so a series that never failed still has
-    a finite, small rate)."""
+def _baseline_rate(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> float:
+    """The larger of the median bucket rate and the pooled rate of the buckets at or below it, smoothed by one
+    event in the pooled count (so a series that never failed still has a finite, small rate)."""
+    median = float(np.median(rates))
+    low = rates <= median
+    pooled = (np.round(rates * n)[low].sum() + 1.0) / (n[low].sum() + 2.0)
+    return min(max(median, pooled, config.rate_floor), 0.5)
+
+
+def _tail_score(k: np.ndarray, m: np.ndarray, p: float) -> np.ndarray:
+    """The binomial upper tail P(K ≥ k) of counts k out of m at rate p, as a normal score (0 at or below m·p)."""
+    above = k > m * p
+    out = np.zeros(len(k))
+    if above.any():
+        tail = binom.sf(k[above] - 1, m[above], p)
+        out[above] = np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0)
+    return out
+
+
+def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> np.ndarray:
+    """Per bucket, the binomial upper tail of its count under the series' baseline rate (`_baseline_rate`), as
+    a normal score (exact for the small counts that a rare event gives). A rare event spread thinly over a long
+    fault (a component failing a few percent of its calls) shows in buckets pooled over a few minutes before it
+    shows in one: the bucket alone, and with the 1, 3 and 7 before."""
     counts = np.round(rates * n)
-    base_rates, base_n = baseline if baseline is not None else (rates, n)
-    median = float(np.median(base_rates))
-    low = base_rates <= median
-    pooled = (np.round(base_rates * base_n)[low].sum() + 1.0) / (base_n[low].sum() + 2.0)
-    p = min(max(median, pooled, config.rate_floor), 0.5)
-
-    def score(k: np.ndarray, m: np.ndarray) -> np.ndarray:
-        tail = binom.sf(k - 1, m, p)  # P(K >= k)
-        return np.where(k > m * p, np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0), 0.0)
-
-    # A rare event spread thinly over a long fault (a component failing a few percent of its calls) shows in
-    # buckets pooled over a few minutes before it shows in one: the bucket alone, and with the 1, 3 and 7 before.
-    best = score(counts, n)
+    p = _baseline_rate(rates, n, config)
+    best = _tail_score(counts, n, p)
     for width in POOLED_BUCKETS:
         pooled_k = np.convolve(counts, np.ones(width))[:len(counts)]
         pooled_n = np.convolve(n, np.ones(width))[:len(n)]
-        best = np.maximum(best, score(pooled_k, pooled_n))
+        best = np.maximum(best, _tail_score(pooled_k, pooled_n, p))
     return best
+
+
+def _rate_score_at(rates: np.ndarray, n: np.ndarray, i: int, p: float) -> float:
+    """`_rate_scores` of bucket i alone, at baseline rate p."""
+    counts = np.round(rates * n)
+    widths = (1, *POOLED_BUCKETS)
+    k = np.array([counts[max(0, i - w + 1):i + 1].sum() for w in widths])
+    m = np.array([n[max(0, i - w + 1):i + 1].sum() for w in widths])
+    return float(_tail_score(k, m, p).max())
 
 
 def _mad(deviations: np.ndarray) -> float:
