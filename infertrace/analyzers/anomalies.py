@@ -369,6 +369,12 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
                 excess = run.loc[run[dominant].to_numpy(dtype=float) > baselines[dominant], "bucket"]
                 if len(excess):
                     last = int(excess.max())
+                # ... and begins with the first of the contiguous buckets above the baseline rate that the pooled
+                # window which fired covered (a rare event shows in a pooled window a few buckets after it began)
+                rates = part.set_index("bucket")[dominant]
+                earliest = first - max(POOLED_BUCKETS) + 1
+                while first - 1 >= earliest and first - 1 in rates.index and rates[first - 1] > baselines[dominant]:
+                    first -= 1
             onset = start_ns + first * bucket_ns
             end = start_ns + (last + 1) * bucket_ns
             refined = _refine(rows, dominant, onset - 2 * bucket_ns, onset + bucket_ns, True, metrics)
