@@ -34,6 +34,7 @@ from scipy.stats import binom, norm
 
 from infertrace.analyzers import query_text
 from infertrace.analyzers.changepoint import mean_shift
+from infertrace.analyzers.signals import ms_text
 from infertrace.analyzers.topology import ENGINE_KINDS, load_paths
 from infertrace.store.store import Store
 
@@ -93,7 +94,7 @@ class MetricShift:
         what = ALL_METRICS[self.metric][2]
         if self.is_rate:
             return f"{what} {self.baseline:.1%} → {self.observed:.1%}"
-        return f"{what} {_ms(self.baseline)} → {_ms(self.observed)}"
+        return f"{what} {ms_text(self.baseline)} → {ms_text(self.observed)}"
 
 
 @dataclass(frozen=True)
@@ -556,11 +557,3 @@ def request_scores(requests: pd.DataFrame, windows: list[tuple[int, int]],
 # ----------------------------------------------------------------------------------------- wording
 def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%H:%M:%S")
-
-
-def _ms(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    if value >= 10:
-        return f"{value:.0f} ms"
-    return f"{value:.2f} ms"

@@ -96,8 +96,8 @@ class Signal:
                     f"(prefill, decode and context tokens), against {self.before:.2f}× before; "
                     f"{self.share_during:.0%} of its {self.calls_during} steps during the incident exceeded the "
                     f"normal range ({self.threshold:.2f}×), against {self.share_before:.0%} before")
-        return (f"{self.what} median {_ms(self.before)} → {_ms(self.during)}; {self.share_during:.0%} of its "
-                f"{self.calls_during} calls during the incident exceeded its normal range ({_ms(self.threshold)}), "
+        return (f"{self.what} median {ms_text(self.before)} → {ms_text(self.during)}; {self.share_during:.0%} of its "
+                f"{self.calls_during} calls during the incident exceeded its normal range ({ms_text(self.threshold)}), "
                 f"against {self.share_before:.0%} before (rank effect {self.effect:.2f}, {_p(self.p_value)})")
 
 
@@ -105,7 +105,8 @@ def _p(p: float) -> str:
     return "p < 1e-300" if p < 1e-300 else f"p = {p:.0e}"
 
 
-def _ms(value: float) -> str:
+def ms_text(value: float) -> str:
+    """Milliseconds as a sentence prints them: seconds from 1,000, whole from 10, else two decimals."""
     if value >= 1000:
         return f"{value / 1000:.2f} s"
     if value >= 10:
