@@ -204,6 +204,23 @@ STEP_PAUSE_NS: Final = _attr(
     "infertrace.step.pause_ns", "int", "engine_step",
     "Time inside the step not spent computing (host pause, garbage collection); 0 normally.")
 
+STEP_OFFLOAD_HOST_LINK_BYTES: Final = _attr(
+    "infertrace.step.offload.host_link_bytes", "int", "engine_step",
+    "Per step: bytes of offloaded expert weights copied from host memory to the GPU (absent when no expert is "
+    "offloaded).")
+STEP_OFFLOAD_TRANSFER_NS: Final = _attr(
+    "infertrace.step.offload.transfer_ns", "int", "engine_step",
+    "Per step: time spent copying those weights over the host link (PCIe).")
+STEP_OFFLOAD_HOST_COMPUTE_NS: Final = _attr(
+    "infertrace.step.offload.host_compute_ns", "int", "engine_step",
+    "Per step: time the host CPU spent computing offloaded experts.")
+STEP_OFFLOAD_STREAMED_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.streamed_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the GPU after being copied to it.")
+STEP_OFFLOAD_HOST_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.host_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the host CPU (small batches: decodes).")
+
 # -------------------------------------------------------------------------------- KV transfer, gateway
 KV_TRANSFER_BYTES: Final = _attr("infertrace.kv_transfer.bytes", "int", "kv_transfer", "KV bytes moved.")
 KV_TRANSFER_SOURCE: Final = _attr("infertrace.kv_transfer.source", "string", "kv_transfer",
@@ -237,6 +254,11 @@ ENGINE_PREFIX_CACHING: Final = _res("infertrace.engine.prefix_caching", "bool", 
 ENGINE_PREFILL_MICROBATCH: Final = _res(
     "infertrace.engine.prefill_microbatch_tokens", "int", "Prefill micro-batch size in tokens (0: none).")
 ENGINE_BLOCK_SIZE: Final = _res("infertrace.engine.block_size", "int", "Tokens per KV block.")
+ENGINE_CPU_MOE_LAYERS: Final = _res(
+    "infertrace.engine.cpu_moe_layers", "int",
+    "MoE layers whose experts live in host memory (llama.cpp's --n-cpu-moe); absent when none.")
+ENGINE_CUDA_GRAPHS: Final = _res(
+    "infertrace.engine.cuda_graphs", "bool", "false when the engine runs without CUDA graphs; absent when on.")
 ENGINE_EXECUTOR: Final = _res("infertrace.engine.executor", "string", "`simulated` or `real`.")
 
 COMPONENT_KINDS: Final = (

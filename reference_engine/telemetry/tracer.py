@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def engine_resource(config: EngineConfig, executor: str = "simulated",
                     kind: str = "engine") -> Attributes:
-    return {
+    resource: Attributes = {
         sc.SERVICE_NAME: "llm-engine",
         sc.SERVICE_INSTANCE_ID: config.instance_id,
         sc.COMPONENT_KIND: kind,
@@ -46,6 +46,11 @@ def engine_resource(config: EngineConfig, executor: str = "simulated",
         sc.ENGINE_BLOCK_SIZE: config.block_size,
         sc.ENGINE_EXECUTOR: executor,
     }
+    if config.host_expert_layers():
+        resource[sc.ENGINE_CPU_MOE_LAYERS] = len(config.host_expert_layers())
+    if not config.cuda_graphs:
+        resource[sc.ENGINE_CUDA_GRAPHS] = False
+    return resource
 
 
 @dataclass(slots=True)
@@ -126,6 +131,13 @@ class EngineTracer:
             attributes[sc.STEP_PREEMPTED_REQUEST_IDS] = [s.request_id for s in batch.preempted]
         if report.pause_ns:
             attributes[sc.STEP_PAUSE_NS] = report.pause_ns
+        if report.offload is not None:
+            o = report.offload
+            attributes[sc.STEP_OFFLOAD_HOST_LINK_BYTES] = o.host_link_bytes
+            attributes[sc.STEP_OFFLOAD_TRANSFER_NS] = round(o.transfer_s * 1e9)
+            attributes[sc.STEP_OFFLOAD_HOST_COMPUTE_NS] = round(o.host_compute_s * 1e9)
+            attributes[sc.STEP_OFFLOAD_STREAMED_MICROBATCHES] = o.streamed_microbatches
+            attributes[sc.STEP_OFFLOAD_HOST_MICROBATCHES] = o.host_microbatches
         self._emit(SpanRecord(self._id(128), self._id(64), 0, sc.SPAN_STEP, report.start_ns, end_ns, attributes))
 
     # ------------------------------------------------------------------------------------ requests
