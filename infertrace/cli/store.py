@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.derived import materialize_store, start_helpers
 
 TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
 
@@ -26,6 +27,8 @@ def ingest(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
         32 * 1024 * 1024),
+    materialize: Annotated[bool, typer.Option(
+        help="Then compute the new snapshot's analyses once for the dashboard and report (docs/results.md)")] = True,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
     Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
@@ -53,6 +56,8 @@ def ingest(
     except OSError as e:
         raise fail(str(e)) from None
     err.print(summary.paragraph(), soft_wrap=True, highlight=False)
+    if materialize:
+        materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
 
@@ -100,6 +105,10 @@ def collect(
     retain: Annotated[str | None, typer.Option(help="Drop partitions older than this, e.g. 7d")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error: one line per request at info")] = (
         "info"),
+    metrics: Annotated[str | None, typer.Option(
+        help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
+    materialize: Annotated[bool, typer.Option(
+        help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
 ) -> None:
     """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd) and optionally
     gRPC into a store. A request is answered with success only after its spans are durably stored; a busy,
@@ -144,10 +153,12 @@ def collect(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     collector.start()
+    helpers = start_helpers(store, metrics, materialize)
     try:
         stop.wait()
     finally:
         collector.shutdown()
+        helpers.stop()
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Upkeep of a store: compact, check, repair.")
