@@ -41,6 +41,14 @@ def simulate(
              "the host, whichever is faster (docs/cost_model.md)")] = "0",
     cuda_graphs: Annotated[bool, typer.Option(
         help="CUDA graphs (off: every layer pays its kernel launches, vLLM's --enforce-eager)")] = True,
+    kv_host_tier_gb: Annotated[float, typer.Option(
+        help="Host-memory KV tier behind the GPU, in GB: evicted prefix blocks move there and are copied back on a "
+             "hit over the host link (0: none)")] = 0.0,
+    kv_remote_tier_gb: Annotated[float, typer.Option(
+        help="Remote (pooled) KV tier behind the host tier, in GB (0: none)")] = 0.0,
+    kv_reuse_accounting: Annotated[bool, typer.Option(
+        help="Prefill spans count prompt tokens evicted before their reuse: what more KV capacity would buy "
+             "(on with any tier)")] = False,
     workload: Annotated[str, typer.Option(help="synthetic, azure or mooncake")] = "synthetic",
     workload_file: Annotated[Path | None, typer.Option(help="Trace to replay (azure CSV, mooncake JSONL)")] = None,
     speedup: Annotated[float, typer.Option(help="Replay: compress arrivals by this factor")] = 1.0,
@@ -96,7 +104,9 @@ def simulate(
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 chunked_prefill=chunked_prefill, prefix_caching=prefix_caching,
                 prefill_microbatch=prefill_microbatch, offload_experts=offload_experts,
-                cpu_moe_layers=_layers(cpu_moe_layers), cuda_graphs=cuda_graphs, num_kv_blocks=num_kv_blocks,
+                cpu_moe_layers=_layers(cpu_moe_layers), cuda_graphs=cuda_graphs, kv_host_tier_gb=kv_host_tier_gb,
+                kv_remote_tier_gb=kv_remote_tier_gb, kv_reuse_accounting=kv_reuse_accounting,
+                num_kv_blocks=num_kv_blocks,
                 cost_params=cost_params, executor=executor, backend=backend, device=device, dtype=dtype,
                 threads=threads, temperature=temperature, workload=workload, workload_file=workload_file,
                 speedup=speedup, synthetic=api.SyntheticWorkload(

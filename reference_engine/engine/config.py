@@ -33,6 +33,16 @@ class EngineConfig:
     # list of layer indices. Per step they are streamed to the GPU or computed on the host CPU (cost_model.py).
     cpu_moe_layers: int | tuple[int, ...] = 0
     cuda_graphs: bool = True  # False: every layer pays its kernel launches (vLLM's --enforce-eager)
+    # KV tiers behind the GPU's blocks (LMCache's CPU backend, vLLM's CPU offloading; a pooled remote store such
+    # as Mooncake's): a cached block evicted from the GPU moves to the host tier, one evicted from there to the
+    # remote tier, least recently used first. A prompt prefix found in a tier is copied back into GPU blocks in
+    # the step that schedules the request, over the host link or the network: its TTFT pays the copy.
+    kv_host_tier_gb: float = 0.0  # 0: none
+    kv_remote_tier_gb: float = 0.0  # 0: none
+    kv_remote_bandwidth_gb_s: float = 25.0  # to the remote tier (a 200 Gb/s RDMA NIC)
+    # Count the prompt tokens that were cached on this engine but evicted from every tier before a request came
+    # back for them, and how much more capacity would have kept them (on whenever a tier is configured).
+    kv_reuse_accounting: bool = False
     cost: CostParams = field(default_factory=CostParams)
     instance_id: str = "engine-0"
     region: str = "local"
@@ -51,6 +61,11 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs}): every running decode takes one token")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if min(self.kv_host_tier_gb, self.kv_remote_tier_gb) < 0 or self.kv_remote_bandwidth_gb_s <= 0:
+            raise ValueError("kv_host_tier_gb and kv_remote_tier_gb must be ≥ 0 and kv_remote_bandwidth_gb_s > 0")
+        if (self.kv_host_tier_gb or self.kv_remote_tier_gb or self.kv_reuse_accounting) and not (
+                self.enable_prefix_caching):
+            raise ValueError("KV tiers and reuse accounting keep prefix-cached blocks: turn enable_prefix_caching on")
 
     def _check_cpu_moe_layers(self, spec: models.ModelSpec) -> None:
         layers = self.cpu_moe_layers
@@ -82,8 +97,14 @@ class EngineConfig:
             return tuple(range(self.cpu_moe_layers))
         return tuple(sorted(self.cpu_moe_layers))
 
+    def kv_tier_blocks(self) -> tuple[int, int]:
+        """KV blocks the host and remote tiers hold (whole blocks of the model's KV bytes per token)."""
+        block_bytes = models.model(self.model).kv_bytes_per_token * self.block_size
+        return int(self.kv_host_tier_gb * 1e9 // block_bytes), int(self.kv_remote_tier_gb * 1e9 // block_bytes)
+
     def cost_model(self) -> StepCostModel:
         """The simulated executor's cost model for this engine."""
         return StepCostModel(models.model(self.model), hardware(self.hardware), tensor_parallel=self.tensor_parallel,
                              prefill_microbatch=self.prefill_microbatch, cpu_moe_layers=len(self.host_expert_layers()),
-                             cuda_graphs=self.cuda_graphs, params=self.cost)
+                             cuda_graphs=self.cuda_graphs, kv_remote_bandwidth=self.kv_remote_bandwidth_gb_s * 1e9,
+                             params=self.cost)

@@ -85,8 +85,9 @@ class OffloadStep:
 class StepCostModel:
     def __init__(self, model: ModelSpec, hw: HardwareSpec, *, tensor_parallel: int = 1,
                  prefill_microbatch: int = 0, offload_experts: bool = False, cpu_moe_layers: int = 0,
-                 cuda_graphs: bool = True, params: CostParams | None = None) -> None:
-        """`cpu_moe_layers`: layers whose experts live in host memory; `offload_experts`: all of them."""
+                 cuda_graphs: bool = True, kv_remote_bandwidth: float = 25e9, params: CostParams | None = None) -> None:
+        """`cpu_moe_layers`: layers whose experts live in host memory; `offload_experts`: all of them.
+        `kv_remote_bandwidth`: bytes/s to a remote KV tier (the host tier uses the host link)."""
         if tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be ≥ 1, got {tensor_parallel}")
         if prefill_microbatch < 0:
@@ -103,6 +104,7 @@ class StepCostModel:
         self.microbatch = prefill_microbatch
         self.cpu_moe_layers = cpu_moe_layers
         self.cuda_graphs = cuda_graphs
+        self.kv_remote_bandwidth = kv_remote_bandwidth
         self.params = params or CostParams()
         p, m = self.params, model
         self._flop_rate = hw.peak_flops * p.compute_efficiency * tensor_parallel
@@ -132,7 +134,8 @@ class StepCostModel:
     def with_params(self, params: CostParams) -> StepCostModel:
         """The same engine with other efficiencies and overheads."""
         return StepCostModel(self.model, self.hw, tensor_parallel=self.tp, prefill_microbatch=self.microbatch,
-                             cpu_moe_layers=self.cpu_moe_layers, cuda_graphs=self.cuda_graphs, params=params)
+                             cpu_moe_layers=self.cpu_moe_layers, cuda_graphs=self.cuda_graphs,
+                             kv_remote_bandwidth=self.kv_remote_bandwidth, params=params)
 
     # ---------------------------------------------------------------------------------- linear layers
     def _experts_touched(self, tokens: float) -> float:
@@ -188,13 +191,9 @@ class StepCostModel:
 
     def linear_seconds(self, tokens: int, sampled: int) -> float:
         """All tokens of a step through the linear layers, split into prefill micro-batches if set."""
-        mb = self.microbatch
-        if mb == 0 or tokens <= mb:
+        if self.microbatch == 0 or tokens <= self.microbatch:
             return self._linear_s(tokens, sampled)
-        full, rest = divmod(tokens, mb)
-        per_mb_sampled = sampled / math.ceil(tokens / mb)
-        seconds = full * self._linear_s(mb, per_mb_sampled)
-        return seconds + (self._linear_s(rest, per_mb_sampled) if rest else 0.0)
+        return sum(count * self._linear_s(n, s) for count, n, s in self._microbatches(tokens, sampled))
 
     def offload(self, tokens: int, sampled: int) -> OffloadStep | None:
         """Where a step's offloaded experts ran and what it cost; None when no expert is offloaded."""
@@ -225,6 +224,18 @@ class StepCostModel:
         if self.cuda_graphs:
             return 0.0
         return self._launch_s * sum(count for count, _, _ in self._microbatches(tokens, 0))
+
+    def kv_load_seconds(self, host_tokens: int, remote_tokens: int) -> float:
+        """Copying prompt KV found in the host tier (over the host link) and the remote tier (over the network)
+        back into GPU blocks; each tensor-parallel rank copies its own shard."""
+        kv = self._kv_bytes_per_token / self.tp
+        seconds = 0.0
+        if host_tokens:
+            # A CPU-only host has no link: its "host tier" is the same DRAM.
+            seconds += host_tokens * kv / (self.hw.host_link_bandwidth or self.hw.host_mem_bandwidth)
+        if remote_tokens:
+            seconds += remote_tokens * kv / self.kv_remote_bandwidth
+        return seconds
 
     # -------------------------------------------------------------------------------------- the step
     def step_seconds(self, chunks: list[tuple[int, int]], num_decodes: int, decode_ctx: int,

@@ -13,6 +13,7 @@ from reference_engine.engine.config import EngineConfig
 from reference_engine.engine.cost_model import OffloadStep
 from reference_engine.engine.executor import Executor, SimulatedExecutor
 from reference_engine.engine.hardware import hardware
+from reference_engine.engine.kv_tiers import KvTiers
 from reference_engine.engine.models import ModelSpec, model
 from reference_engine.engine.scheduler import Batch, Scheduler
 from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
@@ -31,6 +32,7 @@ class StepReport:
     kv_total_blocks: int
     pause_ns: int = 0
     offload: OffloadStep | None = None  # where offloaded experts ran, per step (None: none offloaded)
+    kv_load: tuple[int, int, float] | None = None  # KV copied back from tiers: host tokens, remote tokens, seconds
 
 
 NO_STEPS = np.zeros(0, dtype=np.int64)
@@ -61,8 +63,11 @@ class LLMEngine:
                  observers: Iterable[EngineObserver] = ()) -> None:
         self.config = config
         self.spec = model(config.model)
+        host_blocks, remote_blocks = config.kv_tier_blocks()
+        tiers = (KvTiers(host_blocks, remote_blocks) if host_blocks or remote_blocks or config.kv_reuse_accounting
+                 else None)
         self.block_manager = BlockManager(num_kv_blocks(config, self.spec), config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, tiers)
         self.scheduler = Scheduler(config, self.block_manager)
         self.executor = executor or SimulatedExecutor(config.cost_model())
         self.observers = list(observers)
@@ -100,7 +105,8 @@ class LLMEngine:
             executor = self.executor
             report = StepReport(self.step_index, start, self.now_ns, durations, batch, num_running, num_waiting,
                                 self.block_manager.num_used_blocks, self.block_manager.num_blocks,
-                                getattr(executor, "last_pause_ns", 0), getattr(executor, "last_offload", None))
+                                getattr(executor, "last_pause_ns", 0), getattr(executor, "last_offload", None),
+                                getattr(executor, "last_kv_load", None))
             for observer in self.observers:
                 observer.on_step(report)
         self.step_index += len(durations)
