@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infertrace import semconv as sc
 from infertrace.analyzers.prefix_cache import analyze_prefix_cache
+from infertrace.report import ReportOptions, build_report, render
 from infertrace.store.store import Store
 from reference_engine.engine.block_manager import BlockManager
 from reference_engine.engine.config import EngineConfig
@@ -30,6 +32,7 @@ from tests.fleet_traces import Traces
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "mooncake_synthetic.jsonl"
 needs_mooncake = pytest.mark.skipif(not MOONCAKE.exists(), reason="the Mooncake trace is in ../shared/workloads")
 LLAMA = model("llama-3-8b")
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "infertrace" / "report" / "schema.json").read_text())
 
 
 def _seq(rid: str, *segments: tuple[str, int]) -> Sequence:
@@ -123,6 +126,7 @@ def test_a_remote_tier_holds_what_the_host_tier_evicts_and_costs_the_network(tmp
     store, _, log = run_to_store(tmp_path, config, requests)
     with store:
         result = analyze_prefix_cache(store)
+        doc = build_report(store, ReportOptions(sections=("prefix_cache",)), cache=result)
     (tier,) = result.by_tier
     assert tier.device_tokens == 0 and tier.host_tokens > 0 and tier.remote_tokens > tier.host_tokens
     assert tier.host_tokens + tier.remote_tokens == 4096
@@ -131,6 +135,14 @@ def test_a_remote_tier_holds_what_the_host_tier_evicts_and_costs_the_network(tmp
     pcie = hardware("H100-SXM").host_link_bandwidth
     assert load[2] == pytest.approx(LLAMA.kv_bytes_per_token * (tier.host_tokens / pcie + tier.remote_tokens / 25e9))
     assert tier.load_s == pytest.approx(load[2], abs=1e-9)
+    # The report shows the same, validated against its schema, and says what more capacity would buy.
+    jsonschema.validate(json.loads(render(doc, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
+    (shown,) = doc["sections"]["prefix_cache"]["kv_tiers"]
+    assert (shown["host_hit_rate"], shown["remote_hit_rate"]) == (round(tier.host_hit_rate, 4),
+                                                                  round(tier.remote_hit_rate, 4))
+    assert [c["extra_blocks"] for c in shown["more_capacity"]][-1] is None
+    text = render(doc, "table")
+    assert "Hit rate by KV tier" in text and "What more KV capacity would buy" in text
 
 
 def _bound(requests: list[Request]) -> float:
