@@ -25,7 +25,7 @@ from reference_engine.engine.llm_engine import num_kv_blocks
 from reference_engine.engine.models import model
 from reference_engine.engine.prompt import Prompt
 from reference_engine.engine.sequence import Request, Sequence
-from reference_engine.workload import mooncake_requests
+from reference_engine.workload import mooncake_requests, mooncake_reusable_tokens
 from tests.engine_runs import T0, run_to_store
 from tests.fleet_traces import Traces
 
@@ -145,27 +145,12 @@ def test_a_remote_tier_holds_what_the_host_tier_evicts_and_costs_the_network(tmp
     assert "Hit rate by KV tier" in text and "What more KV capacity would buy" in text
 
 
-def _bound(requests: list[Request]) -> float:
-    """The trace's own infinite-cache hit rate: each prompt's leading 512-token blocks seen in any earlier one."""
-    seen: set[int] = set()
-    reusable = total = 0
-    for line in MOONCAKE.read_text().splitlines()[: len(requests)]:
-        row = json.loads(line)
-        hashes, length = row["hash_ids"], row["input_length"]
-        k = 0
-        while k < len(hashes) and hashes[k] in seen:
-            k += 1
-        reusable += min(k * 512, length - 1)
-        total += length
-        seen.update(hashes)
-    return reusable / total
-
-
 @needs_mooncake
 def test_a_host_tier_lifts_the_mooncake_hit_rate_toward_the_infinite_cache_bound_and_ttft_pays_the_copy(
         tmp_path: Path) -> None:
     requests = mooncake_requests(MOONCAKE, duration_s=300, speedup=0.5)  # 150 s of the trace at half its rate
-    bound = _bound(requests)
+    reusable, total = mooncake_reusable_tokens(MOONCAKE, len(requests))
+    bound = reusable / total
     gpu = EngineConfig(hardware="H100-SXM", policy="decode_first", chunked_prefill=True, max_num_batched_tokens=8192,
                        max_num_seqs=64, kv_reuse_accounting=True, instance_id="gpu-only")
     gpu_gb = num_kv_blocks(gpu, LLAMA) * gpu.block_size * LLAMA.kv_bytes_per_token / 1e9
