@@ -145,5 +145,5 @@ def test_simulate_places_expert_layers_from_the_command_line(tmp_path: Path) -> 
     resources = [json.loads(line)["resourceSpans"][0]["resource"]["attributes"] for line in out.open()]
     assert {"key": sc.ENGINE_CPU_MOE_LAYERS, "value": {"intValue": "8"}} in resources[0]
     bad = CliRunner().invoke(app, ["simulate", "--model", "mixtral-8x7b", "--cpu-moe-layers", "a,b", "--duration",
-                                   "1", "--no-progress"])
+                                   "1", "--out", str(tmp_path / "bad.jsonl"), "--no-progress"])
     assert bad.exit_code == 2 and "--cpu-moe-layers" in bad.output
