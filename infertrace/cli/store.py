@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.derived import materialize_store, start_helpers
 
 TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
 
@@ -26,6 +27,8 @@ def ingest(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
         32 * 1024 * 1024),
+    materialize: Annotated[bool, typer.Option(
+        help="Then compute the new snapshot's analyses once for the dashboard and report (docs/results.md)")] = True,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
     Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
@@ -53,6 +56,8 @@ def ingest(
     except OSError as e:
         raise fail(str(e)) from None
     err.print(summary.paragraph(), soft_wrap=True, highlight=False)
+    if materialize:
+        materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
 
@@ -88,7 +93,9 @@ def collect(
     tls_key: Annotated[Path | None, typer.Option(help="… and this private key (PEM)")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, after decompression (413 above)")] = (
         32 * 1024 * 1024),
-    queue_size: Annotated[int, typer.Option(help="Requests written at once; more get 503 + Retry-After")] = 16,
+    queue_size: Annotated[int, typer.Option(
+        help="Requests waiting for a writer or being written; more get 503 + Retry-After")] = 64,
+    writers: Annotated[int, typer.Option(help="Requests decoded and written at once")] = 4,
     memory_limit_mib: Annotated[int, typer.Option(
         help="Memory for decoding admitted requests; above it 503 + Retry-After")] = 1024,
     header_timeout: Annotated[float, typer.Option(help="Seconds to send complete request headers")] = 10.0,
@@ -100,6 +107,10 @@ def collect(
     retain: Annotated[str | None, typer.Option(help="Drop partitions older than this, e.g. 7d")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error: one line per request at info")] = (
         "info"),
+    metrics: Annotated[str | None, typer.Option(
+        help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
+    materialize: Annotated[bool, typer.Option(
+        help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
 ) -> None:
     """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd) and optionally
     gRPC into a store. A request is answered with success only after its spans are durably stored; a busy,
@@ -124,6 +135,7 @@ def collect(
         retain_s = parse_duration(retain) if retain else None
         tls = (str(tls_cert), str(tls_key)) if tls_cert and tls_key else None
         collector = Collector(store, host, port, token=secret, max_body_bytes=max_body_bytes, queue_size=queue_size,
+                              writers=writers,
                               memory_limit_bytes=memory_limit_mib << 20, grpc=grpc_at, tls=tls,
                               header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
                               compact_interval_s=compact_interval or None, compact_min_age_s=compact_min_age,
@@ -144,10 +156,12 @@ def collect(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     collector.start()
+    helpers = start_helpers(store, metrics, materialize)
     try:
         stop.wait()
     finally:
         collector.shutdown()
+        helpers.stop()
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Upkeep of a store: compact, check, repair.")
