@@ -3,6 +3,10 @@ trace (one hour), with tracing to an OTLP JSON lines file and with tracing off, 
 the trace volume in bytes per generated token.
 
     .venv/bin/python benchmarks/bench_engine.py [--workload PATH] [--duration 3600] [--repeat 3]
+    .venv/bin/python benchmarks/bench_engine.py --baseline DIR   # also time another checkout, interleaved
+
+`--baseline DIR` runs the same modes on the code in DIR (e.g. `git archive main | tar -x -C DIR`) and on this
+checkout, alternating processes, and prints each mode's best time for both and their ratio.
 
 Peers measured on this kind of machine (DESIGN.md): BLIS (Go, roofline, no tracing) ≈ 390× real time;
 Vidur (Python) 24–38×. Targets: ≥ 400× with tracing; 100× at the very least.
@@ -12,18 +16,92 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.simulate import simulate
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
-from reference_engine.workload import azure_requests
+HERE = Path(__file__).resolve().parent
+DEFAULT_WORKLOAD = HERE.parents[1] / "shared" / "workloads" / "azure_conv_2023.csv"
+MODES = ("engine only (no observers)", "tracing off (summary statistics on)", "tracing to an OTLP JSON lines file")
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "azure_conv_2023.csv"
+
+def measure(workload: Path, duration: float, repeat: int) -> dict:
+    """Best wall and CPU time per mode, interleaved `repeat` times, in this process."""
+    from reference_engine.engine.config import EngineConfig
+    from reference_engine.engine.llm_engine import LLMEngine
+    from reference_engine.simulate import simulate
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.workload import azure_requests
+
+    t0 = time.perf_counter()
+    requests = azure_requests(workload, duration)
+    parse_s = time.perf_counter() - t0
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM")
+    wall = dict.fromkeys(MODES, float("inf"))
+    cpu = dict.fromkeys(MODES, float("inf"))
+    out: dict = {"requests": len(requests), "parse_s": parse_s}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        for _ in range(repeat):
+            for mode in MODES:
+                gc.collect()
+                start, cpu_start = time.perf_counter(), time.process_time()
+                if mode == MODES[0]:
+                    LLMEngine(config).run(requests)
+                elif mode == MODES[1]:
+                    summary = simulate(config, requests, None)
+                else:
+                    writer = OtlpJsonLinesWriter(path)
+                    summary = simulate(config, requests, writer)
+                    out["spans"] = writer.spans_written
+                wall[mode] = min(wall[mode], time.perf_counter() - start)
+                cpu[mode] = min(cpu[mode], time.process_time() - cpu_start)
+                if mode != MODES[0]:
+                    out["output_tokens"], out["simulated_s"] = summary.output_tokens, summary.simulated_s
+        out["trace_bytes"] = os.path.getsize(path)
+        out["trace_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        out["engine_code"] = str(Path(sys.modules["reference_engine"].__file__).parent)
+    out["wall"], out["cpu"] = wall, cpu
+    return out
+
+
+def _child(tree: Path, args: argparse.Namespace) -> dict:
+    code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(HERE)!r}); "
+            f"import bench_engine; print(json.dumps(bench_engine.measure(__import__('pathlib').Path("
+            f"{str(args.workload)!r}), {args.duration}, 1)))")
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                            cwd=tempfile.gettempdir())
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace) -> None:
+    trees = {"baseline": args.baseline.resolve(), "this checkout": HERE.parent}
+    best: dict[str, dict[str, float]] = {name: dict.fromkeys(MODES, float("inf")) for name in trees}
+    runs: dict[str, dict] = {}
+    loads = [os.getloadavg()[0]]
+    for k in range(args.repeat):
+        order = list(trees) if k % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            runs[name] = _child(trees[name], args)
+            for mode in MODES:
+                best[name][mode] = min(best[name][mode], runs[name]["cpu"][mode])
+            loads.append(os.getloadavg()[0])
+    print(f"CPU seconds, best of {args.repeat} interleaved runs per tree (each run in its own process); load average "
+          f"{min(loads):.1f}–{max(loads):.1f} during the runs")
+    print("| mode | baseline CPU s | this checkout CPU s | ratio |")
+    print("|---|---|---|---|")
+    for mode in MODES:
+        a, b = best["baseline"][mode], best["this checkout"][mode]
+        print(f"| {mode} | {a:.2f} | {b:.2f} | {b / a:.3f} |")
+    base, mine = runs["baseline"], runs["this checkout"]
+    print(f"engine code: {base['engine_code']} against {mine['engine_code']}; traces "
+          f"{'byte-identical' if base['trace_sha256'] == mine['trace_sha256'] else 'DIFFERENT'} "
+          f"({mine['trace_bytes']} bytes, sha256 {mine['trace_sha256'][:16]}…)")
 
 
 def main() -> None:
@@ -31,49 +109,24 @@ def main() -> None:
     parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
     parser.add_argument("--duration", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; the best is reported")
+    parser.add_argument("--baseline", type=Path, help="another checkout to time against this one, interleaved")
     args = parser.parse_args()
-
-    t0 = time.perf_counter()
-    requests = azure_requests(args.workload, args.duration)
-    parse_s = time.perf_counter() - t0
-    simulated_s = (max(r.arrival_ns for r in requests) - requests[0].arrival_ns) / 1e9
-    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM")
-    best = {"traced": float("inf"), "untraced": float("inf")}
-    best_cpu = {"traced": float("inf"), "untraced": float("inf")}
-    trace_bytes = output_tokens = spans = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.jsonl"
-        for _ in range(args.repeat):
-            for mode in ("untraced", "traced"):
-                gc.collect()
-                start, cpu_start = time.perf_counter(), time.process_time()
-                if mode == "traced":
-                    writer = OtlpJsonLinesWriter(path)
-                    summary = simulate(config, requests, writer)
-                    spans = writer.spans_written
-                else:
-                    summary = simulate(config, requests, None)
-                best[mode] = min(best[mode], time.perf_counter() - start)
-                best_cpu[mode] = min(best_cpu[mode], time.process_time() - cpu_start)
-                output_tokens = summary.output_tokens
-                simulated_s = summary.simulated_s
-        trace_bytes = os.path.getsize(path)
-        bare_start, bare_cpu_start = time.perf_counter(), time.process_time()
-        LLMEngine(config).run(requests)
-        bare, bare_cpu = time.perf_counter() - bare_start, time.process_time() - bare_cpu_start
-
-    print(f"workload: {args.workload.name}, {len(requests)} requests, {simulated_s:.0f} simulated s "
-          f"(parsed in {parse_s:.2f} s); {output_tokens} generated tokens; best of {args.repeat}; "
+    if args.baseline is not None:
+        compare(args)
+        return
+    r = measure(args.workload, args.duration, args.repeat)
+    simulated_s = r["simulated_s"]
+    print(f"workload: {args.workload.name}, {r['requests']} requests, {simulated_s:.0f} simulated s "
+          f"(parsed in {r['parse_s']:.2f} s); {r['output_tokens']} generated tokens; best of {args.repeat}; "
           f"load average {os.getloadavg()[0]:.1f} (CPU time is what an idle machine's wall time would be, roughly)")
     print("| mode | wall s | simulated s per wall s | CPU s | simulated s per CPU s |")
     print("|---|---|---|---|---|")
-    rows = [("engine only (no observers)", bare, bare_cpu),
-            ("tracing off (summary statistics on)", best["untraced"], best_cpu["untraced"]),
-            ("tracing to an OTLP JSON lines file", best["traced"], best_cpu["traced"])]
-    for name, wall, cpu in rows:
-        print(f"| {name} | {wall:.2f} | {simulated_s / wall:.0f}× | {cpu:.2f} | {simulated_s / cpu:.0f}× |")
-    print(f"tracing cost: {best['traced'] / best['untraced']:.2f}× the untraced wall time; "
-          f"{spans} spans, {trace_bytes / 1e6:.1f} MB, {trace_bytes / output_tokens:.1f} bytes per generated token")
+    for mode in MODES:
+        wall, cpu = r["wall"][mode], r["cpu"][mode]
+        print(f"| {mode} | {wall:.2f} | {simulated_s / wall:.0f}× | {cpu:.2f} | {simulated_s / cpu:.0f}× |")
+    traced, untraced = r["wall"][MODES[2]], r["wall"][MODES[1]]
+    print(f"tracing cost: {traced / untraced:.2f}× the untraced wall time; {r['spans']} spans, "
+          f"{r['trace_bytes'] / 1e6:.1f} MB, {r['trace_bytes'] / r['output_tokens']:.1f} bytes per generated token")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,24 @@ PREEMPTIONS: Final = _attr("infertrace.request.preemptions", "int", "llm_request
                            "Times the request was preempted.")
 PREFILL_CHUNKS: Final = _attr("infertrace.request.prefill_chunks", "int", "llm_request, prefill",
                               "Prefill chunks (steps that computed part of the prompt).")
+PREFILL_KV_DEVICE_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.device_tokens", "int", "prefill",
+    "Prompt tokens found in the GPU's prefix cache when the episode was scheduled (set when the engine has a KV "
+    "tier behind the GPU or reuse accounting on).")
+PREFILL_KV_HOST_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.host_tokens", "int", "prefill",
+    "Prompt tokens found in the host-memory KV tier and copied back to the GPU.")
+PREFILL_KV_REMOTE_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.remote_tokens", "int", "prefill",
+    "Prompt tokens found in the remote (pooled) KV tier and copied back to the GPU.")
+PREFILL_KV_EVICTED_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_evicted_tokens", "int", "prefill",
+    "Prompt tokens right after the hits that this engine had cached before but evicted from every tier: "
+    "recomputed for lack of capacity.")
+PREFILL_KV_EVICTED_REUSE_BLOCKS: Final = _attr(
+    "infertrace.prefill.kv_evicted_reuse_blocks", "int", "prefill",
+    "KV blocks of extra capacity (behind the last tier, least recently used first) that would have kept all of "
+    "those evicted tokens: the evictions from the last tier since the oldest of them left it.")
 CHUNK_TOKENS: Final = _attr("infertrace.chunk.tokens", "int", "prefill_chunk", "Tokens computed in the chunk.")
 CHUNK_CACHED_TOKENS: Final = _attr(
     "infertrace.chunk.computed_tokens", "int", "prefill_chunk",
@@ -218,6 +236,32 @@ STEP_PAUSE_NS: Final = _attr(
     "infertrace.step.pause_ns", "int", "engine_step",
     "Time inside the step not spent computing (host pause, garbage collection); 0 normally.")
 
+STEP_OFFLOAD_HOST_LINK_BYTES: Final = _attr(
+    "infertrace.step.offload.host_link_bytes", "int", "engine_step",
+    "Per step: bytes of offloaded expert weights copied from host memory to the GPU (absent when no expert is "
+    "offloaded).")
+STEP_OFFLOAD_TRANSFER_NS: Final = _attr(
+    "infertrace.step.offload.transfer_ns", "int", "engine_step",
+    "Per step: time spent copying those weights over the host link (PCIe).")
+STEP_OFFLOAD_HOST_COMPUTE_NS: Final = _attr(
+    "infertrace.step.offload.host_compute_ns", "int", "engine_step",
+    "Per step: time the host CPU spent computing offloaded experts.")
+STEP_OFFLOAD_STREAMED_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.streamed_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the GPU after being copied to it.")
+STEP_OFFLOAD_HOST_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.host_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the host CPU (small batches: decodes).")
+
+STEP_KV_LOAD_HOST_TOKENS: Final = _attr(
+    "infertrace.step.kv_load.host_tokens", "int", "engine_step",
+    "Prompt tokens whose KV the step copied from the host tier to the GPU (absent when none).")
+STEP_KV_LOAD_REMOTE_TOKENS: Final = _attr(
+    "infertrace.step.kv_load.remote_tokens", "int", "engine_step",
+    "Prompt tokens whose KV the step copied from the remote tier to the GPU.")
+STEP_KV_LOAD_NS: Final = _attr(
+    "infertrace.step.kv_load_ns", "int", "engine_step", "Time of the step spent on those copies (in its duration).")
+
 # -------------------------------------------------------------------------------- KV transfer, gateway
 KV_TRANSFER_BYTES: Final = _attr("infertrace.kv_transfer.bytes", "int", "kv_transfer", "KV bytes moved.")
 KV_TRANSFER_SOURCE: Final = _attr("infertrace.kv_transfer.source", "string", "kv_transfer",
@@ -255,6 +299,19 @@ ENGINE_PREFIX_CACHING: Final = _res("infertrace.engine.prefix_caching", "bool", 
 ENGINE_PREFILL_MICROBATCH: Final = _res(
     "infertrace.engine.prefill_microbatch_tokens", "int", "Prefill micro-batch size in tokens (0: none).")
 ENGINE_BLOCK_SIZE: Final = _res("infertrace.engine.block_size", "int", "Tokens per KV block.")
+ENGINE_CPU_MOE_LAYERS: Final = _res(
+    "infertrace.engine.cpu_moe_layers", "int",
+    "MoE layers whose experts live in host memory (llama.cpp's --n-cpu-moe); absent when none.")
+ENGINE_KV_HOST_TIER_BLOCKS: Final = _res(
+    "infertrace.engine.kv_host_tier_blocks", "int", "KV blocks the host-memory tier behind the GPU holds; absent when "
+    "none.")
+ENGINE_KV_REMOTE_TIER_BLOCKS: Final = _res(
+    "infertrace.engine.kv_remote_tier_blocks", "int", "KV blocks the remote (pooled) tier holds; absent when none.")
+ENGINE_KV_REUSE_ACCOUNTING: Final = _res(
+    "infertrace.engine.kv_reuse_accounting", "bool",
+    "true when prefill spans count evicted prompt tokens (`infertrace.prefill.kv_evicted_tokens`); absent when off.")
+ENGINE_CUDA_GRAPHS: Final = _res(
+    "infertrace.engine.cuda_graphs", "bool", "false when the engine runs without CUDA graphs; absent when on.")
 ENGINE_EXECUTOR: Final = _res("infertrace.engine.executor", "string", "`simulated` or `real`.")
 
 COMPONENT_KINDS: Final = (

@@ -167,3 +167,25 @@ def mooncake_requests(path: str | Path, duration_s: float | None = None, speedup
             requests.append(Request(rid, start_ns + offset, Prompt(tuple(segments)), out, max(max_tokens, out),
                                     tenant=tenant, model=model))
     return requests
+
+
+def mooncake_reusable_tokens(path: str | Path, count: int) -> tuple[int, int]:
+    """The trace's own infinite-cache bound over its first `count` records: the prompt tokens whose leading
+    512-token blocks an earlier record already had (an engine always computes a prompt's last token), and all
+    prompt tokens. Read from the hash ids alone, independently of any engine."""
+    seen: set[int] = set()
+    reusable = total = 0
+    with open(path) as f:
+        for line in (line for line in f if line.strip()):
+            if count <= 0:
+                break
+            count -= 1
+            row = json.loads(line)
+            hashes, length = row["hash_ids"], int(row["input_length"])
+            k = 0
+            while k < len(hashes) and hashes[k] in seen:
+                k += 1
+            reusable += min(k * MOONCAKE_BLOCK_TOKENS, length - 1)
+            total += length
+            seen.update(hashes)
+    return reusable, total

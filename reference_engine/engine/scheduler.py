@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from reference_engine.engine.block_manager import BlockManager
 from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.kv_tiers import KvHit
 from reference_engine.engine.sequence import Sequence, SequenceStatus
 
 
@@ -19,6 +20,7 @@ class Batch:
     preempted: list[Sequence] = field(default_factory=list)
     rejected: list[Sequence] = field(default_factory=list)  # can never run on this engine
     max_steps: int = 1  # a decode-only batch may repeat unchanged this many steps
+    kv_hits: list[tuple[Sequence, KvHit]] | None = None  # with KV tiers: where admitted prompts' prefixes were
 
     @property
     def is_empty(self) -> bool:
@@ -85,6 +87,11 @@ class Scheduler:
             if not cfg.chunked_prefill and target - bm.cached_prefix_tokens(seq, target) > budget:
                 return  # the whole prompt must fit in one step: it waits for the next
             computed = bm.allocate(seq, target)
+            if bm.tiers is not None:
+                assert bm.last_hit is not None
+                if batch.kv_hits is None:
+                    batch.kv_hits = []
+                batch.kv_hits.append((seq, bm.last_hit))
             remaining = target - computed
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

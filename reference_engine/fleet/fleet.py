@@ -61,8 +61,7 @@ def _slowed(model: StepCostModel, factor: float) -> StepCostModel:
                      memory_efficiency=p.memory_efficiency / factor,
                      attention_efficiency=p.attention_efficiency / factor,
                      step_overhead_s=p.step_overhead_s * factor)
-    return StepCostModel(model.model, model.hw, tensor_parallel=model.tp, prefill_microbatch=model.microbatch,
-                         offload_experts=model.offload_experts, params=params)
+    return model.with_params(params)
 
 
 class Fleet:

@@ -179,8 +179,9 @@ def make_scenario(family: str, seed: int, name: str | None = None, duration_s: f
     """One scenario of the family; the topology, onset, duration and magnitude are drawn from `seed`. With
     `confounders`, a root-cause (`rca`) scenario also gets one or two unrelated, smaller faults overlapping
     its window (drawn from a stream of their own: the root cause is the same with or without them)."""
-    if family not in ALL_FAMILIES:
-        raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(ALL_FAMILIES)}")
+    known = ALL_FAMILIES + EXTRA_FAMILIES
+    if family not in known:
+        raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(known)}")
     rng = random.Random(f"{family}-{seed}")
     name = name or f"{family}-{seed}"
     if family in LARGE_FAMILIES:
@@ -467,3 +468,36 @@ _BUILDERS: dict[str, Callable[..., Scenario]] = {
     "kv_transfer_congestion": _kv_congestion,
     "assistant_prefill_runaway": _runaway,
 }
+
+
+# --------------------------------------------------------------------------- families outside the bank
+# The bank (`FAMILIES`) draws the families whose analyses `infertrace evaluate` scores; these are made by name
+# (`make_scenario`, `api.scenario_on_fleet`) for the analyses it does not score.
+#
+# | moe_offload_prefill | a MoE on a small GPU keeps every expert layer in host memory and prefills in
+#   128-token micro-batches: each copies the experts over PCIe again | roofline |
+EXTRA_FAMILIES = ("moe_offload_prefill",)
+OFFLOAD_STORY_MODEL, OFFLOAD_STORY_HARDWARE = "mixtral-8x7b-q4_k", "L4"
+
+
+def _moe_offload(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                 onset: float, length: float) -> Scenario:
+    """docs/cost_model.md's deployment story, added to the fleet: Mixtral-8x7B in 4.5-bit weights on one 24 GB
+    L4 with every expert layer in host memory (llama.cpp's --cpu-moe) and 128-token prefill micro-batches
+    prefills at ≈ 115 tok/s; 1024-token micro-batches with 4 expert layers back on the GPU reach ≈ 840."""
+    model = OFFLOAD_STORY_MODEL
+    engine = {"offload_experts": True, "prefill_microbatch": 128, "max_num_batched_tokens": 8192, "max_num_seqs": 4}
+    deployment = ModelDeployment(model, 1, OFFLOAD_STORY_HARDWARE, fleet.region, engine)
+    workload = SyntheticWorkload(rate=round(rng.uniform(0.02, 0.03), 4), prompt_mean=4000.0, prompt_sigma=0.3,
+                                 max_prompt_tokens=7000, output_mean=24.0, output_sigma=0.3, max_tokens=64,
+                                 tenants=("offload-rag",), system_prompt_fraction=0.0, assistant_prefill_fraction=0.0)
+    fleet = replace(fleet, models=(*fleet.models, deployment),
+                    tenants=(*fleet.tenants, TenantSpec("offload-rag", {model: 1.0}, "synthetic", workload)))
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False}
+    details = {"causes": ["experts_offloaded", "microbatch_recopies_experts"], "prefill_microbatch_tokens": 128,
+               "cpu_moe_layers": model_spec(model).num_layers,
+               "story_fix": {"prefill_microbatch": 1024, "cpu_moe_layers": model_spec(model).num_layers - 4}}
+    return _scenario("moe_offload_prefill", name, seed, duration_s, fleet, ("roofline",), root, None, details=details)
+
+
+_BUILDERS["moe_offload_prefill"] = _moe_offload

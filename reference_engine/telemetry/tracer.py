@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def engine_resource(config: EngineConfig, executor: str = "simulated",
                     kind: str = "engine") -> Attributes:
-    return {
+    resource: Attributes = {
         sc.SERVICE_NAME: "llm-engine",
         sc.SERVICE_INSTANCE_ID: config.instance_id,
         sc.COMPONENT_KIND: kind,
@@ -46,6 +46,18 @@ def engine_resource(config: EngineConfig, executor: str = "simulated",
         sc.ENGINE_BLOCK_SIZE: config.block_size,
         sc.ENGINE_EXECUTOR: executor,
     }
+    if config.host_expert_layers():
+        resource[sc.ENGINE_CPU_MOE_LAYERS] = len(config.host_expert_layers())
+    if not config.cuda_graphs:
+        resource[sc.ENGINE_CUDA_GRAPHS] = False
+    host_blocks, remote_blocks = config.kv_tier_blocks()
+    if host_blocks:
+        resource[sc.ENGINE_KV_HOST_TIER_BLOCKS] = host_blocks
+    if remote_blocks:
+        resource[sc.ENGINE_KV_REMOTE_TIER_BLOCKS] = remote_blocks
+    if config.kv_reuse_accounting or host_blocks or remote_blocks:  # a tier always counts its evictions
+        resource[sc.ENGINE_KV_REUSE_ACCOUNTING] = True
+    return resource
 
 
 @dataclass(slots=True)
@@ -53,6 +65,7 @@ class _PrefillEpisode:
     start_ns: int
     end_ns: int = 0
     chunks: list[tuple[str, int, Attributes]] = field(default_factory=list)
+    kv_hit: Attributes | None = None  # where its cached prefix came from (engines with KV tiers)
 
 
 class EngineTracer:
@@ -88,6 +101,7 @@ class EngineTracer:
             if open_episodes and not open_episodes[-1].end_ns:
                 open_episodes[-1].end_ns = report.start_ns
         prefill_ids, chunk_tokens, computed, samples = [], [], [], []
+        hits = {seq.request_id: hit for seq, hit in batch.kv_hits} if batch.kv_hits is not None else None
         for seq, chunk in batch.prefills:
             before = seq.num_computed_tokens - chunk
             done = not seq.is_prefilling
@@ -98,6 +112,13 @@ class EngineTracer:
             episodes = self._episodes.setdefault(seq.request_id, [])
             if not episodes or episodes[-1].end_ns:
                 episodes.append(_PrefillEpisode(report.start_ns))
+                if hits is not None and seq.request_id in hits:
+                    hit = hits[seq.request_id]
+                    episodes[-1].kv_hit = {
+                        sc.PREFILL_KV_DEVICE_TOKENS: hit.device_tokens, sc.PREFILL_KV_HOST_TOKENS: hit.host_tokens,
+                        sc.PREFILL_KV_REMOTE_TOKENS: hit.remote_tokens,
+                        sc.PREFILL_KV_EVICTED_TOKENS: hit.evicted_tokens,
+                        sc.PREFILL_KV_EVICTED_REUSE_BLOCKS: hit.evicted_reuse_blocks}
             episodes[-1].chunks.append((sc.EVENT_PREFILL_CHUNK, end_ns, {
                 sc.CHUNK_TOKENS: chunk, sc.CHUNK_CACHED_TOKENS: before, sc.CHUNK_STEP_INDEX: report.index}))
             if done:
@@ -126,6 +147,18 @@ class EngineTracer:
             attributes[sc.STEP_PREEMPTED_REQUEST_IDS] = [s.request_id for s in batch.preempted]
         if report.pause_ns:
             attributes[sc.STEP_PAUSE_NS] = report.pause_ns
+        if report.offload is not None:
+            o = report.offload
+            attributes[sc.STEP_OFFLOAD_HOST_LINK_BYTES] = o.host_link_bytes
+            attributes[sc.STEP_OFFLOAD_TRANSFER_NS] = round(o.transfer_s * 1e9)
+            attributes[sc.STEP_OFFLOAD_HOST_COMPUTE_NS] = round(o.host_compute_s * 1e9)
+            attributes[sc.STEP_OFFLOAD_STREAMED_MICROBATCHES] = o.streamed_microbatches
+            attributes[sc.STEP_OFFLOAD_HOST_MICROBATCHES] = o.host_microbatches
+        if report.kv_load is not None:
+            host, remote, seconds = report.kv_load
+            attributes[sc.STEP_KV_LOAD_HOST_TOKENS] = host
+            attributes[sc.STEP_KV_LOAD_REMOTE_TOKENS] = remote
+            attributes[sc.STEP_KV_LOAD_NS] = round(seconds * 1e9)
         self._emit(SpanRecord(self._id(128), self._id(64), 0, sc.SPAN_STEP, report.start_ns, end_ns, attributes))
 
     # ------------------------------------------------------------------------------------ requests
@@ -179,7 +212,7 @@ class EngineTracer:
             spans.append(child(sc.SPAN_QUEUE, arrival, scheduled))
             for episode in episodes:
                 span = child(sc.SPAN_PREFILL, episode.start_ns, episode.end_ns or end_ns,
-                             **{sc.PREFILL_CHUNKS: len(episode.chunks)})
+                             **{sc.PREFILL_CHUNKS: len(episode.chunks), **(episode.kv_hit or {})})
                 span.events = episode.chunks
                 spans.append(span)
             if seq.num_output_tokens > 1:
