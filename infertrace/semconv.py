@@ -57,13 +57,23 @@ INSTRUMENTATION_SCOPE: Final = "infertrace.reference_engine"
 # --------------------------------------------------------------------------------------------- spans
 SPAN_GATEWAY: Final = _span(
     "gateway", "SERVER", "The request as the gateway served it: root of the request's trace.")
-SPAN_AUTH: Final = _span("auth", "INTERNAL", "Authentication of the caller by an auth component.")
+SPAN_AUTH: Final = _span(
+    "auth", "INTERNAL",
+    "Authentication of the caller by an auth component. Like every component span, it starts when the request "
+    "arrives at the component and ends when it leaves: a wait for a free worker is inside it (and set as "
+    "`infertrace.component.queue_ns`).")
 SPAN_RATE_LIMIT: Final = _span(
-    "rate_limit", "INTERNAL", "Admission by a rate limiter (token bucket per tenant).")
+    "rate_limit", "INTERNAL", "Admission by a rate limiter (token bucket per tenant), from arrival to decision.")
 SPAN_ROUTE: Final = _span(
-    "route", "INTERNAL", "Routing to an engine instance, including time in the router's global queue.")
+    "route", "INTERNAL",
+    "Routing to an engine instance, from arrival at the router (or release by the global queue) to dispatch; "
+    "a wait for a free router worker is inside it (`infertrace.component.queue_ns`). When the model has a "
+    "global queue, the router's backlog waits there instead: the queue releases only to a router with a free "
+    "worker.")
 SPAN_GLOBAL_QUEUE: Final = _span(
-    "global_queue", "INTERNAL", "Time the request waited in a global scheduler queue before routing.")
+    "global_queue", "INTERNAL",
+    "Time the request waited in a global scheduler queue before routing: all of it is waiting (for an engine "
+    "with room, or a router worker), so it carries no queue-time attribute.")
 SPAN_REQUEST: Final = _span(
     "llm_request", "SERVER",
     "The engine's request span (vLLM's name): arrival at the engine to the last token. Parent of the "
@@ -117,6 +127,10 @@ RESPONSE_FINISH_REASONS: Final = _attr(
 ERROR_TYPE: Final = _attr("error.type", "string", "any span", "Error class when the operation failed.")
 HTTP_STATUS_CODE: Final = _attr(
     "http.response.status_code", "int", "gateway, component spans", "HTTP-style outcome (200, 401, 429, 5xx).")
+HTTP_RESEND_COUNT: Final = _attr(
+    "http.request.resend_count", "int", "gateway",
+    "The client's retry number of this request (OpenTelemetry's HTTP name; clients send it, e.g. as an "
+    "`x-stainless-retry-count` header); absent on a first attempt.")
 
 LATENCY_TIME_IN_QUEUE: Final = _attr(
     "gen_ai.latency.time_in_queue", "double (s)", "llm_request", "Arrival to first scheduling (vLLM).")
@@ -258,7 +272,11 @@ KV_TRANSFER_LINK: Final = _attr("infertrace.kv_transfer.link", "string", "kv_tra
                                 "Name of the link between them.")
 COMPONENT_OUTCOME: Final = _attr(
     "infertrace.component.outcome", "string", "component spans",
-    "What the component decided: `ok`, `rejected`, `timeout`, `error`.")
+    "What the component decided: `ok`, `rejected`, `timeout` (the caller gave up waiting for it), `error`.")
+COMPONENT_QUEUE_NS: Final = _attr(
+    "infertrace.component.queue_ns", "int", "component spans of components with workers",
+    "Time the call waited for a free worker of the component, inside the span; its service time is the "
+    "span's duration less this. Absent when the component does not queue.")
 ROUTE_TARGET: Final = _attr("infertrace.route.target", "string", "route",
                             "Engine instance (`service.instance.id`) the router chose.")
 

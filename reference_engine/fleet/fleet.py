@@ -77,7 +77,7 @@ class Fleet:
             windows.setdefault(fault.target, []).append(FaultWindow(start, end, fault))
         self.windows = windows
         self.summary = FleetSummary()
-        self.gateway = Gateway(spec, windows, sink, seed, self.summary)
+        self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns)
 
         self._heap: list[tuple[int, int, int, object]] = []
         self._seq = 0
@@ -153,7 +153,7 @@ class Fleet:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for r in requests:
+            for r in self.gateway.arrivals(requests):
                 self._arrive(r)
             while heap:
                 t, kind, _, payload = heapq.heappop(heap)

@@ -8,7 +8,8 @@
 -- Columns: trace_id, request_id, model, tenant, arrival_ns, end_ns, e2e_ns, http_status, failed, rejected,
 --   ttft_ns (NULL when no token came), tpot_ns (NULL with fewer than two output tokens), pre_engine_ns
 --   (gateway arrival to the engine's), input_tokens, output_tokens, max_tokens, cached_tokens,
---   assistant_prefill_tokens, system_prompt_id, finish_reason, truncated (finished by length), route_target.
+--   assistant_prefill_tokens, system_prompt_id, finish_reason, truncated (finished by length), route_target,
+--   resend_count (the client's retry number, `http.request.resend_count`; NULL on a first attempt or unknown).
 -- A disaggregated request has two engine request spans (prefill worker, decode worker): the caller's first
 -- token is the one the decode worker streams (after the KV transfer), the decode rate is the decode worker's.
 WITH gw AS (
@@ -19,6 +20,7 @@ WITH gw AS (
            "attr.http.response.status_code" AS http_status,
            "attr.gen_ai.usage.input_tokens" AS input_tokens,
            "attr.gen_ai.usage.output_tokens" AS output_tokens,
+           "attr.http.request.resend_count" AS resend_count,
            status_code
     FROM spans WHERE name = 'gateway'
 ),
@@ -66,7 +68,8 @@ SELECT
     e.system_prompt_id,
     e.finish_reason,
     coalesce(e.finish_reason = 'length', false) AS truncated,
-    r.route_target
+    r.route_target,
+    g.resend_count
 FROM gw g
 LEFT JOIN eng e ON e.trace_id = g.trace_id
 LEFT JOIN route r ON r.trace_id = g.trace_id

@@ -8,7 +8,8 @@
 --   (the span's own gen_ai.request.model, else its trace's gateway span's), trace_id, span_id,
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
 --   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status, route_target, error_type,
---   status_code, kv_bytes, kv_source, kv_destination, kv_link.
+--   status_code, kv_bytes, kv_source, kv_destination, kv_link, queue_ns (time the call waited for a free worker
+--   of the component, inside the span: `infertrace.component.queue_ns`; NULL when the component does not queue).
 WITH call AS (
     SELECT * FROM spans
     WHERE name IN ('gateway', 'auth', 'rate_limit', 'route', 'global_queue', 'kv_transfer')
@@ -42,6 +43,7 @@ SELECT
     c."attr.infertrace.kv_transfer.bytes" AS kv_bytes,
     c."attr.infertrace.kv_transfer.source" AS kv_source,
     c."attr.infertrace.kv_transfer.destination" AS kv_destination,
-    c."attr.infertrace.kv_transfer.link" AS kv_link
+    c."attr.infertrace.kv_transfer.link" AS kv_link,
+    c."attr.infertrace.component.queue_ns" AS queue_ns
 FROM call c
 LEFT JOIN gateway g ON g.trace_id = c.trace_id
