@@ -24,11 +24,13 @@ from reference_engine.scenarios.families import ALL_FAMILIES, FAMILIES, Scenario
 from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
 from reference_engine.stats import Summary
 from reference_engine.telemetry.otlp import SpanSink
+from reference_engine.telemetry.profiles import ENGINE_PROFILES, GATEWAY_PROFILES, TelemetrySpec
 from reference_engine.workload import SyntheticWorkload
 
-__all__ = ["ALL_FAMILIES", "FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WORKLOAD_KINDS", "EngineRun", "EngineSimulation",
-           "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report", "cuda_hardware_name",
-           "generate", "make_scenario", "run_scenario", "scenario_on_fleet"]
+__all__ = ["ALL_FAMILIES", "ENGINE_PROFILES", "FAMILIES", "GATEWAY_PROFILES", "TRACES_FILE", "TRUTH_FILE",
+           "WORKLOAD_KINDS", "EngineRun", "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload",
+           "TelemetrySpec", "bank", "calibration_report", "cuda_hardware_name", "generate", "make_scenario",
+           "run_scenario", "scenario_on_fleet"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class EngineSimulation:
     so that a bad option fails before anything runs."""
 
     def __init__(self, run: EngineRun, duration_s: float, seed: int, out: Path | None,
-                 otlp_endpoint: str | None) -> None:
+                 otlp_endpoint: str | None, telemetry: TelemetrySpec | None = None) -> None:
         if run.executor not in ("sim", "real"):
             raise ValueError(f"--executor must be sim or real, got {run.executor!r}")
         real = run.executor == "real"
@@ -101,6 +103,7 @@ class EngineSimulation:
         if not self.requests:
             raise ValueError("the workload produced no requests in that duration")
         self.seed = seed
+        self.telemetry = telemetry
         self.sink: SpanSink | None = open_sink(out, otlp_endpoint)
         self.start_ns = self.requests[0].arrival_ns
         self.arrivals_s = (max(r.arrival_ns for r in self.requests) - self.start_ns) / 1e9
@@ -108,14 +111,15 @@ class EngineSimulation:
     def run(self, on_progress: Callable[[float], None] | None = None) -> Summary:
         """Serve every request; `on_progress(simulated seconds since the first arrival)` after each step."""
         report = None if on_progress is None else (lambda _ended, now: on_progress((now - self.start_ns) / 1e9))
-        return simulate(self.config, self.requests, self.sink, self.seed, report, executor=self.executor)
+        return simulate(self.config, self.requests, self.sink, self.seed, report, executor=self.executor,
+                        telemetry=self.telemetry)
 
 
 class FleetSimulation:
     """A prepared fleet run from a fleet file (docs/fleet.md)."""
 
     def __init__(self, path: Path, duration_s: float, seed: int, out: Path | None,
-                 otlp_endpoint: str | None) -> None:
+                 otlp_endpoint: str | None, telemetry: TelemetrySpec | None = None) -> None:
         if duration_s <= 0:
             raise ValueError(f"--duration must be > 0 seconds, got {duration_s}")
         self.spec = load_fleet(path)
@@ -123,13 +127,14 @@ class FleetSimulation:
         if not self.requests:
             raise ValueError(f"{path}: the tenants sent no requests in {duration_s} s")
         self.seed = seed
+        self.telemetry = telemetry
         self.sink = open_sink(out, otlp_endpoint)
         self.start_ns = self.requests[0].arrival_ns
 
     def run(self, on_progress: Callable[[float], None] | None = None) -> FleetSummary:
         report = None if on_progress is None else (lambda now: on_progress((now - self.start_ns) / 1e9))
         try:
-            return Fleet(self.spec, self.sink, self.seed).run(self.requests, report)
+            return Fleet(self.spec, self.sink, self.seed, telemetry=self.telemetry).run(self.requests, report)
         finally:
             if self.sink is not None:
                 self.sink.close()

@@ -11,8 +11,11 @@ import streamlit as st
 from infertrace.report.model import iso
 
 root, snap = results.current()
-cache = results.prefix_cache(root, snap)
 st.title("Prefix cache")
+if not (possible := results.coverage(root, snap).analysis("prefix_cache")).supported:
+    st.warning(possible.detail)
+    st.stop()
+cache = results.prefix_cache(root, snap)
 
 b = cache.billing
 left, middle, right = st.columns(3)

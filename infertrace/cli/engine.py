@@ -79,6 +79,23 @@ def simulate(
         help="KV blocks (0: from device memory; the real executor allocates 2048 by default)")] = 0,
     cost_params: Annotated[Path | None, typer.Option(
         help="Simulated executor: cost parameters from `infertrace calibrate --out`")] = None,
+    telemetry: Annotated[str, typer.Option(
+        help="Whose spans the engines emit: infertrace (this project's: step and phase spans), or exactly what "
+             "vllm-v1, vllm-v0, sglang or tgi export (docs/sources.md)")] = "infertrace",
+    gateway_telemetry: Annotated[str, typer.Option(
+        help="Fleets: whose spans the gateway emits: infertrace, litellm (LiteLLM proxy's span names, HTTP "
+             "attributes), or none")] = "infertrace",
+    instance_ids: Annotated[bool, typer.Option(
+        help="Emulated engines: the deployment sets service.instance.id (OTEL_RESOURCE_ATTRIBUTES); real "
+             "engines set none by themselves")] = False,
+    iteration_logs: Annotated[Path | None, typer.Option(
+        help="With --telemetry vllm-v1: write vLLM's --enable-logging-iteration-details lines, one "
+             "<instance>.log per engine, into this directory")] = None,
+    client_tokens: Annotated[Path | None, typer.Option(
+        help="Write each token's arrival time at a streaming client, one JSON line per request "
+             "(docs/sources.md)")] = None,
+    client_delay_ms: Annotated[float, typer.Option(help="Client token times: network delay")] = 2.0,
+    client_jitter_ms: Annotated[float, typer.Option(help="Client token times: jitter per token, up to")] = 1.0,
 ) -> None:
     """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces.
     Without --out or --otlp-endpoint, the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variable names the
@@ -88,15 +105,18 @@ def simulate(
       infertrace simulate --duration 60 --rate 4 --seed 1 --out trace.jsonl.gz
       infertrace simulate --fleet examples/fleets/four_models.toml --duration 300 --out fleet.jsonl.gz
       OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 infertrace simulate --duration 60
+      infertrace simulate --fleet fleet.toml --telemetry vllm-v1 --gateway-telemetry none --out vllm.jsonl
     """
     from reference_engine import api
 
     otlp_endpoint = trace_destination(out, otlp_endpoint)
 
     try:
+        spec = api.TelemetrySpec(telemetry, gateway_telemetry, instance_ids, iteration_logs, client_tokens,
+                                 client_delay_ms, client_jitter_ms)
         if fleet is not None:
             simulation: api.EngineSimulation | api.FleetSimulation = api.FleetSimulation(
-                fleet, duration, seed, out, otlp_endpoint)
+                fleet, duration, seed, out, otlp_endpoint, spec)
             total, label = duration, "simulating fleet"
         else:
             run = api.EngineRun(
@@ -114,7 +134,9 @@ def simulate(
                     output_mean=output_mean, max_tokens=max_tokens, system_prompt_tokens=system_prompt_tokens,
                     system_prompt_fraction=system_prompt_fraction,
                     assistant_prefill_fraction=assistant_prefill_fraction))
-            simulation = api.EngineSimulation(run, duration, seed, out, otlp_endpoint)
+            if gateway_telemetry != "infertrace":
+                raise ValueError("--gateway-telemetry needs --fleet: a single engine has no gateway")
+            simulation = api.EngineSimulation(run, duration, seed, out, otlp_endpoint, spec)
             total, label = max(simulation.arrivals_s, 1e-9), "simulating"
     except (ValueError, OSError, ImportError, TypeError) as e:
         raise fail(str(e)) from None
@@ -125,6 +147,10 @@ def simulate(
     err.print(summary.paragraph())
     if out is not None:
         err.print(f"{summary.spans} spans written to {out}" if fleet is not None else f"Traces written to {out}")
+    if iteration_logs is not None:
+        err.print(f"vLLM iteration logs written to {iteration_logs}/")
+    if client_tokens is not None:
+        err.print(f"Client token times written to {client_tokens}")
 
 
 def _layers(text: str) -> int | tuple[int, ...]:

@@ -25,6 +25,10 @@ def scenarios_generate(
              "overlapping, load), which run only when named")] = None,
     jobs: Annotated[int, typer.Option(help="Scenarios simulated in parallel (processes)")] = 1,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    telemetry: Annotated[str, typer.Option(
+        help="Whose spans the engines emit: infertrace, vllm-v1, vllm-v0, sglang or tgi")] = "infertrace",
+    gateway_telemetry: Annotated[str, typer.Option(
+        help="Whose spans the gateway emits: infertrace, litellm or none")] = "infertrace",
 ) -> None:
     """Draw random topologies, fault families, onsets, durations and magnitudes; write each scenario's traces
     (traces.jsonl.gz), fleet file and ground truth (ground_truth.json), and an index.json.
@@ -34,8 +38,12 @@ def scenarios_generate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from reference_engine.api import ALL_FAMILIES, FAMILIES, bank, generate
+    from reference_engine.api import ALL_FAMILIES, FAMILIES, TelemetrySpec, bank, generate
 
+    try:
+        spec = TelemetrySpec(telemetry, gateway_telemetry)
+    except ValueError as e:
+        raise fail(str(e)) from None
     if count < 1:
         raise fail(f"--count must be ≥ 1, got {count}")
     if duration < 60:
@@ -52,7 +60,7 @@ def scenarios_generate(
     try:
         with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
             task = bar.add_task("scenarios", total=len(scenarios))
-            truths = generate(scenarios, out, jobs, lambda: bar.advance(task))
+            truths = generate(scenarios, out, jobs, lambda: bar.advance(task), None if spec.is_native else spec)
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
     families = {t["family"] for t in truths}

@@ -198,8 +198,18 @@ RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl, "ttft": _ttft, "
              "prefill_throughput": _prefill_throughput}
 
 
+def _coverage(coverage: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = [Heading("What this store can answer", 2)]
+    blocks += [Paragraph(line) for line in coverage["summary"]]
+    blocks += [Paragraph(f"{a['title']}: {'yes' if a['supported'] else 'NO'}. {a['detail']}")
+               for a in coverage["analyses"]]
+    return blocks
+
+
 def layout(doc: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [Heading(f"infertrace report: {doc['severity']}", 1), Paragraph(_selection(doc))]
+    if "coverage" in doc:
+        blocks += _coverage(doc["coverage"])
     if doc["findings"]:
         blocks.append(Heading("Findings", 2))
         blocks += [Paragraph(f["title"], f["severity"]) for f in doc["findings"]]

@@ -28,6 +28,7 @@ from reference_engine.fleet.disaggregation import DecodeWorkerBlockManager
 from reference_engine.fleet.gateway import Call, Dispatch, Emitter, FleetSummary, Gateway, GlobalQueue
 from reference_engine.fleet.workload import prefill_failures
 from reference_engine.telemetry.otlp import SpanSink
+from reference_engine.telemetry.profiles import GatewayNaming, TelemetryRun, TelemetrySpec
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
@@ -66,9 +67,12 @@ def _slowed(model: StepCostModel, factor: float) -> StepCostModel:
 
 class Fleet:
     def __init__(self, spec: FleetSpec, sink: SpanSink | None, seed: int = 0, epoch_ns: int = DEFAULT_EPOCH_NS,
-                 observers: ObserverFactory | None = None) -> None:
+                 observers: ObserverFactory | None = None, telemetry: TelemetrySpec | None = None) -> None:
+        """`telemetry`: whose spans the engines and the gateway emit (reference_engine.telemetry.profiles); by
+        default this project's own."""
         self.spec = spec
         self.sink = sink
+        self.telemetry = None if telemetry is None or telemetry.is_native else TelemetryRun(telemetry, sink, seed)
         self.epoch_ns = epoch_ns
         self._seed = seed
         windows: dict[str, list[FaultWindow]] = {}
@@ -77,7 +81,11 @@ class Fleet:
             windows.setdefault(fault.target, []).append(FaultWindow(start, end, fault))
         self.windows = windows
         self.summary = FleetSummary()
-        self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns)
+        if self.telemetry is None:
+            self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns)
+        else:
+            self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns,
+                                   GatewayNaming(self.telemetry.spec.gateway), self.telemetry.emits_kv_transfer)
 
         self._heap: list[tuple[int, int, int, object]] = []
         self._seq = 0
@@ -105,7 +113,9 @@ class Fleet:
                                           config.enable_prefix_caching)
             engine.block_manager = engine.scheduler.block_manager = bm
         resource = engine_resource(config, kind=role)
-        if self.sink is not None:
+        if self.telemetry is not None:
+            engine.observers.extend(self.telemetry.engine_observers(config, seed, role))
+        elif self.sink is not None:
             tracer = EngineTracer(self.sink, resource, seed=seed)
             engine.observers.append(tracer)
             self.tracers.append(tracer)
@@ -139,6 +149,8 @@ class Fleet:
         if unknown:
             raise ValueError(f"requests for models the fleet does not serve: {sorted(unknown)}")
         self.summary.start_ns = requests[0].arrival_ns if requests else self.epoch_ns
+        if self.telemetry is not None:
+            self.telemetry.expect(requests)
         per_model = dict.fromkeys(self.spec.model_names, 0)
         for r in requests:
             per_model[r.model] += 1
@@ -170,6 +182,8 @@ class Fleet:
     def close(self) -> None:
         for tracer in self.tracers:
             tracer.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
         self.gateway.flush()
         self.summary.spans = getattr(self.sink, "spans_written", 0)
 

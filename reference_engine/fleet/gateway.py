@@ -41,6 +41,7 @@ from reference_engine.fleet.config import (
 )
 from reference_engine.fleet.disaggregation import Link, kv_transfer_bytes
 from reference_engine.telemetry.otlp import SPAN_KIND_SERVER, STATUS_ERROR, Attributes, SpanRecord, SpanSink
+from reference_engine.telemetry.profiles import GatewayNaming
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
 RETRIED_STATUSES = (429, 503, 504)  # what a client retries (a 401 it does not)
@@ -326,7 +327,8 @@ def component_resource(instance_id: str, kind: str, service: str, region: str) -
 class Call:
     """A request's trip through the fleet: its trace, and the span its engine spans hang from."""
 
-    __slots__ = ("arrival_ns", "gq_enter_ns", "model", "parent_span", "request", "span_id", "trace_id")
+    __slots__ = ("arrival_ns", "backend_start_ns", "gq_enter_ns", "model", "parent_span", "request", "span_id",
+                 "trace_id")
 
     def __init__(self, request: Request, trace_id: int, span_id: int) -> None:
         self.request = request
@@ -336,6 +338,7 @@ class Call:
         self.span_id = span_id  # the gateway span
         self.parent_span = span_id  # of the engine spans: the route span once routed
         self.gq_enter_ns = 0
+        self.backend_start_ns = 0  # a LiteLLM-style gateway: when its call to the engine (`litellm_request`) began
 
 
 class Target(Protocol):
@@ -390,15 +393,19 @@ class Gateway:
     backoff: a new request (and trace) whose gateway span carries `http.request.resend_count`."""
 
     def __init__(self, spec: FleetSpec, windows: dict[str, list[FaultWindow]], sink: SpanSink | None, seed: int,
-                 summary: FleetSummary, epoch_ns: int = DEFAULT_EPOCH_NS) -> None:
+                 summary: FleetSummary, epoch_ns: int = DEFAULT_EPOCH_NS, naming: GatewayNaming | None = None,
+                 emit_kv_transfer: bool = True) -> None:
         self.spec = spec
+        self.naming = naming or GatewayNaming()
+        self.emit_kv_transfer = emit_kv_transfer
         self.summary = summary
         self.invalid: set[str] = set()  # requests whose output an assistant-prefill fault breaks (500)
         self._rng = random.Random(f"fleet-{seed}")  # a stream of its own, apart from the engine tracers' ids
         region = spec.region
 
         def emitter(instance: str, kind: str, service: str) -> Emitter:
-            return Emitter(sink, component_resource(instance, kind, service, region))
+            return Emitter(sink if self.naming.emits else None,
+                           self.naming.resource(component_resource(instance, kind, service, region)))
 
         self._gateway = emitter(spec.gateway_id, "gateway", "gateway")
         # model -> the instances of each kind that serve it
@@ -445,6 +452,8 @@ class Gateway:
                                   sc.HTTP_STATUS_CODE: status, sc.COMPONENT_OUTCOME: outcome}
         if extra:
             attributes.update(extra)
+        if not self.naming.native:
+            name, attributes = self.naming.component(name, status)
         span = SpanRecord(call.trace_id, span_id, call.span_id, name, start, end, attributes)
         if status >= 500:
             span.status_code = STATUS_ERROR
@@ -549,7 +558,9 @@ class Gateway:
         else:
             engine_request = r
             r.arrival_ns = dispatch
-        engine_request.trace_parent = (call.trace_id, call.parent_span)
+        if self.naming.profile == "litellm":  # the proxy's own call to the engine wraps the engine's span
+            call.parent_span, call.backend_start_ns = self._span_id(), dispatch
+        engine_request.trace_parent = (call.trace_id, call.parent_span) if self.naming.emits else None
         self._calls[id(engine_request)] = call
         return Dispatch(target, engine_request, dispatch)
 
@@ -605,12 +616,13 @@ class Gateway:
         end = link.transfer(t, nbytes)
         target = min(decoders, key=lambda c: c.inflight)
         target.inflight += 1
-        span = SpanRecord(call.trace_id, self._span_id(), call.parent_span, sc.SPAN_KV_TRANSFER, t, end, {
-            sc.REQUEST_ID: r.request_id, sc.KV_TRANSFER_BYTES: nbytes, sc.KV_TRANSFER_SOURCE: source.instance_id,
-            sc.KV_TRANSFER_DESTINATION: target.instance_id, sc.KV_TRANSFER_LINK: link.spec.id})
-        self.kv_emitters[target.instance_id].emit(span)
+        if self.emit_kv_transfer:
+            span = SpanRecord(call.trace_id, self._span_id(), call.parent_span, sc.SPAN_KV_TRANSFER, t, end, {
+                sc.REQUEST_ID: r.request_id, sc.KV_TRANSFER_BYTES: nbytes, sc.KV_TRANSFER_SOURCE: source.instance_id,
+                sc.KV_TRANSFER_DESTINATION: target.instance_id, sc.KV_TRANSFER_LINK: link.spec.id})
+            self.kv_emitters[target.instance_id].emit(span)
         r.arrival_ns = end
-        r.trace_parent = (call.trace_id, call.parent_span)
+        r.trace_parent = (call.trace_id, call.parent_span) if self.naming.emits else None
         self._calls[id(r)] = call
         return Dispatch(target, r, end)
 
@@ -637,9 +649,20 @@ class Gateway:
         if error is not None:
             attributes[sc.ERROR_TYPE] = error
         attempt = self._attempt.get(r.request_id)
+        name = sc.SPAN_GATEWAY
+        if not self.naming.native:
+            name, attributes = self.naming.root(status, call.model, r.tenant)
+            if call.backend_start_ns:
+                backend = self.naming.backend_call(call.model, r.tenant, r.prompt.num_tokens,
+                                                   seq.num_output_tokens if seq is not None else None)
+                call_span = SpanRecord(call.trace_id, call.parent_span, call.span_id, sc.LITELLM_SPAN_REQUEST,
+                                       call.backend_start_ns, end, backend)
+                if status >= 500:
+                    call_span.status_code, call_span.status_message = STATUS_ERROR, error or str(status)
+                self._gateway.emit(call_span)
         if attempt:
             attributes[sc.HTTP_RESEND_COUNT] = attempt
-        span = SpanRecord(call.trace_id, call.span_id, 0, sc.SPAN_GATEWAY, call.arrival_ns, end, attributes,
+        span = SpanRecord(call.trace_id, call.span_id, 0, name, call.arrival_ns, end, attributes,
                           kind=SPAN_KIND_SERVER)
         if status >= 500:
             span.status_code, span.status_message = STATUS_ERROR, error or str(status)

@@ -18,6 +18,7 @@ from reference_engine.fleet.workload import fleet_requests, prefill_failures
 from reference_engine.scenarios.families import FAMILIES, Scenario, engines_of, make_scenario
 from reference_engine.scenarios.ground_truth import StallRecorder, itl_truth
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
 SCHEMA = "infertrace.ground_truth/1"
@@ -62,8 +63,10 @@ def _cause_truth(cause: dict[str, Any], epoch_ns: int) -> dict[str, Any]:
 
 
 def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
-                 on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`."""
+                 on_progress: Callable[[int], None] | None = None,
+                 telemetry: TelemetrySpec | None = None) -> dict[str, Any]:
+    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`. `telemetry`:
+    whose spans the engines and the gateway emit (the ground truth is the same whatever it is)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     requests = fleet_requests(scenario.fleet, scenario.duration_s, scenario.seed, epoch_ns)
@@ -79,7 +82,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
 
     writer = OtlpJsonLinesWriter(out / TRACES_FILE)
     try:
-        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe).run(
+        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe, telemetry).run(
             requests, on_progress)
     finally:
         writer.close()
@@ -129,6 +132,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
                     "spans": summary.spans},
         "itl": itl_truth(recorders),
     }
+    if telemetry is not None and not telemetry.is_native:
+        truth["telemetry"] = {"engine": telemetry.engine, "gateway": telemetry.gateway}
     # Indented for reading, except the (long) ITL section: one compact line.
     text = json.dumps({**truth, "itl": "@itl"}, indent=1).replace('"@itl"', json.dumps(truth["itl"],
                                                                                      separators=(",", ":")))
@@ -150,18 +155,18 @@ def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, 
     return scenarios
 
 
-def _run_into(job: tuple[Scenario, Path]) -> dict[str, Any]:
-    scenario, out = job
-    truth = run_scenario(scenario, out / scenario.name)
+def _run_into(job: tuple[Scenario, Path, TelemetrySpec | None]) -> dict[str, Any]:
+    scenario, out, telemetry = job
+    truth = run_scenario(scenario, out / scenario.name, telemetry=telemetry)
     return {k: truth[k] for k in ("scenario", "family", "tasks", "negative_control")}
 
 
 def generate(scenarios: list[Scenario], out_dir: str | Path, jobs: int = 1,
-             on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+             on_done: Callable[[], None] | None = None, telemetry: TelemetrySpec | None = None) -> list[dict[str, Any]]:
     """Run every scenario into its own sub-directory of `out_dir` (in `jobs` processes); write index.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    work = [(s, out) for s in scenarios]
+    work = [(s, out, telemetry) for s in scenarios]
     truths = []
     if jobs == 1:
         for job in work:
