@@ -63,6 +63,7 @@ class Sequence:
         "num_prefill_chunks",
         "preemptions",
         "prefill_target",
+        "private_key",
         "request",
         "status",
     )
@@ -74,7 +75,10 @@ class Sequence:
         self.num_output_tokens = 0
         self.prefill_target = 0  # set when the sequence is admitted
         self.block_table: list[int] = []
-        self.block_hashes: list[int] | None = None  # of the prompt's full blocks, computed once
+        # Hashes of the prompt's full blocks, or of those before its private part while that is unhashed
+        # (BlockManager): computed at the first look-up.
+        self.block_hashes: list[int] | None = None
+        self.private_key: str | None = None  # first segment key of the unhashed private part, if any
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until then
         self.first_scheduled_ns: int | None = None
