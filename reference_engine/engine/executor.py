@@ -41,11 +41,8 @@ class SimulatedExecutor:
             seconds = self.cost_model.step_seconds(chunks, len(batch.decodes), ctx, sampled)
             durations = np.array([round(seconds * 1e9)], dtype=np.int64)
         else:
-            durations = self.cost_model.decode_run_ns(len(batch.decodes), ctx, batch.max_steps)
-            if deadline_ns is not None and len(durations) > 1:
-                ends = np.cumsum(durations)
-                steps = int(np.searchsorted(ends, deadline_ns - now_ns, side="left")) + 1
-                durations = durations[:steps]
+            until = deadline_ns - now_ns if deadline_ns is not None else None
+            durations = self.cost_model.decode_run_ns(len(batch.decodes), ctx, batch.max_steps, until)
         return self._apply_pauses(durations, now_ns)
 
     def _apply_pauses(self, durations: np.ndarray, now_ns: int) -> np.ndarray:
