@@ -70,11 +70,11 @@ class EagerBlockManager:
             if self.ref_counts[block] == 0:
                 del self.cached_free[self.block_hash[block]]
             self.ref_counts[block] += 1
-        seq.block_table = hits + self._take_blocks(self.blocks_for(num_tokens) - len(hits))
+        seq.block_table = hits + self.take_blocks(self.blocks_for(num_tokens) - len(hits))
         seq.num_hashed_blocks = len(hits)
         return min(len(hits) * self.block_size, num_tokens - 1)
 
-    def _take_blocks(self, count: int) -> list[int]:
+    def take_blocks(self, count: int) -> list[int]:
         """Empty blocks first; then evict the least recently used cached ones."""
         empty = self.empty_blocks
         taken = empty[len(empty) - count:] if count <= len(empty) else empty[:]
@@ -112,14 +112,15 @@ class EagerBlockManager:
 
     def append_blocks(self, seq: Sequence, count: int) -> None:
         if count > 0:
-            seq.block_table += self._take_blocks(count)
+            seq.block_table += self.take_blocks(count)
 
-    def trim(self, seq: Sequence) -> None:
+    def trim(self, seqs: list[Sequence]) -> None:
         """Release blocks reserved beyond the computed tokens (a run ended earlier than planned)."""
-        keep = max(1, self.blocks_for(seq.num_computed_tokens))
-        if len(seq.block_table) > keep:
-            self._release(seq.block_table[:keep - 1:-1])
-            del seq.block_table[keep:]
+        for seq in seqs:
+            keep = max(1, self.blocks_for(seq.num_computed_tokens))
+            if len(seq.block_table) > keep:
+                self._release(seq.block_table[:keep - 1:-1])
+                del seq.block_table[keep:]
 
     # --------------------------------------------------------------------------------------- release
     def deallocate(self, seq: Sequence) -> None:

@@ -144,11 +144,11 @@ class BlockManager:
                 run_of[block] = None
                 self.num_cached_free -= 1
             ref_counts[block] += 1
-        seq.block_table = hits + self._take_blocks(self.blocks_for(num_tokens) - len(hits))
+        seq.block_table = hits + self.take_blocks(self.blocks_for(num_tokens) - len(hits))
         seq.num_hashed_blocks = len(hits)
         return min(len(hits) * self.block_size, num_tokens - 1)
 
-    def _take_blocks(self, count: int) -> list[int]:
+    def take_blocks(self, count: int) -> list[int]:
         """Empty blocks first; then evict the least recently freed cached ones."""
         empty = self.empty_blocks
         if count <= len(empty):
@@ -212,14 +212,18 @@ class BlockManager:
 
     def append_blocks(self, seq: Sequence, count: int) -> None:
         if count > 0:
-            seq.block_table += self._take_blocks(count)
+            seq.block_table += self.take_blocks(count)
 
-    def trim(self, seq: Sequence) -> None:
+    def trim(self, seqs: list[Sequence]) -> None:
         """Release blocks reserved beyond the computed tokens (a run ended earlier than planned)."""
-        keep = max(1, self.blocks_for(seq.num_computed_tokens))
-        if len(seq.block_table) > keep:
-            self._release(seq.block_table[:keep - 1:-1])
-            del seq.block_table[keep:]
+        unused: list[int] = []
+        for seq in seqs:
+            keep = max(1, self.blocks_for(seq.num_computed_tokens))
+            if len(seq.block_table) > keep:
+                unused += seq.block_table[:keep - 1:-1]
+                del seq.block_table[keep:]
+        if unused:
+            self._release(unused)
 
     # --------------------------------------------------------------------------------------- release
     def deallocate(self, seq: Sequence) -> None:

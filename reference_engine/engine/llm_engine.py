@@ -18,7 +18,7 @@ from reference_engine.engine.scheduler import Batch, Scheduler
 from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepReport:
     index: int  # of the first step
     start_ns: int

@@ -61,6 +61,7 @@ class Sequence:
         "num_hashed_blocks",
         "num_output_tokens",
         "num_prefill_chunks",
+        "num_prompt_tokens",
         "preemptions",
         "prefill_target",
         "private_key",
@@ -70,6 +71,7 @@ class Sequence:
 
     def __init__(self, request: Request) -> None:
         self.request = request
+        self.num_prompt_tokens = request.prompt.num_tokens
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
@@ -94,12 +96,8 @@ class Sequence:
         return self.request.request_id
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return self.request.prompt.num_tokens
-
-    @property
     def num_tokens(self) -> int:
-        return self.request.prompt.num_tokens + self.num_output_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def is_prefilling(self) -> bool:
