@@ -132,6 +132,11 @@ class EngineTracer:
         self._episodes: dict[str, list[_PrefillEpisode]] = {}
         self._preemptions: dict[str, list[int]] = {}
         self._model = resource.get(sc.ENGINE_MODEL, "")
+        # A sink that builds spans in another process takes the facts instead (telemetry/background.py).
+        remote = sink.tracer(resource, seed, batch_size) if hasattr(sink, "tracer") else None
+        self._add_step = remote.add_step if remote is not None else self.add_step
+        self._add_request = remote.add_request if remote is not None else self.add_request
+        self._remote_flush = remote.flush if remote is not None else None
 
     def _id(self, bits: int) -> int:
         return self._rng.getrandbits(bits) or 1
@@ -142,15 +147,17 @@ class EngineTracer:
             self.flush()
 
     def flush(self) -> None:
-        if self._pending:
+        if self._remote_flush is not None:
+            self._remote_flush()
+        elif self._pending:
             self.sink.export(self.resource, self._pending)
             self._pending = []
 
     def on_step(self, report: StepReport) -> None:
-        self.add_step(step_facts(report))
+        self._add_step(step_facts(report))
 
     def on_finish(self, seq: Sequence) -> None:
-        self.add_request(request_facts(seq))
+        self._add_request(request_facts(seq))
 
     # -------------------------------------------------------------------------------------- steps
     def add_step(self, step: StepFacts) -> None:
