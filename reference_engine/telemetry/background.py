@@ -27,6 +27,7 @@ from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.tracer import EngineTracer, RequestFacts, StepFacts
 
 _MESSAGES_PER_SEND = 512
+_new_tuple = tuple.__new__
 
 
 def available() -> bool:
@@ -145,9 +146,9 @@ def _serve(conn: Connection, make_sink: Callable[[], SpanSink]) -> None:
             for message in pickle.loads(conn.recv_bytes()):
                 kind = message[0]
                 if kind == "step":
-                    tracers[message[1]].add_step(StepFacts._make(message[2]))
+                    tracers[message[1]].add_step(_new_tuple(StepFacts, message[2]))
                 elif kind == "request":
-                    tracers[message[1]].add_request(RequestFacts._make(message[2]))
+                    tracers[message[1]].add_request(_new_tuple(RequestFacts, message[2]))
                 elif kind == "spans":
                     sink.export(message[1], message[2])
                 elif kind == "flush":

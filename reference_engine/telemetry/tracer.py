@@ -89,27 +89,30 @@ class RequestFacts(NamedTuple):
     finish_ns: int | None
 
 
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__: these are made per step
+
+
 def step_facts(report: StepReport) -> StepFacts:
     batch = report.batch
     decodes = batch.decodes
     steps = len(report.durations)
-    return StepFacts(
+    return _new_tuple(StepFacts, (
         report.index, report.start_ns, report.end_ns, report.durations.tolist(),
         [s.request.request_id for s in decodes],
         sum([s.num_computed_tokens for s in decodes]) - len(decodes) * (steps - 1),
         [(s.request.request_id, chunk, s.num_computed_tokens - chunk, s.num_computed_tokens >= s.prefill_target)
          for s, chunk in batch.prefills],
         [s.request.request_id for s in batch.preempted], report.num_running, report.num_waiting,
-        report.kv_used_blocks, report.kv_total_blocks, report.pause_ns)
+        report.kv_used_blocks, report.kv_total_blocks, report.pause_ns))
 
 
 def request_facts(seq: Sequence) -> RequestFacts:
     r = seq.request
-    return RequestFacts(
+    return _new_tuple(RequestFacts, (
         r.request_id, r.model, r.tenant, r.max_tokens, r.arrival_ns, r.trace_parent, r.system_prompt_id,
         r.system_prompt_tokens, r.assistant_prefill_tokens, seq.num_prompt_tokens, seq.num_output_tokens,
         seq.num_cached_tokens, seq.preemptions, seq.num_prefill_chunks, seq.error, seq.first_scheduled_ns,
-        seq.first_token_ns, seq.finish_ns)
+        seq.first_token_ns, seq.finish_ns))
 
 
 @dataclass(slots=True)
