@@ -15,6 +15,7 @@ error in the child (a bad attribute value, a full disk) is raised there, naming 
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import pickle
 import sys
@@ -140,6 +141,7 @@ def _serve(conn: Connection, make_sink: Callable[[], SpanSink]) -> None:
     """The child: replays the messages in order until told to close."""
     sink: SpanSink | None = None
     tracers: dict[int, EngineTracer] = {}
+    gc.disable()  # spans make no reference cycles; the cyclic collector would only rescan what the tracers hold
     try:
         sink = make_sink()
         while True:
