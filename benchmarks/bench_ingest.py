@@ -112,10 +112,10 @@ print(json.dumps({"spans": spans, "seconds": elapsed,
 """
 
 
-def run(kind: str, path: Path, store: Path) -> dict[str, float]:
+def run(kind: str, path: Path, store: Path, tree: Path = ROOT) -> dict[str, float]:
     shutil.rmtree(store, ignore_errors=True)
     done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store)], capture_output=True, text=True,
-                          cwd=ROOT)
+                          cwd=tree)
     if done.returncode:
         raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -131,6 +131,9 @@ def main() -> None:
                         help="spans of the prefix the baseline runs on (0: the whole file)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/infertrace-bench-ingest"))
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--before", type=Path, help="another checkout (e.g. `git archive` of the previous commit): "
+                        "its ingest runs on the whole file too, alternating with this one, twice each")
+    parser.add_argument("--skip-baselines", action="store_true", help="leave out the record and pandas rows")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     full = args.workdir / f"azure-{args.spans}.jsonl"
@@ -148,13 +151,18 @@ def main() -> None:
     results = {
         "columnar, whole file": run("columnar", full, store),
         "Arrow JSON reader alone (no flattening, no writing), whole file": run("arrow-parse", full, store),
-        f"columnar, {on}": run("columnar", part, store),
-        f"record, {on}": run("record", part, store),
-        f"pandas json_normalize, {on}": run("pandas", part, store),
     }
-    results["ratio columnar/pandas on the same input"] = {
-        "spans_per_s": results[f"columnar, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"][
-            "spans_per_s"]}
+    if args.before:
+        results[f"columnar, whole file, {args.before}"] = run("columnar", full, store, args.before)
+        results["columnar, whole file, again"] = run("columnar", full, store)
+        results[f"columnar, whole file, {args.before}, again"] = run("columnar", full, store, args.before)
+    if not args.skip_baselines:
+        results[f"columnar, {on}"] = run("columnar", part, store)
+        results[f"record, {on}"] = run("record", part, store)
+        results[f"pandas json_normalize, {on}"] = run("pandas", part, store)
+        results["ratio columnar/pandas on the same input"] = {
+            "spans_per_s": results[f"columnar, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"][
+                "spans_per_s"]}
     load = os.getloadavg()
     print(f"file: {full.stat().st_size / 1e6:.0f} MB, {results['columnar, whole file']['spans']} spans "
           f"({full.stat().st_size / results['columnar, whole file']['spans']:.0f} bytes/span); "
@@ -165,8 +173,13 @@ def main() -> None:
         if "seconds" in r:
             print(f"| {name} | {r['spans']} | {r['seconds']:.1f} | {r['spans_per_s']:,.0f} | {r['mb_per_s']:.1f} | "
                   f"{r['peak_rss_mb']:.0f} |")
-    ratio = results["ratio columnar/pandas on the same input"]["spans_per_s"]
-    print(f"ratio columnar / pandas (same input, {on}): {ratio:.1f}×")
+    arrow = results["Arrow JSON reader alone (no flattening, no writing), whole file"]["seconds"]
+    for name, r in results.items():
+        if name.startswith("columnar, whole file"):
+            print(f"{name}: {r['seconds'] / arrow:.2f}× the Arrow reader's time")
+    if not args.skip_baselines:
+        ratio = results["ratio columnar/pandas on the same input"]["spans_per_s"]
+        print(f"ratio columnar / pandas (same input, {on}): {ratio:.1f}×")
     if args.json:
         args.json.write_text(json.dumps({"load_average": load, "results": results}, indent=2))
 

@@ -29,6 +29,7 @@ pages = [
     st.Page(VIEWS / "incidents.py", title="Incidents", url_path="incidents"),
     st.Page(VIEWS / "prefix_cache.py", title="Prefix cache", url_path="cache"),
     st.Page(VIEWS / "runbook.py", title="Runbook", url_path="runbook"),
+    st.Page(VIEWS / "request.py", title="Request waterfall", url_path="request"),
 ]
 page = st.navigation(pages)
 

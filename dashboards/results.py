@@ -1,5 +1,9 @@
 """Analyzer and runbook results for the dashboard, cached per store snapshot.
 
+Analyzer results are read from the store's materialised results (`infertrace.results`) when `infertrace
+ingest` or `collect` wrote them for this snapshot, and computed (and written) otherwise; the store reader's
+relation views read the materialised relations when they exist.
+
 A snapshot is the names of the store's segments: when a collector or `infertrace ingest` adds a segment, the
 snapshot changes and the results are recomputed; until then every page and rerun reuses them. All results
 are read through one store reader per snapshot (`reader`), whose connection keeps the relations the
@@ -23,6 +27,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from infertrace.results import result
+from infertrace.results.relations import attach
 from infertrace.store.segments import list_segments
 from infertrace.store.store import Store
 
@@ -47,7 +53,9 @@ _LOCK = threading.Lock()
 
 @st.cache_resource(max_entries=1, show_spinner=False)
 def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
-    return Store.open(root)
+    store = Store.open(root)
+    attach(store)  # the snapshot's materialised relations, when written
+    return store
 
 
 @contextmanager
@@ -59,26 +67,20 @@ def reader(root: str, snapshot: tuple[str, ...]) -> Iterator[Store]:
 
 @st.cache_resource(max_entries=2, show_spinner="SLO summary …")
 def slo(root: str, snapshot: tuple[str, ...]) -> Any:
-    from infertrace.analyzers.slo import slo_summary
-
     with reader(root, snapshot) as store:
-        return slo_summary(store)
+        return result(store, "slo")
 
 
 @st.cache_resource(max_entries=2, show_spinner="ITL spikes and culprits …")
 def itl(root: str, snapshot: tuple[str, ...]) -> Any:
-    from infertrace.analyzers.itl import analyze_itl
-
     with reader(root, snapshot) as store:
-        return analyze_itl(store)
+        return result(store, "itl")
 
 
 @st.cache_resource(max_entries=2, show_spinner="Incidents and ranked causes …")
 def rca(root: str, snapshot: tuple[str, ...]) -> Any:
-    from infertrace.analyzers.rca import analyze_incidents
-
     with reader(root, snapshot) as store:
-        return analyze_incidents(store)
+        return result(store, "rca")
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -100,7 +102,5 @@ def current() -> tuple[str, tuple[str, ...]]:
 
 @st.cache_resource(max_entries=2, show_spinner="Prefix cache …")
 def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
-    from infertrace.analyzers.prefix_cache import analyze_prefix_cache
-
     with reader(root, snapshot) as store:
-        return analyze_prefix_cache(store)
+        return result(store, "prefix_cache")

@@ -1,7 +1,9 @@
 """The dashboard in a real browser: `infertrace dashboard` serves the prefill-storm sample incident on 127.0.0.1,
-headless Chromium (Debian's /usr/bin/chromium, driven over the DevTools protocol) loads it, clicks through to
-the ITL spike view and follows a deep link to the ground truth's worst stall, and must find the ground-truth
-culprit request id on the page. Screenshots go to test-artifacts/browser/."""
+headless Chromium (Debian's /usr/bin/chromium, driven over the DevTools protocol) loads every page. It clicks
+through to the ITL spike view and follows a deep link to the ground truth's worst stall, and must find the
+ground-truth culprit request id on the page; the drawn heatmaps must have cells of many colours (read from the
+rendered chart's pixels), the topology must fit the window, and a culprit's waterfall must draw its stages.
+Screenshots of every page go to test-artifacts/browser/."""
 
 from __future__ import annotations
 
@@ -93,8 +95,58 @@ class DevTools:
 
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.call("Page.captureScreenshot", format="png")["data"]
+        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
         path.write_bytes(base64.b64decode(data))
+
+    def chart_colours(self, index: int) -> dict[str, Any]:
+        """The distinct colours drawn in the page's `index`-th Vega chart (canvas pixels or SVG fills), with
+        how many pixels or marks have each; white, greys and anti-aliasing blends are left out."""
+        return self.evaluate(_CHART_COLOURS % index) or {}
+
+    def wait_for_charts(self, count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.evaluate("document.querySelectorAll('.vega-embed').length") < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} charts on the page after {timeout_s} s")
+            time.sleep(0.5)
+        time.sleep(2)  # let them draw
+
+
+# Counts colours in a rendered Vega chart, quantised to 4 bits per channel, greys left out: a canvas's pixels
+# (kept when seen at least 12 times, so text and edges do not count), or the fills of an SVG's rect and
+# symbol marks.
+_CHART_COLOURS = """
+(() => {
+  const chart = document.querySelectorAll('.vega-embed')[%d];
+  if (!chart) return null;
+  const counts = {};
+  const canvas = chart.querySelector('canvas');
+  if (canvas) {
+    const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    for (let i = 0; i < data.length; i += 4) {
+      const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
+      if (a < 250 || Math.max(r, g, b) - Math.min(r, g, b) < 24) continue;
+      const key = [r >> 4, g >> 4, b >> 4].join(',');
+      counts[key] = (counts[key] || 0) + 1;
+    }
+    for (const k of Object.keys(counts)) if (counts[k] < 12) delete counts[k];
+  } else {
+    const probe = document.createElement('canvas').getContext('2d');
+    for (const mark of chart.querySelectorAll('svg .mark-rect path, svg .mark-symbol path')) {
+      const fill = mark.getAttribute('fill');
+      if (!fill || fill === 'none' || fill === 'transparent') continue;
+      probe.clearRect(0, 0, 1, 1);
+      probe.fillStyle = fill;
+      probe.fillRect(0, 0, 1, 1);
+      const [r, g, b] = probe.getImageData(0, 0, 1, 1).data;
+      if (Math.max(r, g, b) - Math.min(r, g, b) < 24) continue;
+      const key = [r >> 4, g >> 4, b >> 4].join(',');
+      counts[key] = (counts[key] || 0) + 1;
+    }
+  }
+  return counts;
+})()
+"""
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -157,6 +209,16 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _open_page(browser: DevTools, url: str, pattern: str, charts: int = 0) -> str:
+    browser.call("Page.navigate", url=url)
+    text = browser.wait_for_text(pattern)
+    if charts:
+        browser.wait_for_charts(charts)
+    else:
+        time.sleep(2)
+    return text
+
+
 def _worst_truth_stall() -> dict[str, Any]:
     truth = sample_store("prefill_storm").truth["itl"]["stalled_steps"]
     return max((s for s in truth if "prefill" in s["causes"]),
@@ -167,7 +229,7 @@ def test_the_itl_spike_view_of_the_prefill_storm_sample_shows_the_ground_truth_c
         dashboard_url: str, browser: DevTools) -> None:
     browser.call("Page.navigate", url=dashboard_url + "/")
     browser.wait_for_text(r"Fleet overview[\s\S]*Drill down")
-    time.sleep(2)  # let the charts draw before the screenshot
+    browser.wait_for_charts(1)  # let the chart draw before the screenshot
     browser.screenshot(ARTIFACTS / "01-fleet-overview.png")
 
     clicked = browser.evaluate(
@@ -175,7 +237,7 @@ def test_the_itl_spike_view_of_the_prefill_storm_sample_shows_the_ground_truth_c
         " if (a) { a.click(); return true; } return false; })()")
     assert clicked, "the sidebar has a link to the ITL spike view"
     text = browser.wait_for_text(r"Culprit prefill: \S+[\s\S]*Engine steps of")
-    time.sleep(2)
+    browser.wait_for_charts(5)
     browser.screenshot(ARTIFACTS / "02-itl-spikes-worst.png")
     assert "Stalled steps" in text
 
@@ -183,11 +245,56 @@ def test_the_itl_spike_view_of_the_prefill_storm_sample_shows_the_ground_truth_c
     culprits = [c["request"] for c in stall["culprits"]]
     browser.call("Page.navigate", url=f"{dashboard_url}/itl?engine={stall['engine']}&step={stall['step_index']}")
     text = browser.wait_for_text(r"Culprit prefill: \S+[\s\S]*Engine steps of")
-    time.sleep(2)
+    browser.wait_for_charts(5)
     browser.screenshot(ARTIFACTS / "03-itl-spike-ground-truth.png")
     found = re.findall(r"Culprit prefill: (\S+)", text)
     assert set(found) & set(culprits), f"page names {found}; ground truth culprits {culprits}"
     assert f"Step {stall['step_index']} on {stall['engine']}" in text
+
+
+def test_the_itl_heatmap_draws_cells_of_many_colours_with_the_stalls_marked(dashboard_url: str,
+                                                                            browser: DevTools) -> None:
+    text = _open_page(browser, dashboard_url + "/itl", r"ITL over time[\s\S]*Culprit prefill", charts=4)
+    browser.screenshot(ARTIFACTS / "05-itl-heatmap-and-load.png")
+    assert "Click a mark to open that stall below" in text
+    colours = browser.chart_colours(0)
+    blues = [c for c in colours if _channel(c, 2) > _channel(c, 0)]
+    reds = [c for c in colours if _channel(c, 0) > _channel(c, 1) + 4]
+    assert len(blues) >= 4, f"the heatmap's cells are not of varying shades: {colours}"
+    assert reds, "no stall is marked on the heatmap"
+
+
+def test_the_incidents_heatmap_has_varying_cells_and_the_topology_fits_the_window(dashboard_url: str,
+                                                                                 browser: DevTools) -> None:
+    _open_page(browser, dashboard_url + "/incidents", r"Incidents[\s\S]*Topology", charts=1)
+    browser.screenshot(ARTIFACTS / "06-incidents.png")
+    colours = browser.chart_colours(0)
+    assert len(colours) >= 6, f"the incidents heatmap is one band, not cells: {colours}"
+    width, height, page = browser.evaluate(
+        "(() => { const s = [...document.querySelectorAll('svg')].find(e => e.querySelector('g.graph'));"
+        " const main = document.querySelector('[data-testid=\"stMainBlockContainer\"]') || document.body;"
+        " const r = s ? s.getBoundingClientRect() : {width: 0, height: 0};"
+        " return [r.width, r.height, main.getBoundingClientRect().width]; })()")
+    # on one screen beside the rest: no taller than a laptop's viewport, no wider than the page's column
+    assert 0 < height <= 700 and width <= page, f"topology {width}×{height} px on a {page} px wide page"
+
+
+def test_the_prefix_cache_and_runbook_pages_render(dashboard_url: str, browser: DevTools) -> None:
+    _open_page(browser, dashboard_url + "/cache", r"Prefix cache[\s\S]*By system prompt", charts=1)
+    browser.screenshot(ARTIFACTS / "07-prefix-cache.png")
+    _open_page(browser, dashboard_url + "/runbook", r"Runbook[\s\S]*SQL")
+    browser.screenshot(ARTIFACTS / "08-runbook.png")
+
+
+def test_a_culprits_waterfall_draws_its_stages(dashboard_url: str, browser: DevTools) -> None:
+    culprit = _worst_truth_stall()["culprits"][0]["request"]
+    text = _open_page(browser, f"{dashboard_url}/request?request_id={culprit}", r"Request waterfall[\s\S]*stages over",
+                      charts=1)
+    browser.screenshot(ARTIFACTS / "09-request-waterfall.png")
+    stages = int(re.search(r"(\d+) stages over", text).group(1))
+    assert stages >= 7  # gateway, auth, rate limit, route, engine request, queue, prefill, chunk(s), decode
+    colours = browser.chart_colours(0)
+    assert len(colours) >= 5, f"the waterfall draws fewer stage colours than expected: {colours}"
 
 
 def test_the_open_dashboard_refreshes_when_new_segments_arrive(dashboard_url: str, browser: DevTools,
@@ -201,4 +308,9 @@ def test_the_open_dashboard_refreshes_when_new_segments_arrive(dashboard_url: st
     after = int(re.search(r"· (\d+) segments", after_text).group(1))
     assert after > before
     time.sleep(2)
-    browser.screenshot(ARTIFACTS / "04-fleet-after-new-segments.png")
+    browser.screenshot(ARTIFACTS / "10-fleet-after-new-segments.png")
+
+
+def _channel(colour: str, i: int) -> int:
+    """Channel i of a colour key from `chart_colours` (`r,g,b` in 4-bit steps)."""
+    return int(colour.split(",")[i])

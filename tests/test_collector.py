@@ -5,23 +5,36 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 import requests
+from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import Compression as GrpcCompression
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.trace import SpanKind
 
 from infertrace.otlp_json import message_to_otlp_json
 from infertrace.store.collector import Collector
@@ -32,10 +45,13 @@ from reference_engine.simulate import simulate
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SdkExporterSink
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
 
+T0 = 1_767_225_600_000_000_000
+
 
 @pytest.fixture
 def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = Collector(tmp_path / "store", "127.0.0.1", 0, max_body_bytes=256 * 1024, queue_size=2)
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, max_body_bytes=256 * 1024, queue_size=2,
+                  compact_interval_s=None)
     thread = threading.Thread(target=c.serve_forever, daemon=True)
     thread.start()
     yield c
@@ -168,22 +184,30 @@ def test_bodies_over_the_cap_get_413_before_and_after_decompression(collector: C
 
 def test_a_full_queue_answers_503_with_retry_after_and_recovers(collector: Collector) -> None:
     body = _export_body()
+    with collector.receiver.admit(len(body)), collector.receiver.admit(len(body)):  # queue_size=2, both busy
+        busy = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        assert "queue-size" in Status.FromString(busy.content).message
+    again = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+    assert again.status_code == 200
+
+
+def test_clients_still_sending_their_bodies_take_no_write_slot(collector: Collector) -> None:
+    body = _export_body()
     host, port = collector.address.split(":")
     slow = []
-    for _ in range(2):  # queue_size=2: two requests whose bodies are still arriving hold both slots
+    for _ in range(4):  # queue_size=2: four requests whose bodies are still arriving
         s = socket.create_connection((host, int(port)))
         s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
         slow.append(s)
     time.sleep(0.3)
-    busy = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
-    assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+    meanwhile = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
+    assert meanwhile.status_code == 200
     for s in slow:
         s.sendall(body[5:])
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         s.close()
-    again = requests.post(_url(collector), data=body, headers={"Content-Type": "application/x-protobuf"})
-    assert again.status_code == 200
 
 
 def test_wrong_path_and_method(collector: Collector) -> None:
@@ -252,3 +276,259 @@ def test_the_same_export_sent_concurrently_is_stored_once(tmp_path: Path) -> Non
     assert codes == [200] * 8
     assert len(_spans_in(c.root)) == 50
     assert not list(c.root.rglob("*.tmp"))
+
+
+# ------------------------------------------------------------------ OTLP/gRPC, vLLM, encodings, logs
+def _grpc_collector(tmp_path: Path, **kwargs: Any) -> Collector:
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, grpc=("127.0.0.1", 0), compact_interval_s=None, **kwargs)
+    c.start()
+    return c
+
+
+def _vllm_v1_llm_request(provider: TracerProvider, request_id: str, arrival_ns: int) -> None:
+    """A span shaped as vLLM V1's `OutputProcessor.do_tracing` makes it: SERVER kind, started at the
+    frontend's arrival time, the `gen_ai.latency.*` seconds, vLLM's usage names, and the finish reasons as
+    a JSON-encoded string (not a string array)."""
+    tracer = provider.get_tracer("vllm.v1.engine.output_processor")
+    attributes = {
+        "gen_ai.latency.time_to_first_token": 0.085, "gen_ai.latency.e2e": 1.25,
+        "gen_ai.latency.time_in_queue": 0.012, "gen_ai.usage.prompt_tokens": 812,
+        "gen_ai.usage.completion_tokens": 64, "gen_ai.latency.time_in_model_prefill": 0.073,
+        "gen_ai.latency.time_in_model_decode": 1.165, "gen_ai.latency.time_in_model_inference": 1.238,
+        "gen_ai.request.id": request_id, "gen_ai.request.top_p": 0.9, "gen_ai.request.max_tokens": 128,
+        "gen_ai.request.temperature": 0.7, "gen_ai.request.n": 1,
+        "gen_ai.response.finish_reasons": json.dumps(["stop"]),
+    }
+    span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=arrival_ns, attributes=attributes)
+    span.end(end_time=arrival_ns + 1_250_000_000)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_vllm_v1_llm_request_spans_are_stored_with_their_json_finish_reasons_converted_not_quarantined(
+        tmp_path: Path, transport: str, caplog: pytest.LogCaptureFixture) -> None:
+    c = _grpc_collector(tmp_path)
+    try:
+        if transport == "http":
+            exporter = OTLPSpanExporter(endpoint=f"http://{c.address}/v1/traces")
+        else:
+            exporter = GrpcSpanExporter(endpoint=c.grpc_address, insecure=True)
+        provider = TracerProvider(resource=Resource({"service.name": "vllm"}))  # vLLM sets no instance id
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with caplog.at_level(logging.INFO, logger="infertrace.collect"):
+            for i in range(5):
+                _vllm_v1_llm_request(provider, f"cmpl-{i}", T0 + i * 2_000_000_000)
+            provider.shutdown()
+    finally:
+        c.shutdown()
+    assert not (c.root / "quarantine").exists()
+    with Store.open(c.root) as store:
+        rows = store.sql("SELECT request_id, finish_reason, input_tokens, output_tokens, ttft_ns, timing_source "
+                         "FROM requests ORDER BY request_id").fetchall()
+        extra = store.sql("SELECT span_attributes['gen_ai.latency.time_in_model_inference'] FROM spans").fetchall()
+        notes = store.notes
+    assert rows == [(f"cmpl-{i}", "stop", 812, 64, 85_000_000, "gen_ai.latency") for i in range(5)]
+    assert extra == [("1.238",)] * 5  # an undeclared key: kept in the span attribute map
+    assert notes == {"converted": {"gen_ai.response.finish_reasons": 5}}
+    lines = [r for r in caplog.records if r.name == "infertrace.collect"]
+    assert len(lines) == 5 and all(r.levelno == logging.WARNING for r in lines)  # stored, with a conversion
+    assert all(f"{transport} 127.0.0.1 " in r.getMessage() and "stored 1 spans" in r.getMessage() for r in lines)
+
+
+def test_the_grpc_exporter_stores_a_simulation_as_its_file_does_and_needs_the_token(tmp_path: Path) -> None:
+    c = _grpc_collector(tmp_path, token="s3cret")
+    try:
+        config = EngineConfig()
+        requests_ = synthetic_requests(SyntheticWorkload(rate=3.0), 6.0, seed=2, model=config.model)
+        exporter = GrpcSpanExporter(endpoint=c.grpc_address, insecure=True, headers={"authorization": "Bearer s3cret"},
+                                    compression=GrpcCompression.Gzip)
+        simulate(config, requests_, SdkExporterSink(exporter), seed=2)
+        simulate(config, requests_, OtlpJsonLinesWriter(tmp_path / "same.jsonl"), seed=2)
+        refused = GrpcSpanExporter(endpoint=c.grpc_address, insecure=True, timeout=3)
+        provider = TracerProvider()
+        span = provider.get_tracer("t").start_span("auth", start_time=T0)
+        span.end(end_time=T0 + 1)
+        assert refused.export([span]) == SpanExportResult.FAILURE  # UNAUTHENTICATED: not retried, not stored
+    finally:
+        c.shutdown()
+    ingest_paths(tmp_path / "from_file", [tmp_path / "same.jsonl"])
+    received, from_file = _spans_in(c.root), _spans_in(tmp_path / "from_file")
+    assert len(received) == len(from_file) > 100 and received == from_file
+
+
+def test_grpc_answers_resource_exhausted_with_retry_info_when_busy_and_the_exporter_retries(tmp_path: Path) -> None:
+    c = _grpc_collector(tmp_path, queue_size=1)
+    body = ExportTraceServiceRequest.FromString(_export_body(2))
+    try:
+        channel = grpc.insecure_channel(c.grpc_address)
+        stub = TraceServiceStub(channel)
+        with c.receiver.admit(10):  # the only write slot is taken
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Export(body, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            retry = RetryInfo.FromString(dict(refused.value.trailing_metadata())["google.rpc.retryinfo-bin"])
+            assert retry.retry_delay.seconds == 1
+        channel.close()
+        exporter = GrpcSpanExporter(endpoint=c.grpc_address, insecure=True, timeout=15)
+        provider = TracerProvider()
+        span = provider.get_tracer("t").start_span("auth", start_time=T0)
+        span.end(end_time=T0 + 1)
+        slot = c.receiver.admit(10)
+        slot.__enter__()
+        threading.Timer(1.5, slot.__exit__, (None, None, None)).start()  # frees the slot while it waits
+        assert exporter.export([span]) == SpanExportResult.SUCCESS
+    finally:
+        c.shutdown()
+    assert len(_spans_in(c.root)) == 1
+
+
+def _traces_json(n: int, start: int = 0, name: str = "auth") -> dict[str, Any]:
+    spans = [{"traceId": f"{start + i + 1:032x}", "spanId": f"{start + i + 1:016x}", "name": name,
+              "startTimeUnixNano": str(T0 + i), "endTimeUnixNano": str(T0 + i + 1000)} for i in range(n)]
+    return {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gw"}}]},
+                               "scopeSpans": [{"spans": spans}]}]}
+
+
+def test_every_gzip_member_deflate_and_zstd_bodies_are_read(collector: Collector) -> None:
+    import pyarrow as pa
+
+    first, second = json.dumps(_traces_json(3)).encode(), None
+    two_members = gzip.compress(first[:40]) + gzip.compress(first[40:])  # one body, two gzip members
+    r = requests.post(_url(collector), data=two_members, headers={"Content-Type": "application/json",
+                                                                  "Content-Encoding": "gzip"})
+    assert r.status_code == 200 and len(_spans_in(collector.root)) == 3
+    second = json.dumps(_traces_json(2, start=10)).encode()
+    r = requests.post(_url(collector), data=zlib.compress(second), headers={
+        "Content-Type": "application/json", "Content-Encoding": "deflate"})
+    assert r.status_code == 200
+    third = json.dumps(_traces_json(2, start=20)).encode()
+    zstd = pa.Codec("zstd")
+    r = requests.post(_url(collector), data=zstd.compress(third[:50], asbytes=True) + zstd.compress(
+        third[50:], asbytes=True), headers={"Content-Type": "application/json", "Content-Encoding": "zstd"})
+    assert r.status_code == 200
+    assert len(_spans_in(collector.root)) == 7
+    r = requests.post(_url(collector), data=b"x", headers={"Content-Type": "application/json",
+                                                           "Content-Encoding": "br"})
+    assert r.status_code == 415
+
+
+def test_an_empty_export_is_a_success_and_other_methods_and_paths_get_an_otlp_status(collector: Collector) -> None:
+    assert requests.post(_url(collector), data=b"", headers={"Content-Type": "application/x-protobuf"}
+                         ).status_code == 200
+    assert requests.post(_url(collector), json={}).status_code == 200
+    assert requests.post(_url(collector), json={"resourceSpans": []}).status_code == 200
+    for method, path, status in [("GET", "/v1/traces", 405), ("PUT", "/v1/traces", 405),
+                                 ("POST", "/v1/metrics", 404), ("GET", "/", 404)]:
+        r = requests.request(method, f"http://{collector.address}{path}",
+                             headers={"Content-Type": "application/x-protobuf"})
+        assert r.status_code == status, (method, path)
+        assert Status.FromString(r.content).message
+    r = requests.get(_url(collector), headers={"Content-Type": "application/json"})
+    assert r.status_code == 405 and "POST" in r.json()["message"] and r.headers["Allow"] == "POST"
+
+
+def test_a_span_with_a_lone_surrogate_is_quarantined_and_the_other_spans_stored(collector: Collector) -> None:
+    body = _traces_json(20)
+    body["resourceSpans"][0]["scopeSpans"][0]["spans"][7]["name"] = "bad\ud800name"
+    r = requests.post(_url(collector), data=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200
+    assert r.json()["partialSuccess"]["rejectedSpans"] == "1"
+    assert "not valid Unicode" in r.json()["partialSuccess"]["errorMessage"]
+    assert len(_spans_in(collector.root)) == 19
+
+
+def test_each_request_is_logged_once_at_a_level_that_says_how_it_went(
+        collector: Collector, caplog: pytest.LogCaptureFixture) -> None:
+    bad = _traces_json(2)
+    bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["endTimeUnixNano"] = "5"
+    with caplog.at_level(logging.INFO, logger="infertrace.collect"):
+        requests.post(_url(collector), json=_traces_json(2))
+        requests.post(_url(collector), json=bad)
+        requests.post(_url(collector), data=b"{oops", headers={"Content-Type": "application/json"})
+        with collector.receiver.admit(1), collector.receiver.admit(1):
+            requests.post(_url(collector), json=_traces_json(1))
+    got = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "infertrace.collect"]
+    assert [level for level, _ in got] == [logging.INFO, logging.WARNING, logging.WARNING, logging.ERROR]
+    assert " 200 " in got[0][1] and "stored 2 spans" in got[0][1]
+    assert "1 spans rejected" in got[1][1] and "before startTimeUnixNano" in got[1][1]
+    assert " 400 " in got[2][1] and "not JSON" in got[2][1]
+    assert " 503 " in got[3][1] and "queue-size" in got[3][1]
+
+
+def test_headers_sent_byte_by_byte_are_cut_off_while_other_clients_are_served(tmp_path: Path) -> None:
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, header_timeout=0.6, compact_interval_s=None)
+    c.start()
+    host, port = c.address.split(":")
+    try:
+        slow = [socket.create_connection((host, int(port))) for _ in range(8)]
+        request = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        closed_at: list[float] = []
+        started = time.monotonic()
+        for i in range(len(request)):
+            for s in slow:
+                try:
+                    s.sendall(request[i:i + 1])
+                except OSError:
+                    closed_at.append(time.monotonic() - started)
+                    slow.remove(s)
+            r = requests.post(_url(c), json=_traces_json(1, start=i), timeout=5)
+            assert r.status_code == 200
+            time.sleep(0.05)
+            if not slow:
+                break
+        for s in slow:  # a closed connection reads as end of stream
+            s.settimeout(2)
+            assert s.recv(100) == b""
+            s.close()
+    finally:
+        c.shutdown()
+
+
+def test_over_the_memory_limit_the_answer_is_503_with_retry_after(tmp_path: Path) -> None:
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, memory_limit_bytes=10_000, compact_interval_s=None)
+    c.start()
+    try:
+        with c.receiver.admit(500):  # 500 bytes of body ≈ 6 kB to decode: another such request does not fit
+            body = json.dumps(_traces_json(3)).encode()
+            r = requests.post(_url(c), data=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+            assert "memory limit" in r.json()["message"]
+        assert requests.post(_url(c), data=body, headers={"Content-Type": "application/json"}).status_code == 200
+    finally:
+        c.shutdown()
+
+
+def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mapping_stores() -> None:
+    from google.protobuf import json_format
+
+    from infertrace.otlp_json import message_to_otlp_dict
+    from infertrace.store import protobuf_spans
+    from infertrace.store.batch import SpanBatch
+
+    provider = TracerProvider(resource=Resource({"service.name": "gw", "service.instance.id": "gw-1", "n": 3}))
+    tracer = provider.get_tracer("scope", "1.2")
+    spans = []
+    parent = tracer.start_span("gateway", start_time=T0, attributes={"gen_ai.request.id": "r1"})
+    link_to = parent.get_span_context()
+    child = tracer.start_span(
+        "route", context=trace_api.set_span_in_context(parent), start_time=T0 + 5, links=[
+            trace_api.Link(link_to, {"weight": 2, "why": "retry"})],
+        attributes={"i": -(2**63), "d": 1.5, "b": True, "s": "é", "ints": [1, 2], "strs": ["a"], "bools": [True],
+                    "doubles": [0.5], "gen_ai.response.finish_reasons": '["stop"]', "http.response.status_code": 200.0})
+    child.add_event("first_token", {"infertrace.chunk.tokens": 12}, timestamp=T0 + 7)
+    child.set_status(trace_api.Status(trace_api.StatusCode.ERROR, "boom"))
+    child.end(end_time=T0 + 9)
+    parent.end(end_time=T0 + 10)
+    spans = [parent, child]
+    request = encode_spans(spans)
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="raw").value.bytes_value = b"\x00\xff"
+    kv = request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="kv").value.kvlist_value.values.add()
+    kv.key, kv.value.int_value = "inner", 7
+    generic, direct = SpanBatch(), SpanBatch()
+    generic.add_traces_data(message_to_otlp_dict(request), "x", 0)
+    for rs in request.resource_spans:
+        for chunk in protobuf_spans.resource_spans(rs, spans_per_chunk=1):
+            direct.add_traces_data({"resourceSpans": [chunk]}, "x", 0)
+    assert not generic.rejections and not direct.rejections
+    assert direct.table().equals(generic.table())
+    assert direct.notes.counts() == generic.notes.counts()
+    assert json_format.MessageToDict(request)  # the message is valid protobuf

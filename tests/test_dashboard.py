@@ -5,6 +5,7 @@ the runbook page and refresh after new segments arrive."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def charts(at: AppTest) -> list[tuple[dict, list[pd.DataFrame]]]:
             for el in at.get("vega_lite_chart")]
 
 
+def chart_data(at: AppTest, column: str) -> tuple[dict, pd.DataFrame]:
+    """The first chart with a dataset that has this column: its spec and that dataset."""
+    return next((spec, d) for spec, datasets in charts(at) for d in datasets if column in d.columns)
+
+
+def time_scales(spec: dict) -> list[str]:
+    """The scale types of every temporal x encoding in a (layered, faceted) Vega-Lite spec."""
+    found = []
+    for layer in [spec, *spec.get("layer", []), spec.get("spec", {})]:
+        x = layer.get("encoding", {}).get("x", {})
+        if x.get("type") == "temporal":
+            found.append(x.get("scale", {}).get("type"))
+    return found
+
+
 def test_fleet_overview_shows_the_slo_analyzers_percentiles_and_severities(
         store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(store_dir, monkeypatch)
@@ -70,7 +86,8 @@ def test_fleet_overview_shows_the_slo_analyzers_percentiles_and_severities(
         assert row["itl p50 ms"] == pytest.approx(m.itl.p50_ms)
         assert row["e2e p95 ms"] == pytest.approx(m.e2e.p95_ms)
     assert {"critical"} <= set(table["slo"])  # the demo's router incident breaches TTFT p99
-    (_, datasets), = charts(at)
+    (spec, datasets), = charts(at)
+    assert time_scales(spec) == ["utc", "utc"]
     series = next(d for d in datasets if "over SLO" in d.columns)
     buckets = list(summary.buckets)
     assert list(series["ms"]) == pytest.approx([b.percentiles_ms["ttft_p99_ms"] for b in buckets], nan_ok=True)
@@ -105,17 +122,67 @@ def test_itl_page_names_the_analyzers_culprit_of_the_worst_stall_and_draws_its_t
     engines = frame(at, "prefill stalls")
     assert list(engines["engine"]) == [e.instance for e in itl.engines]
     assert list(engines["prefill stalls"]) == [e.stalls["prefill"] for e in itl.engines]
-    (_, token_data), (_, step_data) = charts(at)[:2]
     victim = at.selectbox(key="itl_victim").value
     assert victim in worst.victims
     with Store.open(store_dir) as store:
         tokens = run_query(store, "request_tokens", {"request_id": victim})
-    shown = next(d for d in token_data if "itl_ms" in d.columns)
+    spec, shown = chart_data(at, "itl_ms")
     assert list(shown["itl_ms"])[1:] == pytest.approx(list(tokens["itl_ms"])[1:])
-    marker = next(d for d in token_data if list(d.columns) == ["time"])
+    token_layer = spec["layer"][0]
+    assert token_layer["mark"]["interpolate"] == "step-before"  # a stall is a held gap, not a diagonal ramp
+    assert time_scales(spec) == ["utc", "utc"]
+    marker = next(d for _, ds in charts(at) for d in ds if list(d.columns) == ["time"])
     assert marker["time"].iloc[0].value == worst.end_ns
-    steps = next(d for d in step_data if "stall" in d.columns)
+    spec, steps = chart_data(at, "stall")
     assert list(steps.loc[steps["stall"], "step_index"]) == [worst.step_index]
+    assert spec["encoding"]["x"]["field"] == "step_start" and spec["encoding"]["x2"]["field"] == "step_end"
+    assert time_scales(spec) == ["utc"]
+
+
+def test_itl_heatmap_shows_the_engines_tokens_by_time_and_band_with_its_stalls_marked(
+        store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/itl_spikes.py")
+    engine = at.selectbox(key="itl_engine").value
+    worst = sorted(analyses["itl"].stalls, key=lambda s: (-s.added_ns, s.end_ns, s.instance))[0]
+    assert engine == worst.instance
+    spec, cells = chart_data(at, "band_low_ms")
+    assert time_scales(spec)[0] == "utc" and spec["layer"][0]["encoding"]["x2"]["field"] == "bucket_end"
+    with Store.open(store_dir) as store:
+        itl_tokens = store.sql("SELECT count(*) FROM tokens WHERE instance = $i AND itl_ns IS NOT NULL",
+                               params={"i": engine}).fetchall()[0][0]
+    assert cells["tokens"].sum() == itl_tokens
+    assert cells["tokens"].nunique() > 3 and cells["band_low_ms"].nunique() > 2  # cells differ
+    marks = next(d for _, ds in charts(at) for d in ds if "worst victim itl ms" in d.columns)
+    engine_stalls = {s.step_index for s in analyses["itl"].stalls if s.instance == engine}
+    assert set(marks["step"]) == engine_stalls
+    assert spec["params"][0]["name"] == "stall_pick"  # a click on a mark selects the stall
+    bucket_s = next(re.search(r"per (\d+) s and ITL band", c.value).group(1) for c in at.caption
+                    if "ITL band" in c.value)
+    with Store.open(store_dir) as store:
+        load = run_query(store, "engine_load_over_time", {"instance": engine, "bucket_s": bucket_s})
+    _, queue = chart_data(at, "series")
+    assert set(queue["series"]) == {"running (mean)", "waiting (peak)"}
+    _, kv = chart_data(at, "kv_use_max")
+    assert len(kv) == len(load) and list(kv["preemptions"]) == list(load["preemptions"])
+
+
+def test_the_stalls_table_and_culprit_link_to_the_request_waterfall(
+        store_dir: Path, analyses: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(store_dir, monkeypatch, "views/itl_spikes.py")
+    worst = sorted(analyses["itl"].stalls, key=lambda s: (-s.added_ns, s.end_ns, s.instance))[0]
+    table = frame(at, "added ms")
+    assert table.iloc[0]["culprit"] == f"request?request_id={worst.culprits[0].request_id}"
+    text = " ".join(m.value for m in at.markdown)
+    assert f"[waterfall](request?request_id={worst.culprits[0].request_id})" in text
+    at = app(store_dir, monkeypatch, "views/request.py")
+    at.text_input(key="waterfall_request").input(worst.culprits[0].request_id).run()
+    assert not at.exception
+    spec, stages = chart_data(at, "stage")
+    with Store.open(store_dir) as store:
+        expected = run_query(store, "request_waterfall", {"request_id": worst.culprits[0].request_id})
+    assert list(stages["stage"]) == list(expected["stage"])
+    assert {"gateway", "auth", "route", "engine request", "queue", "prefill chunk", "decode"} <= set(stages["stage"])
+    assert spec["encoding"]["x2"]["field"] == "end" and time_scales(spec) == ["utc"]
 
 
 def test_a_deep_link_to_a_ground_truth_stall_shows_the_ground_truth_culprit(
@@ -145,11 +212,15 @@ def test_incidents_page_shows_the_rca_ranking_and_its_top_cause_is_the_injected_
     assert list(causes["candidate"]) == [c.candidate.id for c in first.causes]
     assert list(causes["score"]) == pytest.approx([c.score for c in first.causes])
     assert causes.iloc[0]["candidate"] == demo_store().truth["root_cause"]["instances"][0]
-    (_, heatmap), = charts(at)
-    cells = next(d for d in heatmap if "score" in d.columns)
+    spec, cells = chart_data(at, "score")
     expected = [b for b in rca.anomalies.heatmap if b.scope == "model"]
     assert len(cells) == len(expected)
     assert sorted(cells["score"]) == pytest.approx(sorted(b.score for b in expected))
+    # real cells: each bucket spans start to end on a UTC time axis, and their scores differ
+    assert spec["encoding"]["x2"]["field"] == "end" and time_scales(spec) == ["utc"]
+    widths = (cells["end"] - cells["time"]).dt.total_seconds()
+    assert set(widths) == {rca.anomalies.config.bucket_s}
+    assert cells["score"].nunique() > 10
     assert len(at.get("graphviz_chart")) == 1
 
 

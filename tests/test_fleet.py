@@ -235,7 +235,8 @@ def test_simulate_fleet_on_the_command_line_writes_traces_and_exits_2_on_bad_inp
     bad = runner.invoke(app, ["simulate", "--fleet", str(fleet), "--duration", "10", "--out", str(out)])
     assert bad.exit_code == 2
     assert "fleet.toml" in bad.output and "replicas" in bad.output
-    missing = runner.invoke(app, ["simulate", "--fleet", str(tmp_path / "nope.toml"), "--duration", "10"])
+    missing = runner.invoke(app, ["simulate", "--fleet", str(tmp_path / "nope.toml"), "--duration", "10", "--out",
+                                  str(out)])
     assert missing.exit_code == 2 and "nope.toml" in missing.output
 
 

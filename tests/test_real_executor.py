@@ -219,5 +219,5 @@ def test_simulate_with_the_real_executor_writes_the_same_spans(tmp_path: Path) -
 
 
 def test_simulate_rejects_an_unknown_executor() -> None:
-    result = CliRunner().invoke(app, ["simulate", "--executor", "gpu", "--duration", "1"])
+    result = CliRunner().invoke(app, ["simulate", "--executor", "gpu", "--duration", "1", "--out", "unused.jsonl"])
     assert result.exit_code == 2 and "sim or real" in result.output

@@ -153,7 +153,8 @@ def test_cli_lists_runs_and_exits_2_on_a_missing_store_or_a_bad_parameter(tmp_pa
                               cwd=ROOT, timeout=120)
 
     listed = cli("query", "--list")
-    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(load_queries())
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(load_queries()) + 2  # header, rule
+    assert [line.split()[0] for line in listed.stdout.splitlines()[2:]] == list(load_queries())
     ran = cli("query", "--store", store, "engine_load", "--format", "json")
     assert ran.returncode == 0, ran.stderr
     assert '"instance"' in ran.stdout

@@ -4,11 +4,10 @@ targets, from `infertrace.analyzers.slo`; drill down into a model's ITL spikes."
 from __future__ import annotations
 
 import altair as alt
+import charts
 import pandas as pd
 import results
 import streamlit as st
-
-from infertrace.report.model import iso
 
 SEVERITY_COLOURS = {"ok": "#dcfce7", "warning": "#fef3c7", "critical": "#fde2e1"}
 
@@ -43,15 +42,15 @@ left, right = st.columns(2)
 metric = left.selectbox("Metric", ["ttft", "itl", "e2e"], format_func=str.upper, key="fleet_metric")
 quantile = right.selectbox("Percentile", ["p99", "p95", "p50"], key="fleet_quantile")
 key = f"{metric}_{quantile}_ms"
-series = pd.DataFrame([{"time": pd.Timestamp(iso(b.start_ns)), "model": b.model, "ms": b.percentiles_ms.get(key),
+series = pd.DataFrame([{"time": charts.utc(b.start_ns), "model": b.model, "ms": b.percentiles_ms.get(key),
                         "requests": b.requests, "over SLO": key in b.breached} for b in summary.buckets])
 target = next((t.threshold for t in summary.targets if t.key == key), None)
-lines = alt.Chart(series).mark_line().encode(x=alt.X("time:T", title=None), y=alt.Y("ms:Q", title=key),
+lines = alt.Chart(series).mark_line().encode(x=charts.time_x("time"), y=alt.Y("ms:Q", title=key),
                                              color="model:N")
 points = alt.Chart(series).mark_circle(size=50).encode(
-    x="time:T", y="ms:Q", color=alt.Color("over SLO:N", scale=alt.Scale(domain=[False, True],
-                                                                         range=["#9ca3af", "#dc2626"])),
-    tooltip=["model", "time:T", "ms:Q", "requests:Q", "over SLO:N"])
+    x=charts.time_x("time"), y="ms:Q", color=alt.Color("over SLO:N", scale=alt.Scale(domain=[False, True],
+                                                                                      range=["#9ca3af", "#dc2626"])),
+    tooltip=["model", charts.time_tooltip("time", "bucket start (UTC)"), "ms:Q", "requests:Q", "over SLO:N"])
 layers = [lines, points]
 if target is not None:
     layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[4, 4], color="#dc2626")

@@ -4,27 +4,27 @@ traces show, and each incident's candidate components ranked with their evidence
 from __future__ import annotations
 
 import altair as alt
+import charts
 import pandas as pd
 import results
 import streamlit as st
-
-from infertrace.report.model import iso
 
 root, snap = results.current()
 report = results.rca(root, snap)
 anomalies = report.anomalies
 
 st.title("Incidents")
-cells = pd.DataFrame([{"time": pd.Timestamp(iso(b.bucket_start_ns)), "model": b.key, "score": b.score,
-                       "metric": b.metric, "requests": b.requests}
+bucket_ns = round(anomalies.config.bucket_s * 1e9)
+cells = pd.DataFrame([{"time": charts.utc(b.bucket_start_ns), "end": charts.utc(b.bucket_start_ns + bucket_ns),
+                       "model": b.key, "score": b.score, "metric": b.metric, "requests": b.requests}
                       for b in anomalies.heatmap if b.scope == "model"])
 if not cells.empty:
-    st.altair_chart(alt.Chart(cells).mark_rect().encode(
-        x=alt.X("time:T", title=None), y=alt.Y("model:N", title=None),
-        color=alt.Color("score:Q", scale=alt.Scale(scheme="reds", domainMin=0),
-                        title="anomaly score"),
-        tooltip=["model", "time:T", "score:Q", "metric:N", "requests:Q"],
-    ).properties(height=40 + 30 * cells["model"].nunique()), width="stretch")
+    # Each bucket a cell from its start to its end (x2): on a continuous time axis a rect needs both edges.
+    st.altair_chart(alt.Chart(cells).mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=charts.time_x("time"), x2=charts.time_x2("end"), y=alt.Y("model:N", title=None),
+        color=alt.Color("score:Q", scale=alt.Scale(scheme="reds", domainMin=0), title="anomaly score"),
+        tooltip=["model", charts.time_tooltip("time", "bucket start (UTC)"), "score:Q", "metric:N", "requests:Q"],
+    ).properties(height=alt.Step(34)), width="stretch", key="incident_heatmap")
     st.caption(f"Robust anomaly score of each model's worst metric per {anomalies.config.bucket_s:g} s bucket; "
                f"a bucket is anomalous at {anomalies.config.threshold:g} or more.")
 
@@ -53,7 +53,10 @@ else:
 
 st.subheader("Topology")
 top = {d.causes[0].candidate.id for d in report.diagnoses if d.causes}
-lines = ["digraph topology {", "rankdir=LR;", 'node [shape=box, style="rounded,filled", fillcolor="#f8fafc"];']
+# At most 12 × 4.5 inches (graphviz scales a larger graph down), drawn at its own size: it fits the page.
+lines = ["digraph topology {", 'graph [rankdir=LR, size="12,4.5", nodesep=0.15, ranksep=1.2];',
+         'node [shape=box, style="rounded,filled", fillcolor="#f8fafc", fontsize=11];',
+         "edge [fontsize=9];"]
 for node in report.topology.nodes:
     colour = "#fecaca" if node.instance in top else "#f8fafc"
     lines.append(f'"{node.instance}" [label="{node.instance}\\n{node.kind}", fillcolor="{colour}"];')
@@ -62,6 +65,6 @@ for model in report.topology.models:
 for edge in report.topology.edges:
     lines.append(f'"model:{edge.model}" -> "{edge.instance}" [label="{edge.requests}"];')
 lines.append("}")
-st.graphviz_chart("\n".join(lines), width="stretch")
+st.graphviz_chart("\n".join(lines), width="content")
 st.caption("Models (ellipses) and the instances their requests passed through, with request counts; "
            "the top-ranked cause of each incident in red.")

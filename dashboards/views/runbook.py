@@ -3,6 +3,7 @@ the SQL."""
 
 from __future__ import annotations
 
+import charts
 import results
 import streamlit as st
 
@@ -30,7 +31,11 @@ if submitted or not q.parameters:
     except RunbookError as e:
         st.error(str(e))
     else:
-        st.caption(f"{len(frame)} rows")
-        st.dataframe(frame, hide_index=True, width="stretch", key="runbook_result")
+        st.caption(f"{len(frame)} rows; times in UTC")
+        links = {}
+        if "request_id" in frame.columns:  # each request opens its waterfall
+            frame = frame.assign(waterfall=[charts.request_url(r) if r else None for r in frame["request_id"]])
+            links = {"waterfall": charts.request_link_column("waterfall")}
+        st.dataframe(frame, hide_index=True, width="stretch", key="runbook_result", column_config=links)
 with st.expander("SQL"):
     st.code(q.sql, language="sql")

@@ -2,63 +2,139 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infertrace.cli.console import fail
+from infertrace.cli.console import check_choice, did_you_mean, err, fail, show
+from infertrace.cli.conventions import parse_when, warn_if_outside
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from infertrace.report import ReportOptions
+    from infertrace.store.store import Store
+
+
+def _query_names(incomplete: str) -> list[str]:
+    from infertrace.runbook import load_queries
+
+    return [name for name in load_queries() if name.startswith(incomplete)]
 
 
 def query(
-    name: Annotated[str | None, typer.Argument(help="Runbook query name (see --list)")] = None,
+    name: Annotated[str | None, typer.Argument(help="Runbook query name (see --list)",
+                                               autocompletion=_query_names)] = None,
     store: Annotated[Path | None, typer.Option(help="Store directory")] = None,
-    param: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable)")] = None,
+    param: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable); time values also as -15m, 2h, "
+                                                         "now")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json")] = "table",
     list_: Annotated[bool, typer.Option("--list", help="List the runbook queries and exit")] = False,
     show_sql: Annotated[bool, typer.Option("--sql", help="Print the query's SQL instead of running it")] = False,
 ) -> None:
-    """Run a named runbook query (RUNBOOK.md) on a store; parameters are bound, never formatted into SQL."""
-    from infertrace.runbook import RunbookError, get_query, load_queries, run_query
-    from infertrace.runbook.runner import FORMATS, format_frame
+    """Run a named runbook query (RUNBOOK.md) on a store; parameters are bound, never formatted into SQL.
 
+    Example:
+      infertrace query --list
+      infertrace query --store traces/ worst_itl_gaps --param top=5
+      infertrace query --store traces/ slowest_requests --param since=-15m --format csv
+    """
+    from infertrace.runbook import RunbookError, load_queries, run_query
+    from infertrace.runbook.runner import FORMATS, format_frame, frame_table
+
+    queries = load_queries()
     if list_:
-        for q in load_queries().values():
-            params = " ".join(p.name if p.required else f"[{p.name}]" for p in q.parameters)
-            print(f"{q.name:34} {q.title}" + (f"  ({params})" if params else ""))
+        show(lambda width: [frame_table(_catalog(queries))], lambda: format_frame(_catalog(queries), "table"))
         return
     if name is None:
         raise fail("give a query NAME, or --list to see them")
-    if fmt not in FORMATS:
-        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    values: dict[str, str] = {}
+    check_choice("--format", fmt, FORMATS)
+    if name not in queries:
+        raise fail(f"no runbook query named {name!r}{did_you_mean(name, queries)}; `infertrace query --list` "
+                   f"shows them")
+    q = queries[name]
+    values: dict[str, object] = {}
     for item in param or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise fail(f"--param {item!r}: expected KEY=VALUE")
-        values[key.strip()] = value
-    try:
-        q = get_query(name)
-        if show_sql:
-            print(q.sql)
-            return
-        if store is None:
-            raise fail("--store DIR is required to run a query")
-        from infertrace.store.store import Store
+        key = key.strip()
+        known = [p.name for p in q.parameters]
+        if key not in known:
+            raise fail(f"--param {key}: query {name} has no such parameter{did_you_mean(key, known)}; its "
+                       f"parameters: {', '.join(known) or 'none'}")
+        values[key] = _time_value(key, value) if q.parameter(key).type == "time" else value
+    if show_sql:
+        print(q.sql)
+        return
+    if store is None:
+        raise fail("--store DIR (or $INFERTRACE_STORE) is required to run a query")
+    from infertrace.store.store import Store
 
-        with Store.open(store) as opened:
+    try:
+        with Store.open(store) as opened, err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
     except RunbookError as e:
         raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"--store {store}: {e}") from None
-    print(format_frame(frame, fmt))
+    if fmt == "table":
+        show(lambda width: [frame_table(frame)], lambda: format_frame(frame, "table"))
+    else:
+        print(format_frame(frame, fmt))
+
+
+def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "query": q.name, "title": q.title,
+        "parameters": " ".join(p.name if p.required else f"[{p.name}]" for p in q.parameters),
+    } for q in queries.values()])
+
+
+def _materialized_report(root: Path) -> dict[str, Any] | None:
+    """The unfiltered report of the store's current snapshot, when materialised (`infertrace.results`)."""
+    from infertrace.results.materialized import load_report
+    from infertrace.store.segments import list_segments
+
+    if not root.is_dir():
+        return None
+    return load_report(root, [p.name for p in list_segments(root)])
+
+
+def materialized_results(store: Store, options: ReportOptions) -> dict[str, Any]:
+    """The analyses the report needs, from the store's materialised results (computed and kept when
+    missing): whole-store analyses always, the SLO summary only for an unfiltered report."""
+    from infertrace.report import ReportOptions
+    from infertrace.results import result
+    from infertrace.results.relations import attach
+
+    attach(store)
+    wanted = {"incidents": "rca", "itl": "itl", "ttft": "ttft", "prefix_cache": "prefix_cache",
+              "prefill_throughput": "roofline"}
+    out: dict[str, Any] = {"cache" if name == "prefix_cache" else name: result(store, name)
+                           for section, name in wanted.items() if section in options.sections}
+    default = ReportOptions(sections=options.sections)
+    if "slo" in options.sections and options == default:
+        out["slo"] = result(store, "slo")
+    return out
+
+
+def _time_value(key: str, value: str) -> int:
+    try:
+        return parse_when(value)
+    except ValueError as e:
+        raise fail(f"--param {key}: {e}") from None
 
 
 def report(
     store: Annotated[Path, typer.Option(help="Store directory")],
-    since: Annotated[str | None, typer.Option(help="Window start: ISO 8601 (UTC), epoch s or ns")] = None,
-    until: Annotated[str | None, typer.Option(help="Window end (exclusive)")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Window start: ISO 8601 (UTC), epoch s or ns, or back from now: -15m, 2h, 1d")] = None,
+    until: Annotated[str | None, typer.Option(help="Window end (exclusive), same forms")] = None,
     model: Annotated[str | None, typer.Option(help="Only this model")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, markdown, json or html")] = "table",
@@ -70,14 +146,18 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Write the report to this file instead of stdout")] = None,
 ) -> None:
     """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
-    recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error."""
+    recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error.
+
+    Example:
+      infertrace report --store traces/ --since -15m
+      infertrace report --store traces/ --model llama-3-8b --format markdown --out report.md
+      infertrace report --store traces/ --slo ttft_p99_ms=800 --fail-on warning
+    """
     from infertrace.analyzers.slo import parse_target, with_targets
     from infertrace.report import FORMATS, SEVERITIES, ReportOptions, build_report, render, severity_at_least
     from infertrace.report.model import SECTIONS
-    from infertrace.runbook import parse_time_ns
 
-    if fmt not in FORMATS:
-        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    check_choice("--format", fmt, FORMATS)
     if fail_on not in (*SEVERITIES[1:], "never"):
         raise fail(f"--fail-on must be info, warning, critical or never, got {fail_on!r}")
     unknown = sorted(set(section or ()) - set(SECTIONS))
@@ -85,29 +165,41 @@ def report(
         raise fail(f"--section: unknown {unknown}; known: {', '.join(SECTIONS)}")
     try:
         targets = with_targets([parse_target(t) for t in slo or ()])
-        since_ns = parse_time_ns(since) if since is not None else None
-        until_ns = parse_time_ns(until) if until is not None else None
+        since_ns = parse_when(since) if since is not None else None
+        until_ns = parse_when(until) if until is not None else None
     except ValueError as e:
         raise fail(str(e)) from None
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
         raise fail(f"--since {since} is not before --until {until}")
     options = ReportOptions(since_ns=since_ns, until_ns=until_ns, model=model, tenant=tenant, targets=targets,
                             sections=tuple(section) if section else SECTIONS)
-    from infertrace.store.store import Store
+    doc = _materialized_report(store) if options == ReportOptions() else None
+    if doc is None:
+        from infertrace.results.materialized import save_report
+        from infertrace.store.store import Store
 
-    try:
-        with Store.open(store) as opened:
-            if not opened.segments:
-                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
-            doc = build_report(opened, options)
-    except FileNotFoundError as e:
-        raise fail(f"--store {store}: {e}") from None
-    text = render(doc, fmt)
-    if out is None:
-        print(text, end="")
+        try:
+            with Store.open(store) as opened:
+                if not opened.segments:
+                    raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+                with err.status("Analysing the store …"):
+                    doc = build_report(opened, options, **materialized_results(opened, options))
+                if options == ReportOptions():
+                    with contextlib.suppress(OSError):  # a read-only store: the report is right, only not kept
+                        save_report(opened, doc)
+        except FileNotFoundError as e:
+            raise fail(f"--store {store}: {e}") from None
+    warn_if_outside(doc["store"], since_ns, until_ns)
+    if out is None and fmt == "table":
+        from infertrace.report.layout import layout
+        from infertrace.report.render import renderables
+
+        show(lambda width: renderables(layout(doc), min(width, 110)), lambda: render(doc, fmt))
+    elif out is None:
+        print(render(doc, fmt), end="")
     else:
         try:
-            out.write_text(text, encoding="utf-8")
+            out.write_text(render(doc, fmt), encoding="utf-8")
         except OSError as e:
             raise fail(f"--out {out}: {e}") from None
     if fail_on != "never" and severity_at_least(doc["severity"], fail_on):

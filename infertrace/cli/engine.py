@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.conventions import trace_destination
 
 
 def simulate(
@@ -64,8 +65,18 @@ def simulate(
     cost_params: Annotated[Path | None, typer.Option(
         help="Simulated executor: cost parameters from `infertrace calibrate --out`")] = None,
 ) -> None:
-    """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces."""
+    """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces.
+    Without --out or --otlp-endpoint, the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variable names the
+    OTLP/HTTP receiver (headers, timeout and compression from the other OTEL_EXPORTER_OTLP_* variables).
+
+    Example:
+      infertrace simulate --duration 60 --rate 4 --seed 1 --out trace.jsonl.gz
+      infertrace simulate --fleet examples/fleets/four_models.toml --duration 300 --out fleet.jsonl.gz
+      OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 infertrace simulate --duration 60
+    """
     from reference_engine import api
+
+    otlp_endpoint = trace_destination(out, otlp_endpoint)
 
     try:
         if fleet is not None:
@@ -127,7 +138,12 @@ def calibrate(
     format: Annotated[str, typer.Option(help="table or json")] = "table",
 ) -> None:
     """Fit the simulated executor's cost model (efficiencies, per-step overhead) to measured step times, and
-    report the error per phase. Measuring the real executor fits one run and checks another (held out)."""
+    report the error per phase. Measuring the real executor fits one run and checks another (held out).
+
+    Example:
+      infertrace calibrate --out cost.json
+      infertrace calibrate --csv measured_steps.csv --model llama-3-8b --hardware H100-SXM --format json
+    """
     from reference_engine.api import calibration_report
 
     if format not in ("table", "json"):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from infertrace.cli.console import err, fail
+from infertrace.cli.console import check_choice, err, fail
 
 scenarios_app = typer.Typer(no_args_is_help=True, help="Incident scenarios: traces plus ground truth.")
 
@@ -25,7 +25,11 @@ def scenarios_generate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Draw random topologies, fault families, onsets, durations and magnitudes; write each scenario's traces
-    (traces.jsonl.gz), fleet file and ground truth (ground_truth.json), and an index.json."""
+    (traces.jsonl.gz), fleet file and ground truth (ground_truth.json), and an index.json.
+
+    Example:
+      infertrace scenarios generate --seed 0 --count 20 --jobs 2 --out bank/
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from reference_engine.api import FAMILIES, bank, generate
@@ -59,18 +63,25 @@ def evaluate(
     section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable); default: all")] = None,
 ) -> None:
     """Score the analyzers against the bank's ground truth, one section per analysis (infertrace.evaluation).
-    Each scenario's traces are ingested into <scenario>/store the first time."""
+    Each scenario's traces are ingested into <scenario>/store the first time.
+
+    Example:
+      infertrace evaluate bank/ --format json
+    """
     import json
 
     from infertrace.evaluation import EVALUATORS
 
-    if fmt not in ("table", "json"):
-        raise fail(f"--format must be table or json, got {fmt!r}")
+    check_choice("--format", fmt, ("table", "json"))
     unknown = sorted(set(section or ()) - set(EVALUATORS))
     if unknown:
         raise fail(f"--section: unknown {unknown}; known: {', '.join(EVALUATORS)}")
     try:
-        results = {name: run(bank) for name, (run, _) in EVALUATORS.items() if not section or name in section}
+        results = {}
+        for name, (run, _) in EVALUATORS.items():
+            if not section or name in section:
+                with err.status(f"Evaluating {name} on {bank} …"):
+                    results[name] = run(bank)
     except FileNotFoundError as e:
         raise fail(str(e)) from None
     if fmt == "json":

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from infertrace.cli.console import err, fail
+from infertrace.cli.console import check_choice, err, fail
 
 
 def dashboard(
@@ -16,7 +16,12 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port to serve on")] = 8501,
     address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
 ) -> None:
-    """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook)."""
+    """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook,
+    request waterfall).
+
+    Example:
+      infertrace dashboard --store traces/ --port 8501
+    """
     import os
     import sys
 
@@ -44,13 +49,16 @@ def demo(
     duration: Annotated[float, typer.Option(help="Simulated seconds of traffic")] = 300.0,
 ) -> None:
     """Simulate a canonical multi-model incident (a shared router degrading two of three models, prefill
-    collisions on one), ingest it, print the report, and say how to open the dashboard on that store."""
+    collisions on one), ingest it, print the report, and say how to open the dashboard on that store.
+
+    Example:
+      infertrace demo --out demo-store
+    """
     from infertrace.demo import injected, run_demo
     from infertrace.report import FORMATS, build_report, render
     from infertrace.store.store import Store
 
-    if fmt not in FORMATS:
-        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    check_choice("--format", fmt, FORMATS)
     if duration < 60:
         raise fail(f"--duration must be ≥ 60 simulated seconds (a baseline, then the incident), got {duration}")
     if out.exists() and not out.is_dir():
@@ -58,12 +66,14 @@ def demo(
     err.print(f"Simulating the demo incident ({duration:.0f} s of a three-model fleet) into {out} …",
               soft_wrap=True, markup=False)
     try:
-        run = run_demo(out, seed, duration)
+        with err.status("Simulating and ingesting …"):
+            run = run_demo(out, seed, duration)
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
     err.print(injected(run.truth), soft_wrap=True, markup=False)
-    with Store.open(out) as store:
-        print(render(build_report(store), fmt), end="")
+    with Store.open(out) as store, err.status("Analysing …"):
+        doc = build_report(store)
+    print(render(doc, fmt), end="")
     err.print(f"\nOpen the dashboard on this store:\n  infertrace dashboard --store {out}\n"
               f"then browse http://127.0.0.1:8501/ (ITL spikes, incidents, runbook). Ask the runbook:\n"
               f"  infertrace query --store {out} worst_itl_gaps --param top=5", soft_wrap=True, markup=False)

@@ -1,13 +1,23 @@
-"""`infertrace ingest` and `infertrace collect`: traces into a store, from files or over OTLP."""
+"""`infertrace ingest`, `infertrace collect` and `infertrace store …`: traces into a store, from files or over
+OTLP, and the store's upkeep (compaction, check, repair)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.derived import materialize_store, start_helpers
+
+TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
 
 
 def ingest(
@@ -15,13 +25,23 @@ def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
+        32 * 1024 * 1024),
+    materialize: Annotated[bool, typer.Option(
+        help="Then compute the new snapshot's analyses once for the dashboard and report (docs/results.md)")] = True,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
-    Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine."""
+    Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
+    truncated file keeps every complete line.
+
+    Example: infertrace ingest --store traces/ otel-export/*.jsonl.gz
+    """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.store.ingest import expand_paths, ingest_paths
 
+    if max_line_bytes < 1:
+        raise fail(f"--max-line-bytes must be positive, got {max_line_bytes}")
     try:
         files = expand_paths(list(paths))
         total = sum(f.stat().st_size for f in files)
@@ -29,38 +49,192 @@ def ingest(
             columns = (TextColumn("ingesting"), BarColumn(), DownloadColumn(), TimeElapsedColumn())
             with Progress(*columns, console=err, transient=True) as bar:
                 task = bar.add_task("ingest", total=total)
-                summary = ingest_paths(store, list(files), on_progress=lambda n: bar.advance(task, n))
+                summary = ingest_paths(store, list(files), on_progress=lambda n: bar.advance(task, n),
+                                       max_line_bytes=max_line_bytes)
         else:
-            summary = ingest_paths(store, list(files))
+            summary = ingest_paths(store, list(files), max_line_bytes=max_line_bytes)
     except OSError as e:
         raise fail(str(e)) from None
-    err.print(summary.paragraph())
+    err.print(summary.paragraph(), soft_wrap=True, highlight=False)
+    if materialize:
+        materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
 
 
+def _token(token: str | None, token_file: Path | None) -> str | None:
+    given = [name for name, value in (("--token", token), ("--token-file", token_file),
+                                      (TOKEN_ENV, os.environ.get(TOKEN_ENV))) if value]
+    if len(given) > 1:
+        raise fail(f"give the token one way, not {' and '.join(given)}")
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise fail(f"--token-file {token_file}: {e.strerror or e}") from None
+        if not text:
+            raise fail(f"--token-file {token_file}: the file is empty")
+        return text
+    if token:
+        err.print("[yellow]warning:[/yellow] --token is visible to every user of this host in `ps`; prefer "
+                  f"--token-file or the {TOKEN_ENV} environment variable", soft_wrap=True, highlight=False)
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def collect(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
-    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on (port 0: any free port)")] = "127.0.0.1:4318",
+    listen: Annotated[str, typer.Option(help="OTLP/HTTP HOST:PORT (port 0: any free port)")] = "127.0.0.1:4318",
+    grpc: Annotated[str | None, typer.Option(help="Also OTLP/gRPC on HOST:PORT, e.g. 127.0.0.1:4317")] = None,
     token: Annotated[str | None, typer.Option(
-        envvar="INFERTRACE_COLLECT_TOKEN", help="Require `Authorization: Bearer TOKEN` (401 without it)")] = None,
+        help=f"Require `Authorization: Bearer TOKEN` (visible in ps: prefer --token-file or {TOKEN_ENV})")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="Read the bearer token from this file")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve TLS with this certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="… and this private key (PEM)")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, after decompression (413 above)")] = (
         32 * 1024 * 1024),
-    queue_size: Annotated[int, typer.Option(help="Requests accepted at once; more get 503 + Retry-After")] = 16,
+    queue_size: Annotated[int, typer.Option(help="Requests written at once; more get 503 + Retry-After")] = 16,
+    memory_limit_mib: Annotated[int, typer.Option(
+        help="Memory for decoding admitted requests; above it 503 + Retry-After")] = 1024,
+    header_timeout: Annotated[float, typer.Option(help="Seconds to send complete request headers")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds to send a request body (408 after)")] = 30.0,
+    idle_timeout: Annotated[int, typer.Option(help="Seconds an idle kept-alive connection stays open")] = 30,
+    compact_interval: Annotated[float, typer.Option(help="Seconds between background compactions (0: none)")] = 30.0,
+    compact_min_age: Annotated[float, typer.Option(help="Only segments older than this many seconds merge")] = 10.0,
+    grace: Annotated[float, typer.Option(help="Seconds merged segments stay for readers' snapshots")] = 300.0,
+    retain: Annotated[str | None, typer.Option(help="Drop partitions older than this, e.g. 7d")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error: one line per request at info")] = (
+        "info"),
+    metrics: Annotated[str | None, typer.Option(
+        help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
+    materialize: Annotated[bool, typer.Option(
+        help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
 ) -> None:
-    """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON, gzip) into a store. A request is answered
-    200 only after its spans are durably stored."""
-    from infertrace.store.collector import Collector, parse_listen
+    """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd) and optionally
+    gRPC into a store. A request is answered with success only after its spans are durably stored; a busy,
+    over-memory or full-disk collector answers with a retryable code and a delay. Logs one line per request.
 
+    Example: infertrace collect --store traces/ --grpc 127.0.0.1:4317 --token-file /etc/infertrace/token
+    """
+    from infertrace.store.collector import Collector, is_loopback, parse_listen
+    from infertrace.store.compaction import parse_duration
+
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise fail(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("infertrace.collect").setLevel(level)
+    if (tls_cert is None) != (tls_key is None):
+        raise fail("--tls-cert and --tls-key go together")
+    secret = _token(token, token_file)
     try:
         host, port = parse_listen(listen)
-        collector = Collector(store, host, port, token=token, max_body_bytes=max_body_bytes, queue_size=queue_size)
+        grpc_at = parse_listen(grpc, "--grpc", 4317) if grpc else None
+        retain_s = parse_duration(retain) if retain else None
+        tls = (str(tls_cert), str(tls_key)) if tls_cert and tls_key else None
+        collector = Collector(store, host, port, token=secret, max_body_bytes=max_body_bytes, queue_size=queue_size,
+                              memory_limit_bytes=memory_limit_mib << 20, grpc=grpc_at, tls=tls,
+                              header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
+                              compact_interval_s=compact_interval or None, compact_min_age_s=compact_min_age,
+                              grace_s=grace, retain_s=retain_s)
     except (OSError, ValueError) as e:
         raise fail(str(e)) from None
-    print(f"infertrace collect: listening on http://{collector.address}/v1/traces, store {store}", flush=True)
+    exposed = [h for h in (host, grpc_at[0] if grpc_at else "127.0.0.1") if not is_loopback(h)]
+    if exposed and secret is None:
+        err.print(f"[bold red]WARNING: listening on {', '.join(exposed)} without a token: anyone who can reach "
+                  f"this port can write spans into {store}. Give --token-file (or {TOKEN_ENV}) and "
+                  f"--tls-cert/--tls-key, or listen on 127.0.0.1.[/bold red]", soft_wrap=True, highlight=False)
+    elif exposed and tls is None:
+        err.print("[yellow]warning:[/yellow] the bearer token crosses the network in clear text without "
+                  "--tls-cert/--tls-key", soft_wrap=True, highlight=False)
+    where = collector.http.url + (f" and OTLP/gRPC on {collector.grpc_address}" if collector.grpc else "")
+    print(f"infertrace collect: listening on {where}, store {store}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    collector.start()
+    helpers = start_helpers(store, metrics, materialize)
     try:
-        collector.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        stop.wait()
     finally:
         collector.shutdown()
+        helpers.stop()
+
+
+store_app = typer.Typer(no_args_is_help=True, help="Upkeep of a store: compact, check, repair.")
+
+
+@store_app.command("compact")
+def compact_command(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    target_mib: Annotated[int, typer.Option(help="Size of merged segments, in MiB of input")] = 128,
+    min_age: Annotated[float, typer.Option(help="Only merge segments older than this many seconds")] = 0.0,
+    grace: Annotated[float, typer.Option(help="Keep merged segments this many seconds for open readers")] = 300.0,
+    retain: Annotated[str | None, typer.Option(help="Drop partitions older than this, e.g. 7d")] = None,
+) -> None:
+    """Merge small segments into large ones (readers keep working throughout; safe to interrupt at any
+    point), remove segments merged more than --grace seconds ago, and apply --retain.
+
+    Example: infertrace store compact --store traces/ --retain 7d
+    """
+    from infertrace.store.compaction import compact, parse_duration
+
+    if not store.is_dir():
+        raise fail(f"--store {store}: no such store directory")
+    try:
+        retain_s = parse_duration(retain) if retain else None
+        summary = compact(store, target_bytes=target_mib << 20, min_age_s=min_age, grace_s=grace, retain_s=retain_s)
+    except (OSError, ValueError) as e:
+        raise fail(str(e)) from None
+    err.print(summary.paragraph(), soft_wrap=True, highlight=False)
+
+
+@store_app.command("check")
+def check_command(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    quick: Annotated[bool, typer.Option(help="Read only each segment's footer, not every page")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+) -> None:
+    """Report unreadable segments, leftovers of dead writers, the quarantine, converted or truncated values,
+    and duplicate or conflicting spans. Exit 0 when every segment reads, 1 when some do not.
+
+    Example: infertrace store check --store traces/
+    """
+    from infertrace.store.health import check
+
+    if fmt not in ("text", "json"):
+        raise fail(f"--format must be text or json, got {fmt!r}")
+    try:
+        health = check(store, full=not quick)
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    if fmt == "json":
+        print(json.dumps({"healthy": health.healthy, "segments": health.segments, "rows": health.rows,
+                          "bytes": health.bytes, "corrupt": [[str(p), r] for p, r in health.corrupt],
+                          "temporaries": [str(p) for p in health.temporaries],
+                          "orphan_sidecars": [str(p) for p in health.orphan_sidecars],
+                          "superseded": health.superseded, "quarantined": health.quarantined,
+                          "reasons": health.reasons, "notes": health.notes, "duplicate_rows": health.duplicate_rows,
+                          "conflicting_spans": health.conflicting_spans}, indent=1))
+    else:
+        print("\n".join(health.lines()))
+    if not health.healthy:
+        raise typer.Exit(1)
+
+
+@store_app.command("repair")
+def repair_command(store: Annotated[Path, typer.Option(help="Store directory")]) -> None:
+    """Set unreadable segments aside in corrupt/ (salvaging the row groups that still read), remove the
+    temporaries of dead writers and the leftovers of interrupted compactions. Never deletes a readable span.
+
+    Example: infertrace store repair --store traces/
+    """
+    from infertrace.store.health import repair
+
+    try:
+        summary = repair(store)
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    err.print(summary.paragraph(), soft_wrap=True, highlight=False)
+    if summary.busy:
+        raise typer.Exit(1)

@@ -308,14 +308,17 @@ def _pct(value: float | None) -> str:
 # ------------------------------------------------------------------------------------------ building
 def build_report(store: Store, options: ReportOptions | None = None, *, rca: RcaReport | None = None,
                  itl: ItlAnalysis | None = None, ttft: TtftAnalysis | None = None,
-                 cache: PrefixCacheAnalysis | None = None, roofline: RooflineAnalysis | None = None) -> dict[str, Any]:
+                 cache: PrefixCacheAnalysis | None = None, roofline: RooflineAnalysis | None = None,
+                 slo: SloSummary | None = None) -> dict[str, Any]:
     """The report document for the store. Analyzer results may be passed in when already computed (tests,
-    the dashboard); otherwise the analyzers run here."""
+    the dashboard, materialised results); otherwise the analyzers run here. `slo` must be the summary for
+    the options' window, model, tenant and targets."""
     o = options or ReportOptions()
     sections: dict[str, Any] = {}
     if "slo" in o.sections:
-        sections["slo"] = slo_section(slo_summary(store, since_ns=o.since_ns, until_ns=o.until_ns, model=o.model,
-                                                  tenant=o.tenant, targets=o.targets, critical_ratio=o.critical_ratio))
+        sections["slo"] = slo_section(slo or slo_summary(
+            store, since_ns=o.since_ns, until_ns=o.until_ns, model=o.model, tenant=o.tenant, targets=o.targets,
+            critical_ratio=o.critical_ratio))
     if "incidents" in o.sections:
         if rca is None:
             from infertrace.analyzers.rca import analyze_incidents

@@ -1,5 +1,6 @@
-"""Renderers: the report document as `table` (plain text for a terminal), `markdown`, `html` (one
-self-contained page) or `json` (the document itself, schema `infertrace.report/1`)."""
+"""Renderers: the report document as `table` (rich tables and wrapped text for a terminal; `renderables` for
+printing in colour), `markdown`, `html` (one self-contained page) or `json` (the document itself, schema
+`infertrace.report/1`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import json
 import textwrap
 from typing import Any
 
-from infertrace.report.layout import Block, Heading, Paragraph, Table, cell, layout
+from rich.console import RenderableType
+from rich.text import Text
+
+from infertrace.report.layout import Block, Heading, Paragraph, cell, layout
+from infertrace.terminal import SEVERITY_STYLES, is_number, plain_text, rich_table
 
 FORMATS = ("table", "markdown", "json", "html")
 MARKS = {"critical": "[CRITICAL]", "warning": "[WARNING]", "info": "[info]", "ok": "[ok]"}
@@ -27,27 +32,35 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     raise ValueError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def _text_table(table: Table) -> list[str]:
-    body = [[cell(v) for v in row] for row in table.rows]
-    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(table.columns)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    return [line(list(table.columns)), line(["-" * w for w in widths]), *(line(r) for r in body)]
+def renderables(blocks: list[Block], width: int = 110) -> list[RenderableType]:
+    """The blocks as rich renderables: headings underlined, paragraphs wrapped at `width` with their severity
+    marked (and coloured on a terminal), tables as rich tables (numbers right-aligned, rows coloured by
+    severity)."""
+    out: list[RenderableType] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            title = b.text.upper() if b.level == 1 else b.text
+            out += [Text(""), Text(title, style="bold"), Text(("=" if b.level == 1 else "-") * len(b.text))]
+        elif isinstance(b, Paragraph):
+            text = f"{MARKS[b.severity]} {b.text}" if b.severity else b.text
+            paragraph = Text("\n".join(textwrap.wrap(text, width, subsequent_indent="  ")))
+            if b.severity:
+                paragraph.stylize(SEVERITY_STYLES[b.severity], 0, len(MARKS[b.severity]))
+            out.append(paragraph)
+        elif b.rows:
+            numeric = [all(is_number(row[i]) for row in b.rows if row[i] is not None)
+                       and any(row[i] is not None for row in b.rows) for i in range(len(b.columns))]
+            styles = [SEVERITY_STYLES.get(s or "") if s in ("critical", "warning") else None for s in b.severities]
+            out.append(rich_table(b.columns, ([cell(v) for v in row] for row in b.rows), numeric, styles))
+        else:
+            out.append(Text("(none)"))
+    while out and isinstance(out[0], Text) and not out[0].plain:
+        out.pop(0)
+    return out
 
 
 def render_text(blocks: list[Block]) -> str:
-    out: list[str] = []
-    for b in blocks:
-        if isinstance(b, Heading):
-            out += ["", b.text.upper() if b.level == 1 else b.text, ("=" if b.level == 1 else "-") * len(b.text)]
-        elif isinstance(b, Paragraph):
-            text = f"{MARKS[b.severity]} {b.text}" if b.severity else b.text
-            out += textwrap.wrap(text, 110, subsequent_indent="  ") or [""]
-        else:
-            out += _text_table(b) if b.rows else ["(none)"]
-    return "\n".join(out).lstrip("\n") + "\n"
+    return plain_text(renderables(blocks))
 
 
 def render_markdown(blocks: list[Block]) -> str:

@@ -20,6 +20,7 @@ or epoch nanoseconds; bound as int64 ns since the epoch, like every time in the 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,8 +72,12 @@ class Parameter:
             raise RunbookError(f"parameter {self.name} ({self.type}): cannot read {raw!r}: {e}") from None
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def parse_time_ns(raw: Any) -> int:
-    """ISO 8601 (UTC unless it says otherwise), epoch seconds, or epoch nanoseconds → int64 ns."""
+    """ISO 8601 (UTC unless it says otherwise), epoch seconds, or epoch nanoseconds → int64 ns.
+    ValueError (naming the input) for anything else, including `inf`, `nan` and times outside int64 ns."""
     if isinstance(raw, datetime):
         moment = raw if raw.tzinfo else raw.replace(tzinfo=UTC)
         return int(moment.timestamp()) * 10**9 + moment.microsecond * 1000
@@ -80,13 +85,25 @@ def parse_time_ns(raw: Any) -> int:
     try:
         number = float(text)
     except ValueError:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a time: give ISO 8601 (2026-01-01T00:00:00Z), epoch seconds "
+                             f"or epoch nanoseconds") from None
         moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
         seconds = int((moment - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
-        return seconds * 10**9 + moment.microsecond * 1000
+        return _in_range(seconds * 10**9 + moment.microsecond * 1000, text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text!r} is not a time: give a finite epoch time or ISO 8601")
     if abs(number) >= 1e14:  # nanoseconds (anything after 1970-01-02 in ns is above this)
-        return int(text) if text.lstrip("-").isdigit() else int(number)
-    return round(number * 1e9)
+        return _in_range(int(text) if text.lstrip("-").isdigit() else int(number), text)
+    return _in_range(round(number * 1e9), text)
+
+
+def _in_range(ns: int, text: str) -> int:
+    if not _INT64_MIN <= ns <= _INT64_MAX:
+        raise ValueError(f"{text!r} is outside the times the store can hold (years 1678 to 2262)")
+    return ns
 
 
 @dataclass(frozen=True)

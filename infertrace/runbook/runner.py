@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pandas as pd
+from rich.table import Table
 
 from infertrace.runbook.catalog import Query, RunbookError, get_query
+from infertrace.terminal import plain_text, rich_table
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -54,8 +56,15 @@ def _text(value: Any) -> str:
     return str(cell)
 
 
+def frame_table(frame: pd.DataFrame) -> Table:
+    """The rows as a rich table (numbers right-aligned), for printing on a terminal."""
+    header = [str(c) for c in frame.columns]
+    body = ([_text(v) for v in record] for record in frame.itertuples(index=False, name=None))
+    return rich_table(header, body, [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns])
+
+
 def format_frame(frame: pd.DataFrame, fmt: str) -> str:
-    """The rows as `table` (aligned text), `markdown`, `csv` or `json` (a list of objects)."""
+    """The rows as `table` (a rich table as plain text), `markdown`, `csv` or `json` (a list of objects)."""
     import json
 
     if fmt == "json":
@@ -69,12 +78,5 @@ def format_frame(frame: pd.DataFrame, fmt: str) -> str:
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in body]
         return "\n".join(lines)
     if fmt == "table":
-        widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(header)]
-        numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-
-        def render(cells: list[str]) -> str:
-            return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric,
-                                                                                     strict=True)).rstrip()
-
-        return "\n".join([render(header), render(["-" * w for w in widths]), *(render(line) for line in body)])
+        return plain_text([frame_table(frame)]).rstrip("\n")
     raise RunbookError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -19,16 +19,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from infertrace.store.batch import BadRecord, decode_attributes
+from infertrace.store.batch import MIN_START_NS, BadRecord, event_attributes, split_attributes
 from infertrace.store.schema import (
     DECLARED_ATTRIBUTES,
     DECLARED_RESOURCE,
     EVENT_TYPE,
+    MAP_TYPE,
+    RESOURCE_MAP,
+    SCHEMA,
     SPAN_FIELDS,
+    SPAN_MAP,
     VALUE_TYPES,
     attribute_column,
-    base_schema,
     resource_column,
+)
+from infertrace.store.values import (
+    CONVERTED,
+    MAX_ATTRIBUTES,
+    MAX_EVENTS,
+    MAX_KEY_CHARS,
+    MAX_NAME_CHARS,
+    MAX_VALUE_CHARS,
+    NotConvertible,
+    Notes,
+    as_text,
+    convert,
 )
 
 _SCALARS = [pa.field("stringValue", pa.string()), pa.field("intValue", pa.string()),
@@ -59,9 +74,10 @@ class _Fallback(Exception):
     """The block needs the record-by-record path."""
 
 
-def decode_block(data: bytes, longest_line: int) -> pa.Table | None:
-    """A block of complete, non-blank OTLP JSON lines → the raw span table, or None when the block needs
-    the slower record-by-record path. Arrow parses the block in chunks of whole lines on its threads."""
+def decode_block(data: bytes, longest_line: int) -> tuple[pa.Table, Notes] | None:
+    """A block of complete, non-blank OTLP JSON lines → (the raw span table, its notes), or None when the
+    block needs the slower record-by-record path. Arrow parses the block in chunks of whole lines on its
+    threads."""
     parsed = parse_block(data, longest_line)
     return None if parsed is None else spans_table(parsed)
 
@@ -76,8 +92,9 @@ def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
         return None
 
 
-def spans_table(parsed: pa.Table) -> pa.Table | None:
-    """The second half of `decode_block`: parsed lines → the raw span table, or None (record-by-record)."""
+def spans_table(parsed: pa.Table) -> tuple[pa.Table, Notes] | None:
+    """The second half of `decode_block`: parsed lines → (the raw span table, its notes), or None
+    (record-by-record)."""
     try:
         return _spans_table(parsed)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, _Fallback, BadRecord, ValueError,
@@ -114,7 +131,11 @@ def _nanos(values: pa.Array) -> pa.Array:
     return pc.cast(values, pa.int64())
 
 
-def _spans_table(lines: pa.Table) -> pa.Table:
+def _longest(strings: pa.Array) -> int:
+    return int(pc.max(pc.utf8_length(strings)).as_py() or 0) if len(strings) else 0
+
+
+def _spans_table(lines: pa.Table) -> tuple[pa.Table, Notes]:
     if lines.column("resourceSpans").null_count:
         raise _Fallback  # a line without resourceSpans is rejected by the record-by-record path
     resource_spans, _ = _flatten(lines.column("resourceSpans"))
@@ -133,6 +154,8 @@ def _spans_table(lines: pa.Table) -> pa.Table:
     columns["span_id"] = _hex(spans.field("spanId"), 16, True)
     columns["parent_span_id"] = _hex(spans.field("parentSpanId"), 16, False)
     columns["name"] = pc.fill_null(spans.field("name"), "")
+    if _longest(columns["name"]) > MAX_NAME_CHARS:
+        raise _Fallback  # truncated and counted by the record-by-record path
     kind = pc.fill_null(spans.field("kind"), 0)
     status = spans.field("status")
     code = pc.fill_null(status.field("code"), 0)
@@ -142,39 +165,45 @@ def _spans_table(lines: pa.Table) -> pa.Table:
     columns["kind"] = pc.cast(kind, pa.int8())
     columns["start_ns"] = _nanos(spans.field("startTimeUnixNano"))
     columns["end_ns"] = _nanos(spans.field("endTimeUnixNano"))
+    if n and (pc.min(columns["start_ns"]).as_py() < MIN_START_NS
+              or pc.any(pc.less(columns["end_ns"], columns["start_ns"])).as_py()):
+        raise _Fallback  # quarantined, with the reason, by the record-by-record path
     columns["status_code"] = pc.cast(code, pa.int8())
     message = status.field("message")
+    if _longest(message.drop_null()) > MAX_VALUE_CHARS:
+        raise _Fallback
     columns["status_message"] = pc.if_else(pc.equal(pc.fill_null(message, ""), ""), pa.scalar(None, pa.string()),
                                            message)
     scope = scope_spans.field("scope")
     span_scope_index = pa.array(span_scope)
     columns["scope_name"] = scope.field("name").take(span_scope_index)
     columns["scope_version"] = scope.field("version").take(span_scope_index)
+    if n and (pc.max(pc.list_value_length(spans.field("events"))).as_py() or 0) > MAX_EVENTS:
+        raise _Fallback
     columns["events"] = _events(spans.field("events"))
     columns["links"] = pa.nulls(n, pa.string())
     for f in SPAN_FIELDS:
         columns[f.name] = columns[f.name].cast(f.type)
 
-    resources = [_resource_attributes(r) for r in resource_spans.field("resource").field("attributes").to_pylist()]
-    resource_keys: dict[str, None] = dict.fromkeys(DECLARED_RESOURCE)
-    for attrs in resources:
-        resource_keys.update(dict.fromkeys(attrs))
-    span_resource_index = pa.array(span_resource)
-    for key in resource_keys:
-        kinds = {attrs[key][0] for attrs in resources if key in attrs}
-        declared = DECLARED_RESOURCE.get(key)
-        if declared is None and len(kinds) > 1:
-            raise _Fallback
-        kind = declared or (kinds.pop() if kinds else "string")
-        values = [attrs[key][1] if key in attrs else None for attrs in resources]
-        columns[resource_column(key)] = pa.array(values, type=VALUE_TYPES[kind]).take(span_resource_index)
+    notes = Notes()
+    resources = [split_attributes(_strip_nulls(r), DECLARED_RESOURCE)
+                 for r in resource_spans.field("resource").field("attributes").to_pylist()]
+    span_resource_index = pa.array(span_resource, type=pa.int64())
+    for key, declared in DECLARED_RESOURCE.items():
+        values = [typed.get(key) for typed, _, _ in resources]
+        columns[resource_column(key)] = pa.array(values, type=VALUE_TYPES[declared]).take(span_resource_index)
+    columns[RESOURCE_MAP] = pa.array([list(other.items()) for _, other, _ in resources],
+                                     type=MAP_TYPE).take(span_resource_index)
+    for r, (_, _, resource_notes) in enumerate(resources):
+        if resource_notes:
+            rows = np.flatnonzero(span_resource == r)
+            for what, key in resource_notes:
+                notes.add(rows, what, key)
 
-    columns.update(_attribute_columns(spans.field("attributes"), n))
-    schema = base_schema()
-    fields = list(schema) + [pa.field(name, columns[name].type) for name in columns if name not in schema.names]
-    table = pa.Table.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
+    columns.update(_attribute_columns(spans.field("attributes"), n, notes))
+    table = pa.Table.from_arrays([columns[f.name] for f in SCHEMA], schema=SCHEMA)
     table.validate(full=True)
-    return table
+    return table, notes
 
 
 def _strip_nulls(value: Any) -> Any:
@@ -186,10 +215,6 @@ def _strip_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_strip_nulls(v) for v in value]
     return value
-
-
-def _resource_attributes(attributes: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return decode_attributes(_strip_nulls(attributes), DECLARED_RESOURCE)
 
 
 _JSON_KEYS: dict[str, str] = {}
@@ -223,7 +248,7 @@ def _event_attributes(attributes: list[dict[str, Any]] | None) -> str:
         elif value["stringValue"] is not None and value["intValue"] is None and value["arrayValue"] is None:
             out[kv["key"]] = value["stringValue"]
         else:  # anything less common: the general decoder
-            out.update({k: v for k, (_, v) in decode_attributes(_strip_nulls([kv]), {}).items()})
+            out.update(event_attributes(_strip_nulls([kv])))
     return json.dumps(out, separators=(",", ":"))
 
 
@@ -340,17 +365,46 @@ def _typed(values: pa.StructArray) -> tuple[str, pa.Array]:
     return _KIND_OF_FIELD[item_kind] + "[]", rebuilt
 
 
-def _attribute_columns(attributes: pa.Array, n: int) -> dict[str, pa.Array]:
+def _texts(kind: str, typed: pa.Array) -> pa.Array:
+    """Values of one kind as the text kept in an attribute map (`values.as_text`)."""
+    if kind == "string":
+        return typed
+    if kind == "int":
+        return pc.cast(typed, pa.string())
+    return pa.array([as_text(kind, v) for v in typed.to_pylist()], type=pa.string())
+
+
+def _converted(kind: str, typed: pa.Array, declared: str) -> pa.Array:
+    """Values of one kind converted to a declared type, as the record-by-record path converts them."""
+    if kind == "[]":
+        return typed.cast(VALUE_TYPES[declared])
+    if declared == "double" and kind == "int":
+        return typed.cast(pa.float64())
+    if declared == "double[]" and kind == "int[]":
+        return typed.cast(pa.list_(pa.float64()))
+    try:
+        return pa.array([convert(kind, v, declared) for v in typed.to_pylist()], type=VALUE_TYPES[declared])
+    except NotConvertible:
+        raise _Fallback from None  # kept as text in the map, by the record-by-record path
+
+
+def _attribute_columns(attributes: pa.Array, n: int, notes: Notes) -> dict[str, pa.Array]:
+    """The typed columns of declared keys and the span attribute map; conversions noted in `notes`."""
     key_values, owner = _flatten(attributes)
     if key_values.null_count or key_values.field("key").null_count:
+        raise _Fallback
+    if len(owner) and int(np.bincount(owner).max()) > MAX_ATTRIBUTES:
         raise _Fallback
     encoded = key_values.field("key").dictionary_encode()
     codes = encoded.indices.to_numpy()
     keys = encoded.dictionary.to_pylist()
+    if any(len(key) > MAX_KEY_CHARS for key in keys):
+        raise _Fallback
     order = np.argsort(codes, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(keys)))])
     values = key_values.field("value")
     out: dict[str, pa.Array] = {}
+    in_map: list[tuple[np.ndarray, np.ndarray, pa.Array]] = []  # (flat positions, key codes, texts)
     for code, key in enumerate(keys):
         picked = order[bounds[code]:bounds[code + 1]]
         rows = owner[picked]
@@ -358,21 +412,40 @@ def _attribute_columns(attributes: pa.Array, n: int) -> dict[str, pa.Array]:
             raise _Fallback  # a key repeated within one span
         kind, typed = _typed(values.take(pa.array(picked)))
         declared = DECLARED_ATTRIBUTES.get(key)
-        if declared is not None and kind != declared:
-            if kind == "[]" and declared.endswith("[]"):
-                typed = typed.cast(VALUE_TYPES[declared])
-            elif declared == "double" and kind == "int":
-                typed = typed.cast(pa.float64())
-            elif declared == "double[]" and kind == "int[]":
-                typed = typed.cast(pa.list_(pa.float64()))
-            else:
+        if declared is None:
+            texts = _texts(kind, typed)
+            if _longest(texts) > MAX_VALUE_CHARS:
                 raise _Fallback
-        elif declared is None and kind == "[]":
-            typed = typed.cast(pa.list_(pa.string()))
+            in_map.append((picked, np.full(len(picked), code, dtype=np.int32), texts))
+            continue
+        if kind != declared:
+            typed = _converted(kind, typed, declared)
+            if kind != "[]":
+                notes.add(rows, CONVERTED, key)
+        if declared == "string" and _longest(typed) > MAX_VALUE_CHARS:
+            raise _Fallback
+        if declared == "string[]" and _longest(typed.flatten().drop_null()) > MAX_VALUE_CHARS:
+            raise _Fallback
         index = np.full(n, -1, dtype=np.int64)
         index[rows] = np.arange(len(rows))
         out[attribute_column(key)] = typed.take(pa.array(index, mask=index < 0))
     for key, declared in DECLARED_ATTRIBUTES.items():
         if attribute_column(key) not in out:
             out[attribute_column(key)] = pa.nulls(n, VALUE_TYPES[declared])
+    out[SPAN_MAP] = _span_map(in_map, owner, encoded.dictionary, n)
     return out
+
+
+def _span_map(in_map: list[tuple[np.ndarray, np.ndarray, pa.Array]], owner: np.ndarray, keys: pa.Array,
+              n: int) -> pa.Array:
+    """The map column: each span's undeclared attributes, in the order the span listed them."""
+    if not in_map:
+        return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
+                                       pa.array([], pa.string()))
+    positions = np.concatenate([p for p, _, _ in in_map])
+    order = pa.array(np.argsort(positions, kind="stable"))
+    codes = pa.array(np.concatenate([c for _, c, _ in in_map])).take(order)
+    texts = pa.concat_arrays([t for _, _, t in in_map]).take(order)
+    counts = np.bincount(owner[positions], minlength=n)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    return pa.MapArray.from_arrays(offsets, keys.take(codes), texts)

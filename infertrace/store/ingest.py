@@ -2,10 +2,14 @@
 
 Streaming: a block of whole lines (about `block_bytes`) is parsed, written as segments and dropped, so
 memory is bounded by the block, not by the file (two blocks: the next one is parsed on a parser thread while
-the current one is written). A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block
-that path cannot take whole (bad lines, unusual values) is parsed record by record (`batch`), which
-quarantines each bad line or span with its reason. There the garbage collector is paused while the block is
-parsed (it costs more than the parsing itself on many small objects).
+the current one is written). A line longer than `max_line_bytes` is never held whole: it is skipped and
+quarantined with its length and first bytes. A file that ends mid-stream (a truncated .gz) keeps every
+complete line read before the break; the unreadable tail is quarantined.
+
+A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block that path cannot take
+whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad line or
+span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
+the parsing itself on many small objects).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import gc
 import glob
 import gzip
 import json
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,8 +31,11 @@ import pyarrow as pa
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import parse_block, spans_table
 from infertrace.store.segments import write_quarantine, write_segments
+from infertrace.store.values import Notes, describe, merge_counts
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
+DEFAULT_MAX_LINE_BYTES = 32 << 20  # a longer line is quarantined unread (the collector's default body cap)
+_SKIP_CHUNK = 1 << 20
 _SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
 
 
@@ -42,6 +50,7 @@ class IngestSummary:
     rejected_spans: int = 0
     quarantine: list[Path] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)  # reason → count
+    notes: dict[str, dict[str, int]] = field(default_factory=dict)  # converted/truncated/... → key → count
 
     @property
     def skipped(self) -> int:
@@ -62,6 +71,9 @@ class IngestSummary:
             text += (f" Skipped {self.rejected_lines} lines and {self.rejected_spans} spans, kept in "
                      f"{', '.join(map(str, self.quarantine))}; most common reasons: "
                      + "; ".join(f"{reason} ({n})" for reason, n in top) + ".")
+        if self.notes:
+            said = describe(self.notes)
+            text += " Stored every span, but " + said + "."
         return text
 
 
@@ -123,8 +135,53 @@ def _parse(lines: list[bytes]) -> pa.Table | None:
                        max(map(len, content)))
 
 
+@dataclass
+class _Read:
+    lines: list[bytes]
+    rejections: list[Rejection]  # lines over the length limit, and an unreadable tail
+    failed: bool  # the file cannot be read further
+
+
+def _skip_line(stream: IO[bytes]) -> int:
+    """Reads and drops the rest of a line; returns how many bytes that was."""
+    skipped = 0
+    while chunk := stream.readline(_SKIP_CHUNK):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _read_block(stream: IO[bytes], block_bytes: int, max_line: int, source: str, first_line: int) -> _Read:
+    """About `block_bytes` of whole lines; a line over `max_line` is replaced by a blank line (so line
+    numbers stay right) and rejected with its length."""
+    lines: list[bytes] = []
+    rejections: list[Rejection] = []
+    size = 0
+    try:
+        while size < block_bytes:
+            line = stream.readline(max_line + 1)
+            if not line:
+                break
+            if len(line) > max_line:
+                total = len(line) + (0 if line.endswith(b"\n") else _skip_line(stream))
+                rejections.append(Rejection(
+                    source, first_line + len(lines), f"line of {total} bytes is over the limit of {max_line} "
+                    f"bytes (--max-line-bytes)", line[:200].decode("utf-8", "replace") + "…"))
+                lines.append(b"\n")
+                continue
+            lines.append(line)
+            size += len(line)
+    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz: keep the lines read before
+        rejections.append(Rejection(source, first_line + len(lines),
+                                    f"unreadable from this line on (truncated or corrupt file?): {e}", ""))
+        return _Read(lines, rejections, True)
+    return _Read(lines, rejections, False)
+
+
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 on_progress: Callable[[int], None] | None = None, columnar: bool = True) -> IngestSummary:
+                 on_progress: Callable[[int], None] | None = None, columnar: bool = True,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> IngestSummary:
     """Ingests OTLP JSON lines files into the store at `root`, a block of about `block_bytes` of whole lines
     at a time (one or more segments per block). `on_progress(bytes)` is called with the number of
     (compressed) bytes read since its last call. `columnar=False` parses every block record by record
@@ -144,21 +201,20 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
                 source = str(path)
                 pending: _Block | None = None
                 while True:
-                    try:
-                        lines = stream.readlines(block_bytes)
-                    except (OSError, EOFError) as e:  # a truncated or corrupt .gz: keep what was read before
-                        unreadable = [Rejection(source, line_no + 1, f"unreadable: {e}", "")]
-                        summary.add_rejections(unreadable, 1)
-                        _quarantine(root, unreadable, summary)
+                    read = _read_block(stream, block_bytes, max_line_bytes, source, line_no + 1)
+                    if read.rejections:
+                        summary.add_rejections(read.rejections, len(read.rejections))
+                        _quarantine(root, read.rejections, summary)
+                    lines = read.lines
+                    if lines:
+                        block = _Block(lines, line_no + 1, parser.submit(_parse, lines) if columnar else None,
+                                       raw.tell())
+                        line_no += len(lines)
+                        if pending is not None:
+                            position = _finish_block(root, pending, source, summary, on_progress, position)
+                        pending = block
+                    if read.failed or not lines:
                         break
-                    if not lines:
-                        break
-                    block = _Block(lines, line_no + 1, parser.submit(_parse, lines) if columnar else None,
-                                   raw.tell())
-                    line_no += len(lines)
-                    if pending is not None:
-                        position = _finish_block(root, pending, source, summary, on_progress, position)
-                    pending = block
                 if pending is not None:
                     _finish_block(root, pending, source, summary, on_progress, position)
                 summary.lines += line_no
@@ -187,7 +243,8 @@ def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary)
 def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, parsed: pa.Table | None,
                   summary: IngestSummary, rejections: list[Rejection]) -> int:
     """Stores one block of lines (`parsed` by Arrow, or None); returns how many lines were rejected whole."""
-    table = spans_table(parsed) if parsed is not None else None
+    decoded = spans_table(parsed) if parsed is not None else None
+    table, notes = decoded if decoded is not None else (None, Notes())
     whole = 0
     if table is None:
         batch = SpanBatch()
@@ -211,11 +268,13 @@ def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, 
                     whole += 1
         rejections += batch.rejections
         table = batch.table() if batch.num_spans else None
+        notes = batch.notes
         del batch
         gc.collect()
     if table is not None and table.num_rows:
-        segments, new = write_segments(root, table)
+        written = write_segments(root, table, notes)
         summary.spans_read += table.num_rows
-        summary.spans_new += new
-        summary.segments += len(segments)
+        summary.spans_new += written.spans_new
+        summary.segments += len(written.segments)
+        merge_counts(summary.notes, notes.counts())
     return whole

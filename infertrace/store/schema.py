@@ -1,11 +1,16 @@
-"""The raw span table's columns: fixed span fields, then one typed column per resource attribute (`res.<key>`)
-and per span attribute (`attr.<key>`).
+"""The raw span table's columns: fixed span fields, two attribute maps, and one typed column per declared key.
 
-Every attribute the input carried is kept. Keys declared in `infertrace.semconv` (and vLLM's own request
-attribute names) always exist in every segment with their declared type, so derived relations can name
-them even when no span carried them; any other key gets a column in the segments that saw it (DuckDB reads
-segments with `union_by_name`). A value whose type differs within one segment from the rest of its column
-(possible only for undeclared keys), a key-value list, bytes, or a mixed array is kept as JSON text.
+Keys declared in `infertrace.semconv` (and vLLM's own request attribute names) have a typed column in every
+segment, `res.<key>` for resource attributes and `attr.<key>` for span attributes, so derived relations name
+them directly. Every other attribute goes into one of two `map<string, string>` columns, `resource_attributes`
+and `span_attributes`, as the OpenTelemetry Collector's ClickHouse exporter (`ResourceAttributes`,
+`SpanAttributes`) and Tempo's Parquet schema do: no input can add a column, so a store's schema is fixed by the
+code that wrote it. A map value is the attribute's text (`values.as_text`): strings as they are, integers in
+decimal, doubles as Python writes them, booleans `true`/`false`, arrays and key-value lists as JSON.
+
+A value of a declared key whose type differs from the declared one is converted when its meaning is clear
+(`values.convert`); otherwise the typed column stays null and the value is kept, as text, in the map under
+its own key. Either way the span is stored, and the segment's notes count it.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from infertrace import semconv as sc
 
 RESOURCE_PREFIX: Final = "res."
 ATTRIBUTE_PREFIX: Final = "attr."
+RESOURCE_MAP: Final = "resource_attributes"
+SPAN_MAP: Final = "span_attributes"
 
 EVENT_TYPE: Final = pa.list_(pa.struct([("time_ns", pa.int64()), ("name", pa.string()),
                                         ("attributes", pa.string())]))
+MAP_TYPE: Final = pa.map_(pa.string(), pa.string())
 
 # Fixed fields of every span, in order.
 SPAN_FIELDS: Final[list[pa.Field]] = [
@@ -38,12 +46,13 @@ SPAN_FIELDS: Final[list[pa.Field]] = [
     pa.field("events", EVENT_TYPE),  # event attributes as a JSON object
     pa.field("links", pa.string()),  # JSON array, null when none
 ]
+MAP_FIELDS: Final[list[pa.Field]] = [pa.field(RESOURCE_MAP, MAP_TYPE), pa.field(SPAN_MAP, MAP_TYPE)]
 
 # OTLP value kinds as the parser names them, and their Arrow types.
 VALUE_TYPES: Final[dict[str, pa.DataType]] = {
     "string": pa.string(), "int": pa.int64(), "double": pa.float64(), "bool": pa.bool_(),
     "string[]": pa.list_(pa.string()), "int[]": pa.list_(pa.int64()), "double[]": pa.list_(pa.float64()),
-    "bool[]": pa.list_(pa.bool_()), "json": pa.string(),
+    "bool[]": pa.list_(pa.bool_()),
 }
 
 
@@ -74,8 +83,11 @@ def attribute_column(key: str) -> str:
 
 
 def base_schema() -> pa.Schema:
-    """The columns every segment has (undeclared attribute keys add more)."""
-    fields = list(SPAN_FIELDS)
+    """The columns of every segment, in order."""
+    fields = list(SPAN_FIELDS) + list(MAP_FIELDS)
     fields += [pa.field(resource_column(k), VALUE_TYPES[t]) for k, t in DECLARED_RESOURCE.items()]
     fields += [pa.field(attribute_column(k), VALUE_TYPES[t]) for k, t in DECLARED_ATTRIBUTES.items()]
     return pa.schema(fields)
+
+
+SCHEMA: Final = base_schema()

@@ -3,25 +3,34 @@
 Layout of a store directory:
 
     spans/date=YYYY-MM-DD/service=NAME/seg-<key>.parquet   raw spans (UTC date of the span start)
+    spans/date=YYYY-MM-DD/service=NAME/seg-<key>.replaces  a compacted segment's inputs (`compaction`)
     quarantine/q-<key>.jsonl                                 rejected lines and spans, with file, line, reason
+    corrupt/…                                                segments `infertrace store repair` set aside
 
 A segment is written to a hidden temporary file in its final directory, flushed to disk (fsync), renamed
-into place (atomic on POSIX) and the directory fsynced. Readers list `*.parquet` only, so they never see a
-half-written file, and never hold a lock the writer needs. The key is a hash of the span identities
-(trace id, span id) in the segment: writing the same spans again (a re-ingested file, a client retrying a
-request whose answer was lost) finds the segment already there and adds nothing.
+into place (atomic on POSIX) and the directory fsynced; a new directory is fsynced in its parent. If any
+step fails (a full disk), the temporary is removed and the error raised: nothing half-written stays. Readers
+list `seg-*.parquet` only, so they never see a half-written file, and never hold a lock a writer needs.
+
+The key hashes the span identities (trace id, span id) of the segment: the same request retried, or the
+same file ingested again, finds a segment of that name holding exactly its rows and adds nothing. Other
+content under the same ids (a conflict) is written beside it, under a key that adds a digest of the
+content: kept (and counted by readers), never dropped. Only a name collision costs a read of the segment.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,13 +39,19 @@ import pyarrow.parquet as pq
 
 from infertrace.store.batch import Rejection
 from infertrace.store.schema import resource_column
+from infertrace.store.values import Notes
 
 SPANS_DIR = "spans"
 QUARANTINE_DIR = "quarantine"
-SEGMENT_GLOB = "seg-*.parquet"
+CORRUPT_DIR = "corrupt"
+SEGMENT_PREFIX = "seg-"
+SEGMENT_SUFFIX = ".parquet"
+REPLACES_SUFFIX = ".replaces"
+NOTES_KEY = b"infertrace.notes"
 _SERVICE_COLUMN = resource_column("service.name")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _NS_PER_DAY = 86_400 * 10**9
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE})
 
 
 def _partition_name(service: str | None) -> str:
@@ -45,17 +60,36 @@ def _partition_name(service: str | None) -> str:
     return "service=" + _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", service)[:100]
 
 
-def content_key(table: pa.Table) -> str:
-    """Hash of the sorted span identities in the table."""
+def content_key(table: pa.Table, salt: bytes = b"") -> str:
+    """Hash of the sorted span identities in the table (and of `salt`, for a conflicting version)."""
     keys = pc.binary_join_element_wise(table["trace_id"], table["span_id"], "")
     ordered = pc.sort_indices(keys)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(salt)
     for chunk in keys.take(ordered).chunks:
         digest.update("\n".join(chunk.to_pylist()).encode())
     return digest.hexdigest()[:40]
 
 
-def _fsync_dir(path: Path) -> None:
+def content_digest(table: pa.Table) -> bytes:
+    """A hash of every value of the table (its Arrow IPC stream)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
+        writer.write_table(table.replace_schema_metadata(None).combine_chunks())
+    return hashlib.sha256(sink.getvalue()).digest()
+
+
+def holds(path: Path, table: pa.Table) -> bool:
+    """Whether the segment at `path` exists and holds exactly these rows."""
+    if not path.exists():
+        return False
+    try:
+        existing = pq.read_table(path)
+    except (OSError, pa.ArrowException, ValueError):
+        return False  # unreadable: write the rows again beside it
+    return existing.schema.remove_metadata() == table.schema.remove_metadata() and existing.equals(table)
+
+
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -63,20 +97,42 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, write: object) -> None:
-    """Calls `write(file_object)` on a temporary file beside `path`, fsyncs, renames into place."""
-    # Per process and thread: two collector threads storing the same spans must not share a temporary.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)  # type: ignore[operator]
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def ensure_dir(path: Path) -> None:
+    """Creates `path` and any missing parents, fsyncing each new directory's parent (a crash cannot lose
+    a directory whose files were acknowledged)."""
+    if path.is_dir():
+        return
+    ensure_dir(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    fsync_dir(path.parent)
 
 
-def partitions(table: pa.Table) -> Iterable[tuple[str, pa.Table]]:
-    """Splits a batch into (relative directory, rows) by UTC start date and service name."""
+def temporary_name(path: Path) -> Path:
+    # Per process and thread: two writer threads storing the same content must not share a temporary.
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Calls `write(file_object)` on a temporary file beside `path`, fsyncs, renames into place, fsyncs the
+    directory. On any failure the temporary is removed and the error raised."""
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def partitions(table: pa.Table) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
+    """Splits a batch into (relative directory, row indices, rows) by UTC start date and service name."""
     days = np.asarray(table["start_ns"].to_numpy()) // _NS_PER_DAY
     services = table[_SERVICE_COLUMN].to_pylist()
     groups: dict[tuple[int, str | None], list[int]] = {}
@@ -84,24 +140,50 @@ def partitions(table: pa.Table) -> Iterable[tuple[str, pa.Table]]:
         groups.setdefault((day, service), []).append(i)
     for (day, service), rows in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or "")):
         date = dt.date(1970, 1, 1) + dt.timedelta(days=day)
-        part = table if len(rows) == table.num_rows else table.take(pa.array(rows, type=pa.int64()))
-        yield f"{SPANS_DIR}/date={date.isoformat()}/{_partition_name(service)}", part
+        indices = np.asarray(rows, dtype=np.int64)
+        part = table if len(rows) == table.num_rows else table.take(pa.array(indices))
+        yield f"{SPANS_DIR}/date={date.isoformat()}/{_partition_name(service)}", indices, part
 
 
-def write_segments(root: Path, table: pa.Table) -> tuple[list[Path], int]:
-    """Writes a batch as one segment per partition. Returns (segment paths, spans newly written): spans of
-    a segment that already existed count as not new."""
+def notes_metadata(counts: dict[str, dict[str, int]]) -> dict[bytes, bytes]:
+    return {NOTES_KEY: json.dumps(counts, sort_keys=True).encode()} if counts else {}
+
+
+def write_parquet(table: pa.Table, f: IO[bytes]) -> None:
+    pq.write_table(table, f, compression="zstd")
+
+
+@dataclass
+class Written:
+    segments: list[Path]
+    spans_new: int  # spans in segments that did not exist before
+
+
+def write_segments(root: Path, table: pa.Table, notes: Notes | None = None) -> Written:
+    """Writes a batch as one segment per partition, each with its notes in the Parquet metadata. A segment
+    that already holds exactly these rows is not written again (its spans count as not new); one that holds
+    the same spans with other content is kept, and this content written beside it under a key that adds its
+    digest (a conflict: both are stored, and readers count it)."""
     written, new = [], 0
-    for directory, part in partitions(table):
+    for directory, rows, part in partitions(table):
         folder = root / directory
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"seg-{content_key(part)}.parquet"
-        written.append(path)
+        ensure_dir(folder)
+        path = folder / f"{SEGMENT_PREFIX}{content_key(part)}{SEGMENT_SUFFIX}"
         if path.exists():
-            continue
-        write_atomically(path, lambda f, part=part: pq.write_table(part, f, compression="zstd"))
+            if holds(path, part):
+                written.append(path)
+                continue
+            path = folder / f"{SEGMENT_PREFIX}{content_key(part, content_digest(part))}{SEGMENT_SUFFIX}"
+            if holds(path, part):
+                written.append(path)
+                continue
+        counts = notes.counts(rows) if notes is not None and len(notes) else {}
+        if counts:
+            part = part.replace_schema_metadata(notes_metadata(counts))
+        write_atomically(path, lambda f, part=part: write_parquet(part, f))
+        written.append(path)
         new += part.num_rows
-    return written, new
+    return Written(written, new)
 
 
 def write_quarantine(root: Path, rejections: list[Rejection]) -> Path | None:
@@ -111,17 +193,22 @@ def write_quarantine(root: Path, rejections: list[Rejection]) -> Path | None:
     text = "".join(json.dumps({"source": r.source, "line": r.line, "reason": r.reason, "record": r.record},
                               ) + "\n" for r in rejections).encode()  # ASCII: no Unicode line breaks
     folder = root / QUARANTINE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_dir(folder)
     path = folder / f"q-{hashlib.sha256(text).hexdigest()[:40]}.jsonl"
     if not path.exists():
         write_atomically(path, lambda f: f.write(text))
     return path
 
 
+def temporaries(root: Path) -> Iterator[Path]:
+    yield from root.glob(f"{SPANS_DIR}/*/*/.*.tmp")
+    yield from root.glob(f"{QUARANTINE_DIR}/.*.tmp")
+
+
 def remove_stale_temporaries(root: Path) -> int:
     """Deletes temporary files left by a writer that died mid-write (never visible to readers)."""
     removed = 0
-    for tmp in [*root.glob(f"{SPANS_DIR}/*/*/.*.tmp"), *root.glob(f"{QUARANTINE_DIR}/.*.tmp")]:
+    for tmp in temporaries(root):
         pid = tmp.name.rsplit(".", 2)[-2].split("-")[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
@@ -142,6 +229,60 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def list_segments(root: Path) -> list[Path]:
+# ------------------------------------------------------------------------------------------- listing
+def partition_dirs(root: Path) -> list[Path]:
+    """Every `spans/date=…/service=…` directory (not the hidden ones retention is removing)."""
     spans = root / SPANS_DIR
-    return sorted(spans.glob(f"*/*/{SEGMENT_GLOB}")) if spans.exists() else []
+    if not spans.is_dir():
+        return []
+    return sorted(p for d in spans.iterdir() if d.is_dir() and d.name.startswith("date=")
+                  for p in d.iterdir() if p.is_dir() and p.name.startswith("service="))
+
+
+@dataclass
+class Listing:
+    """One directory listing of a partition: live segments, and compactions (output → its inputs)."""
+
+    segments: list[Path]
+    superseded: list[Path]  # inputs of a compacted segment, not yet removed: readers skip them
+    replaces: dict[Path, list[Path]]  # sidecar → inputs, for sidecars whose segment exists
+    orphans: list[Path]  # sidecars whose segment was never renamed into place (a compaction that died)
+
+
+def read_replaces(sidecar: Path) -> list[str]:
+    try:
+        names = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def list_partition(folder: Path) -> Listing:
+    # One readdir: a sidecar exists whenever both a compacted segment and its inputs do (it is written
+    # before the segment and removed after the inputs), so one listing never shows both without it.
+    names = {e.name for e in os.scandir(folder)}
+    parquet = {n for n in names if n.startswith(SEGMENT_PREFIX) and n.endswith(SEGMENT_SUFFIX)}
+    superseded: set[str] = set()
+    replaces: dict[Path, list[Path]] = {}
+    orphans = []
+    for name in sorted(n for n in names if n.endswith(REPLACES_SUFFIX)):
+        output = name[: -len(REPLACES_SUFFIX)] + SEGMENT_SUFFIX
+        sidecar = folder / name
+        if output not in parquet:
+            orphans.append(sidecar)
+            continue
+        inputs = [n for n in read_replaces(sidecar) if n != output]
+        replaces[sidecar] = [folder / n for n in inputs]
+        superseded.update(n for n in inputs if n in parquet)
+    return Listing([folder / n for n in sorted(parquet - superseded)], [folder / n for n in sorted(superseded)],
+                   replaces, orphans)
+
+
+def list_segments(root: Path) -> list[Path]:
+    """The live segments of a store: every `seg-*.parquet` not superseded by a compacted segment."""
+    return [p for folder in partition_dirs(root) for p in list_partition(folder).segments]
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """An error of the disk rather than of the data: the write may succeed later (503 + Retry-After)."""
+    return isinstance(error, OSError) and (error.errno in STORAGE_ERRNOS or error.errno is None)

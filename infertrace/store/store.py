@@ -5,13 +5,21 @@
     store.relation("tokens").df()
 
 The connection is in memory and private to the reader: it holds no lock on the store, so any number of
-readers work while a collector or `infertrace ingest` writes. A reader sees the segments that existed when
-it opened (or last called `refresh()`): one consistent snapshot for all its queries.
+readers work while a collector, `infertrace ingest` or a compaction writes. A reader sees the segments that
+existed when it opened (or last called `refresh()`): one consistent snapshot for all its queries. Compaction
+keeps the segments it merged for a grace period, so a snapshot stays readable; a query on a snapshot whose
+files are gone takes a new snapshot first.
+
+A segment that cannot be read (truncated, empty, not Parquet) is reported in `skipped` and left out: one bad
+file never makes the store unreadable. `infertrace store check` and `repair` deal with it.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
@@ -19,9 +27,11 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from infertrace.store.schema import base_schema
-from infertrace.store.segments import list_segments
+from infertrace.store.schema import SCHEMA
+from infertrace.store.segments import NOTES_KEY, list_segments
+from infertrace.store.values import merge_counts
 
 # Derived relations, in dependency order; each is `relations/<name>.sql`.
 RELATIONS: tuple[str, ...] = ("requests", "steps", "step_membership", "tokens", "component_calls")
@@ -34,8 +44,84 @@ def relation_sql(name: str) -> str:
     return resources.files("infertrace.store").joinpath("relations", f"{name}.sql").read_text(encoding="utf-8")
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def duckdb_type(t: pa.DataType) -> str:
+    """The DuckDB type of an Arrow type of the store's schema."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "VARCHAR"
+    if pa.types.is_map(t):
+        return f"MAP({duckdb_type(t.key_type)}, {duckdb_type(t.item_type)})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return duckdb_type(t.value_type) + "[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f"{_identifier(f.name)} {duckdb_type(f.type)}" for f in t) + ")"
+    simple = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+              pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+    if t in simple:
+        return simple[t]
+    raise TypeError(f"no DuckDB type for {t}")
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What a segment's footer says (read once per file and cached): its schema, rows and notes."""
+
+    schema_key: str
+    schema: pa.Schema
+    rows: int
+    notes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+_FOOTERS: dict[tuple[str, int, int], SegmentInfo | str] = {}
+_FOOTERS_LOCK = threading.Lock()
+
+
+def read_footer(path: Path) -> SegmentInfo | str:
+    """The segment's footer, or the reason it cannot be read (cached by path, size and mtime)."""
+    try:
+        stat = path.stat()
+    except OSError as e:
+        return f"cannot stat: {e.strerror or e}"
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    with _FOOTERS_LOCK:
+        cached = _FOOTERS.get(key)
+    if cached is not None:
+        return cached
+    try:
+        metadata = pq.read_metadata(path)
+        schema = metadata.schema.to_arrow_schema().remove_metadata()
+        notes = json.loads((metadata.metadata or {}).get(NOTES_KEY, b"{}"))
+        info: SegmentInfo | str = SegmentInfo(schema.to_string(show_schema_metadata=False), schema,
+                                              metadata.num_rows, notes if isinstance(notes, dict) else {})
+    except (OSError, pa.ArrowException, ValueError) as e:
+        info = f"not a readable Parquet file: {e}"
+    with _FOOTERS_LOCK:
+        if len(_FOOTERS) > 100_000:
+            _FOOTERS.clear()
+        _FOOTERS[key] = info
+    return info
+
+
+def projection(schema: pa.Schema) -> str:
+    """SELECT list that maps a segment schema onto the store's schema: a column missing from older segments
+    reads as NULL, one whose type changed is cast; columns the schema no longer has are left out."""
+    items = []
+    for f in SCHEMA:
+        name = _identifier(f.name)
+        if f.name not in schema.names:
+            items.append(f"CAST(NULL AS {duckdb_type(f.type)}) AS {name}")
+        elif schema.field(f.name).type != f.type:
+            items.append(f"TRY_CAST({name} AS {duckdb_type(f.type)}) AS {name}")
+        else:
+            items.append(name)
+    return ", ".join(items)
 
 
 class Store:
@@ -46,7 +132,10 @@ class Store:
         self.root = root
         self.con = con
         self.segments: list[Path] = []
-        self.duplicate_rows = 0
+        self.skipped: list[tuple[Path, str]] = []  # segments left out of the snapshot, with the reason
+        self.notes: dict[str, dict[str, int]] = {}  # what was converted, truncated or dropped, per key
+        self.duplicate_rows = 0  # rows of spans stored more than once (same ids)
+        self.conflicting_spans = 0  # of those, span ids stored with different content
         self.refresh()
 
     @classmethod
@@ -63,31 +152,58 @@ class Store:
 
     def refresh(self) -> None:
         """Takes a new snapshot: the segments written since are included from now on."""
-        self.segments = list_segments(self.root)
+        readable: dict[str, list[Path]] = {}
+        schemas: dict[str, pa.Schema] = {}
+        self.segments, self.skipped, self.notes = [], [], {}
+        for path in list_segments(self.root):
+            info = read_footer(path)
+            if isinstance(info, str):
+                if path.exists():  # a segment removed since the listing (compaction) is not a problem
+                    self.skipped.append((path, info))
+                continue
+            self.segments.append(path)
+            readable.setdefault(info.schema_key, []).append(path)
+            schemas[info.schema_key] = info.schema
+            merge_counts(self.notes, info.notes)
         con = self.con
-        if self.segments:
-            files = ", ".join(_sql_string(str(p)) for p in self.segments)
-            con.execute(f"CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM read_parquet([{files}], "
-                        f"union_by_name = true, hive_partitioning = false)")
+        parts = []
+        for key, paths in readable.items():
+            files = ", ".join(sql_string(str(p)) for p in paths)
+            parts.append(f"SELECT {projection(schemas[key])} FROM read_parquet([{files}], "
+                         f"hive_partitioning = false)")
+        if parts:
+            con.execute("CREATE OR REPLACE VIEW spans_raw AS " + " UNION ALL ".join(parts))
         else:
-            empty = pa.table({f.name: pa.array([], type=f.type) for f in base_schema()})
+            empty = pa.table({f.name: pa.array([], type=f.type) for f in SCHEMA})
             con.register("_empty_spans", empty)
             con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _empty_spans")
         total, distinct = con.execute(
             "SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans_raw").fetchone() or (0, 0)
         self.duplicate_rows = total - distinct
+        self.conflicting_spans = 0
         if self.duplicate_rows:
             # The same span written twice in different batches (e.g. a file ingested and also received by
-            # the collector): keep one copy.
+            # the collector): keep one copy. Copies with different content are conflicts: counted, and all
+            # kept in `spans_raw`.
+            content = ", ".join(_identifier(f.name) for f in SCHEMA)
+            self.conflicting_spans = con.execute(
+                f"SELECT count(*) FROM (SELECT trace_id, span_id FROM spans_raw GROUP BY ALL "
+                f"HAVING count(DISTINCT hash({content})) > 1)").fetchone()[0]
             con.execute("CREATE OR REPLACE VIEW spans AS SELECT * FROM spans_raw "
-                        "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id) = 1")
+                        "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY start_ns, end_ns) = 1")
         else:
             con.execute("CREATE OR REPLACE VIEW spans AS SELECT * FROM spans_raw")
         for name in RELATIONS:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {relation_sql(name)}")
 
+    def _ensure_snapshot(self) -> None:
+        """A snapshot older than compaction's grace period may name files that are gone: take a new one."""
+        if any(not p.exists() for p in self.segments):
+            self.refresh()
+
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation:
         """Runs a query over the views; values are bound as parameters, never formatted into the SQL."""
+        self._ensure_snapshot()
         if params is None:
             return self.con.sql(query)
         return self.con.sql(query, params=params)
@@ -96,6 +212,7 @@ class Store:
         """A derived relation (or `spans`, `spans_raw`) as a DuckDB relation."""
         if name not in (*RELATIONS, "spans", "spans_raw"):
             raise KeyError(f"unknown relation {name!r}; known: spans, spans_raw, {', '.join(RELATIONS)}")
+        self._ensure_snapshot()
         return self.con.table(name)
 
     def materialize(self, names: Sequence[str] = RELATIONS) -> None:

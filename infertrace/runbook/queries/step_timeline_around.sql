@@ -9,6 +9,7 @@
 SELECT
     step_index,
     make_timestamp_ns(start_ns) AS step_start,
+    make_timestamp_ns(end_ns) AS step_end,
     round((end_ns - $at) / 1e6, 3) AS end_ms_from_at,
     round(duration_ns / 1e6, 3) AS duration_ms,
     prefill_tokens,

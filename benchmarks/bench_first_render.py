@@ -1,0 +1,154 @@
+"""First render of each dashboard page and `infertrace report`, before and after materialised results, in one
+run; and what materialisation costs next to ingest.
+
+    .venv/bin/infertrace simulate --fleet examples/fleets/four_models.toml --duration 3600 --seed 1 --out F.jsonl.gz
+    .venv/bin/python benchmarks/bench_first_render.py --traces F.jsonl.gz [--json out.json]
+
+Steps, each timed: ingest F into a fresh store (`ingest_paths`, what `infertrace ingest` runs before it
+materialises); every page's first render and
+`report` with `INFERTRACE_RESULTS=live` (the analyzers run, as before materialisation); materialisation of the
+snapshot (derived relations, then every analysis); every page's first render and `report` reading the
+materialised results. Each first render is a fresh process (AppTest, the page opened first, nothing cached),
+so no page profits from another's work. Prints a table and the load average at each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboards" / "app.py"
+PAGES = ("views/fleet.py", "views/itl_spikes.py", "views/incidents.py", "views/prefix_cache.py", "views/runbook.py",
+         "views/request.py")
+
+
+def render_once(store: Path, page: str, request_id: str | None) -> tuple[float, float]:
+    """One page's first render in this fresh process, as a dashboard server that is up renders it (its
+    modules imported, nothing computed or cached): wall and CPU seconds of the run."""
+    import altair  # noqa: F401  (what a running server has imported already)
+    import pandas  # noqa: F401
+    from streamlit.testing.v1 import AppTest
+
+    import infertrace.analyzers.itl
+    import infertrace.analyzers.prefix_cache
+    import infertrace.analyzers.rca
+    import infertrace.analyzers.slo
+    import infertrace.results  # noqa: F401
+
+    os.environ["INFERTRACE_STORE"] = str(store)
+    at = AppTest.from_file(str(APP), default_timeout=3600)
+    at.switch_page(page)
+    if request_id:
+        at.query_params["request_id"] = request_id
+    started, cpu = time.perf_counter(), time.process_time()
+    at.run()
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if at.exception:
+        raise SystemExit(f"{page}: {[e.value for e in at.exception]}")
+    return seconds, cpu
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
+def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system, the child's) of a command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - started, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def _page(store: Path, page: str, request_id: str | None, live: bool) -> tuple[float, float]:
+    env = {**os.environ, "INFERTRACE_RESULTS": "live" if live else ""}
+    command = [sys.executable, __file__, "--render", page, "--store", str(store)]
+    if request_id:
+        command += ["--request-id", request_id]
+    out = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=Path, help="OTLP JSON lines of the 4-model hour")
+    parser.add_argument("--store", type=Path, help="with --render: the store")
+    parser.add_argument("--render", help=argparse.SUPPRESS)
+    parser.add_argument("--request-id", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    if args.render:
+        wall, cpu = render_once(args.store, args.render, args.request_id)
+        print(wall, cpu)
+        return
+    if args.traces is None:
+        parser.error("--traces is required")
+
+    from infertrace.results import materialize
+    from infertrace.store.store import Store
+
+    work = Path(tempfile.mkdtemp(prefix="bench-first-render-"))
+    store = work / "store"
+    cli = [sys.executable, "-m", "infertrace"]
+    rows: list[dict[str, object]] = []
+    try:
+        from infertrace.store.ingest import ingest_paths
+
+        load = _load()
+        started, cpu = time.perf_counter(), time.process_time()
+        ingest_paths(store, [args.traces])
+        ingest_s, ingest_cpu = time.perf_counter() - started, time.process_time() - cpu
+        rows.append({"step": "ingest", "seconds": round(ingest_s, 2), "cpu": round(ingest_cpu, 2), "load": load})
+        with Store.open(store) as opened:
+            request_id = opened.sql("SELECT request_id FROM requests ORDER BY ttft_ns DESC LIMIT 1").fetchall()[0][0]
+        results: dict[str, dict[str, float]] = {"before": {}, "after": {}}
+        for phase in ("before", "after"):
+            if phase == "after":
+                load = _load()
+                started, cpu = time.perf_counter(), time.process_time()
+                with Store.open(store) as opened:
+                    spent = materialize(opened)
+                materialize_s, materialize_cpu = time.perf_counter() - started, time.process_time() - cpu
+                rows.append({"step": "materialise", "seconds": round(materialize_s, 2),
+                             "cpu": round(materialize_cpu, 2), "load": load,
+                             "detail": {k: round(v, 2) for k, v in spent.items()}})
+            for page in PAGES:
+                load = _load()
+                seconds, cpu = _page(store, page, request_id if page.endswith("request.py") else None,
+                                     phase == "before")
+                results[phase][page] = round(seconds, 2)
+                rows.append({"step": f"{phase}: first render {page}", "seconds": round(seconds, 2),
+                             "cpu": round(cpu, 2), "load": load})
+            load = _load()
+            env = {**os.environ, "INFERTRACE_RESULTS": "live" if phase == "before" else ""}
+            report_s, report_cpu = _timed([*cli, "report", "--store", str(store), "--fail-on", "never"], env)
+            results[phase]["report"] = round(report_s, 2)
+            rows.append({"step": f"{phase}: report (the whole command)", "seconds": round(report_s, 2),
+                         "cpu": round(report_cpu, 2), "load": load})
+        summary = {"ingest_s": round(ingest_s, 2), "materialise_s": round(materialize_s, 2),
+                   "materialise_share_of_ingest": round(materialize_s / ingest_s, 3),
+                   "materialise_cpu_share_of_ingest": round(materialize_cpu / ingest_cpu, 3), **results,
+                   "rows": rows}
+        print(f"{'step':52} {'wall s':>8} {'CPU s':>8} {'load':>5}")
+        for row in rows:
+            print(f"{row['step']:52} {row['seconds']:>8} {row['cpu']:>8} {row['load']:>5}")
+        print(f"materialisation / ingest: {materialize_s / ingest_s:.0%} wall, {materialize_cpu / ingest_cpu:.0%} CPU")
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

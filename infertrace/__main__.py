@@ -1,0 +1,5 @@
+"""`python -m infertrace`: the same as the `infertrace` command."""
+
+from infertrace.cli import main
+
+main()

@@ -1,0 +1,114 @@
+"""`infertrace export` and `infertrace serve-metrics`: a store's traces and derived metrics for other tools
+(ui.perfetto.dev, an OpenTelemetry backend, Prometheus and Grafana)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infertrace.cli.console import check_choice, err, fail
+from infertrace.cli.conventions import parse_when
+
+EXPORT_FORMATS = ("perfetto", "otlp")
+
+
+def export(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    fmt: Annotated[str, typer.Option("--format", help="perfetto (a Perfetto trace of the engines: steps, requests, "
+                                                      "stalls as flows) or otlp (the spans as OTLP JSON lines)")],
+    out: Annotated[Path, typer.Option(help="File to write (otlp: .gz for gzip)")],
+    since: Annotated[str | None, typer.Option(help="Window start: ISO 8601 (UTC), epoch s/ns, or back from now: "
+                                                   "-15m, 2h")] = None,
+    until: Annotated[str | None, typer.Option(help="Window end (exclusive), same forms")] = None,
+    engine: Annotated[list[str] | None, typer.Option(
+        help="perfetto: only this engine instance (repeatable); default: all")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Export a store's traces for other tools. `perfetto`: one process per engine with its steps, load counters
+    and request lanes (queue, prefill chunks, decode), each ITL stall as flows from the culprit prefill chunk to
+    its victims; open it in ui.perfetto.dev. `otlp`: every stored span as OTLP JSON lines, which `infertrace
+    ingest` and the OpenTelemetry Collector read.
+
+    Example:
+      infertrace export --store traces/ --format perfetto --since -10m --out incident.pftrace
+      infertrace export --store traces/ --format perfetto --engine llama-3-8b-0 --out llama.pftrace
+      infertrace export --store traces/ --format otlp --out spans.jsonl.gz
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from infertrace.store.store import Store
+
+    check_choice("--format", fmt, EXPORT_FORMATS)
+    try:
+        since_ns = parse_when(since) if since is not None else None
+        until_ns = parse_when(until) if until is not None else None
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if engine and fmt != "perfetto":
+        raise fail("--engine selects engines of a perfetto export; an otlp export writes every span in the window")
+    columns = (TextColumn(f"exporting {fmt}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    started = time.perf_counter()
+    try:
+        with Store.open(store) as opened:
+            if not opened.segments:
+                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps").fetchall()}
+            for name in engine or ():
+                if name not in known:
+                    from infertrace.cli.console import did_you_mean
+
+                    raise fail(f"--engine {name!r}: no engine steps of that instance in the store"
+                               f"{did_you_mean(name, known)}")
+            with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
+                task = bar.add_task(fmt, total=None)
+                if fmt == "perfetto":
+                    from infertrace.export.perfetto import write_perfetto
+
+                    summary = write_perfetto(opened, out, since_ns, until_ns, engine or None,
+                                             on_progress=lambda done: bar.update(task, completed=done))
+                    said = summary.sentence()
+                else:
+                    from infertrace.export.otlp import write_otlp
+
+                    spans = write_otlp(opened, out, since_ns, until_ns, on_progress=lambda n: bar.advance(task, n))
+                    said = f"{spans} spans"
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    except OSError as e:
+        raise fail(f"--out {out}: {e}") from None
+    err.print(f"Wrote {out} in {time.perf_counter() - started:.1f} s: {said}", markup=False, highlight=False)
+
+
+def serve_metrics(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve /metrics on (port 0: any free port)")] = (
+        "127.0.0.1:9464"),
+) -> None:
+    """Serve the store's derived metrics for Prometheus at /metrics: TTFT, ITL, E2E and phase histograms,
+    token, prefix-cache, preemption and outcome counters under vLLM's names, ITL stalls by culprit tenant and
+    cache hit rates by tenant (docs/export.md). Each scrape sees the segments written so far.
+
+    Example:
+      infertrace serve-metrics --store traces/ --listen 127.0.0.1:9464
+    """
+    from infertrace.export.metrics import serve
+    from infertrace.store.collector import parse_listen
+
+    if not store.is_dir():
+        raise fail(f"--store {store}: no such store directory")
+    try:
+        host, port = parse_listen(listen)
+        server, thread = serve(store, host, port)
+    except (OSError, ValueError) as e:
+        raise fail(f"--listen {listen}: {e}") from None
+    bound_host, bound_port = server.server_address[:2]
+    print(f"infertrace serve-metrics: http://{bound_host}:{bound_port}/metrics on store {store}", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()

@@ -1,0 +1,229 @@
+"""Derived metrics in Prometheus' exposition format, so Grafana users can chart them beside vLLM's own.
+
+Where vLLM (V1) exports a metric with the same meaning, the same name, type, buckets and `model_name` label
+are used, with `engine` naming the engine instance (`service.instance.id`); vLLM's `engine` label is an index:
+- histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
+  `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds`, `vllm:request_prefill_time_seconds`,
+  `vllm:request_decode_time_seconds`;
+- counters `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:prefix_cache_queries_total` and
+  `vllm:prefix_cache_hits_total` (prompt tokens looked up / read from the prefix cache),
+  `vllm:num_preemptions_total`, `vllm:request_success_total` (by `finished_reason`);
+- gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` at each engine's
+  last recorded step.
+
+What only infertrace knows, under `infertrace:`:
+- `infertrace:itl_stalls_total{engine, model_name, cause, culprit_tenant}`: engine steps that stalled decoding
+  requests (a step with culprits of two tenants counts once for each); `culprit_tenant` is empty for a host
+  pause;
+- `infertrace:itl_stall_victim_seconds_total{culprit_tenant}`: the delay a tenant's prefills handed to other
+  requests' tokens (Σ over victims);
+- `infertrace:prefix_cache_hit_rate{tenant}`: share of the tenant's prompt tokens read from the prefix cache.
+
+Counters are totals over the store; as a collector adds spans they only grow, as Prometheus expects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from infertrace.export import query_text
+
+if TYPE_CHECKING:
+    from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.prefix_cache import PrefixCacheAnalysis
+    from infertrace.store.store import Store
+
+log = logging.getLogger(__name__)
+
+# vLLM V1's buckets (vllm/v1/metrics/loggers.py), in seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+_REQUEST_HISTOGRAMS = {  # metric in the SQL → (name, help, buckets)
+    "ttft": ("vllm:time_to_first_token_seconds", "Time to first token in seconds (from the engine request's "
+             "arrival).", TTFT_BUCKETS),
+    "e2e": ("vllm:e2e_request_latency_seconds", "End to end request latency in seconds (engine request).",
+            REQUEST_LATENCY_BUCKETS),
+    "queue": ("vllm:request_queue_time_seconds", "Time spent waiting before first scheduled, in seconds.",
+              REQUEST_LATENCY_BUCKETS),
+    "prefill": ("vllm:request_prefill_time_seconds", "Time from first scheduled to the first token, in seconds.",
+                REQUEST_LATENCY_BUCKETS),
+    "decode": ("vllm:request_decode_time_seconds", "Time from the first token to the last, in seconds.",
+               REQUEST_LATENCY_BUCKETS),
+}
+_LABELS = ["model_name", "engine"]
+
+
+def _histogram(name: str, documentation: str, bounds: Sequence[float],
+               rows: dict[tuple[str, str], tuple[list[int], float]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=_LABELS)
+    for labels, (counts, total) in sorted(rows.items()):
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric(list(labels), buckets, total)
+    return family
+
+
+def _bucket_rows(frame: Any, key: Callable[[Any], tuple[str, str]], count: str,
+                 bounds: Sequence[float]) -> dict[tuple[str, str], tuple[list[int], float]]:
+    rows: dict[tuple[str, str], tuple[list[int], float]] = {}
+    for record in frame.itertuples(index=False):
+        counts, total = rows.get(key(record), ([0] * (len(bounds) + 1), 0.0))
+        counts[int(record.bucket)] += int(getattr(record, count))
+        rows[key(record)] = (counts, total + float(record.sum_seconds))
+    return rows
+
+
+def derived_metrics(store: Store, itl: ItlAnalysis | None = None,
+                    cache: PrefixCacheAnalysis | None = None) -> list[Metric]:
+    """Every metric family above, computed from the store (and the ITL and prefix-cache analyses)."""
+    from infertrace.analyzers.itl import analyze_itl
+    from infertrace.analyzers.prefix_cache import analyze_prefix_cache
+
+    itl = itl if itl is not None else analyze_itl(store)
+    cache = cache if cache is not None else analyze_prefix_cache(store)
+    families: list[Metric] = []
+    requests = store.sql(query_text("metrics_request_histograms"), params={
+        "ttft": list(TTFT_BUCKETS), "e2e": list(REQUEST_LATENCY_BUCKETS), "phase": list(REQUEST_LATENCY_BUCKETS),
+    }).df()
+    models: dict[str, str] = dict(zip(requests["instance"], requests["model"].fillna(""), strict=True))
+    for metric, (name, documentation, bounds) in _REQUEST_HISTOGRAMS.items():
+        rows = _bucket_rows(requests[requests["metric"] == metric], lambda r: (r.model or "", r.instance),
+                            "requests", bounds)
+        families.append(_histogram(name, documentation, bounds, rows))
+    tokens = store.sql(query_text("metrics_itl_histogram"), params={"itl": list(ITL_BUCKETS)}).df()
+    itl_rows = _bucket_rows(tokens, lambda r: (models.get(r.instance, ""), r.instance), "tokens", ITL_BUCKETS)
+    families.append(_histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens of a "
+                               "request, in seconds.", ITL_BUCKETS, itl_rows))
+    families += _engine_totals(store)
+    families += _stall_metrics(itl)
+    hit_rate = GaugeMetricFamily("infertrace:prefix_cache_hit_rate", "Share of the tenant's prompt tokens read "
+                                 "from the prefix cache.", labels=["tenant"])
+    for group in cache.by_tenant:
+        if group.hit_rate is not None:
+            hit_rate.add_metric([str(group.key)], float(group.hit_rate))
+    families.append(hit_rate)
+    return families
+
+
+def _engine_totals(store: Store) -> list[Metric]:
+    totals = store.sql(query_text("metrics_engine_totals")).df()
+    counters = {column: CounterMetricFamily(name, documentation, labels=_LABELS) for column, name, documentation in (
+        ("prompt_tokens", "vllm:prompt_tokens", "Prompt tokens of the engine's requests."),
+        ("generation_tokens", "vllm:generation_tokens", "Tokens the engine generated."),
+        ("prompt_tokens_queried", "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+        ("cached_tokens", "vllm:prefix_cache_hits", "Prompt tokens read from the prefix cache."),
+        ("preemptions", "vllm:num_preemptions", "Preemptions of the engine's requests."))}
+    success = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+                                  labels=[*_LABELS, "finished_reason"])
+    gauges = {column: GaugeMetricFamily(name, documentation, labels=_LABELS) for column, name, documentation in (
+        ("running", "vllm:num_requests_running", "Requests running at the engine's last recorded step."),
+        ("waiting", "vllm:num_requests_waiting", "Requests waiting at the engine's last recorded step."),
+        ("kv_usage", "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use at the engine's last "
+                                                 "recorded step (1 = 100%)."))}
+    per_engine: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    last: dict[tuple[str, str], dict[str, float | None]] = {}
+    for r in totals.itertuples(index=False):
+        labels = (r.model or "", r.instance)
+        sums = per_engine[labels]
+        sums["prompt_tokens"] += r.prompt_tokens
+        sums["prompt_tokens_queried"] += r.prompt_tokens
+        sums["generation_tokens"] += r.generation_tokens
+        sums["cached_tokens"] += r.cached_tokens
+        sums["preemptions"] += r.preemptions
+        success.add_metric([*labels, str(r.finish_reason)], float(r.requests))
+        kv = (float(r.kv_used_blocks) / float(r.kv_total_blocks)
+              if _known(r.kv_used_blocks) and _known(r.kv_total_blocks) and r.kv_total_blocks else None)
+        last[labels] = {"running": r.running if _known(r.running) else None,
+                        "waiting": r.waiting if _known(r.waiting) else None, "kv_usage": kv}
+    for labels, sums in sorted(per_engine.items()):
+        for column, family in counters.items():
+            family.add_metric(list(labels), float(sums[column]))
+        for column, family in gauges.items():
+            value = last[labels][column]
+            if value is not None:  # no step spans: no load to report, rather than a zero
+                family.add_metric(list(labels), float(value))
+    return [*counters.values(), success, *gauges.values()]
+
+
+def _known(value: Any) -> bool:
+    return value is not None and value == value
+
+
+def _stall_metrics(itl: ItlAnalysis) -> list[Metric]:
+    stalls: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    for s in itl.stalls:
+        tenants = {c.tenant or "" for c in s.culprits} or {""}
+        for cause in s.causes:
+            for tenant in tenants if cause != "host_pause" else {""}:
+                stalls[(s.model or "", s.instance, cause, tenant)] += 1
+    count = CounterMetricFamily("infertrace:itl_stalls", "Engine steps that stalled decoding requests, by cause "
+                                "and culprit tenant.", labels=[*_LABELS, "cause", "culprit_tenant"])
+    for labels, n in sorted(stalls.items()):
+        count.add_metric(list(labels), float(n))
+    delay: dict[str, float] = defaultdict(float)
+    for c in itl.culprits:
+        delay[c.tenant or ""] += c.victim_stall_ns / 1e9
+    handed = CounterMetricFamily("infertrace:itl_stall_victim_seconds", "Delay the tenant's prefills added to "
+                                 "other requests' tokens, summed over the victims.", labels=["culprit_tenant"])
+    for tenant, seconds in sorted(delay.items()):
+        handed.add_metric([tenant], seconds)
+    return [count, handed]
+
+
+class StoreMetrics:
+    """A prometheus-client collector over a store directory: each scrape sees the store's current segments,
+    and the metrics are recomputed only when they changed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._snapshot: tuple[str, ...] | None = None
+        self._families: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        from infertrace.store.segments import list_segments
+        from infertrace.store.store import Store
+
+        with self._lock:
+            snapshot = tuple(p.name for p in list_segments(self.root))
+            if snapshot != self._snapshot:
+                started = time.perf_counter()
+                with Store.open(self.root) as store:
+                    self._families = derived_metrics(store)
+                self._snapshot = snapshot
+                log.info("metrics recomputed for %d segments in %.2f s", len(snapshot), time.perf_counter() - started)
+            yield from self._families
+
+
+def exposition(root: Path) -> bytes:
+    """The metrics of a store directory as one scrape would return them."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreMetrics(root))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+def serve(root: Path, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Serves GET /metrics for the store on host:port (port 0: any free port) in a background thread."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreMetrics(root))  # type: ignore[arg-type]
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return server, thread

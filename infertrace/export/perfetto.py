@@ -1,0 +1,303 @@
+"""A Perfetto trace of the engines (protobuf `Trace` of TrackEvents; open it in ui.perfetto.dev or load it with
+the trace processor). Per engine instance, one process with:
+
+- a `steps` track: one slice per engine step (`prefill+decode`, `decode`, `prefill`), its token counts and
+  load as arguments; a stalled step is named `STALL …` and carries the time it added;
+- counter tracks `running`, `waiting`, `KV blocks used`, `preempted` (a value at each change);
+- request lanes: each engine request an async slice (requests that do not overlap share a lane) with its
+  phases `queue`, `prefill` (its `chunk` slices inside, one per step that computed part of the prompt) and
+  `decode`; a victim of an ITL stall has a `stalled` slice inside its decode phase;
+- flows: from the culprit prefill chunk of each stall (`infertrace.analyzers.itl`) to each victim's `stalled`
+  slice, so that selecting a culprit's chunk in the UI shows the requests it stalled.
+
+Timestamps are nanoseconds since the Unix epoch, UTC (a clock snapshot maps the trace clock to wall time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
+    BuiltinClock,
+    TracePacket,
+    TrackDescriptor,
+    TrackEvent,
+)
+
+from infertrace.export import query_text
+
+if TYPE_CHECKING:
+    from infertrace.analyzers.itl import ItlAnalysis, Stall
+    from infertrace.store.store import Store
+
+log = logging.getLogger(__name__)
+_SEQUENCE = 1
+_FRAME = b"\x0a"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class PerfettoSummary:
+    engines: int
+    steps: int
+    requests: int
+    chunks: int
+    stalls: int
+    flows: int
+    packets: int
+
+    def sentence(self) -> str:
+        return (f"{self.engines} engines, {self.steps} steps, {self.requests} requests ({self.chunks} prefill "
+                f"chunks), {self.stalls} stalls as {self.flows} culprit→victim flows; {self.packets} packets")
+
+
+class _Writer:
+    """Packets to a stream, one `Trace` message each (concatenated messages are one `Trace`)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.packets = 0
+        self._uuids = itertools.count(1)
+
+    def _write(self, packet: TracePacket) -> None:
+        # `Trace.packet` is field 1: a packet is framed as tag 0x0a, its length as a varint, its bytes.
+        body = packet.SerializeToString()
+        self.stream.write(_FRAME + _varint(len(body)) + body)
+        self.packets += 1
+
+    def clock(self, at_ns: int) -> None:
+        """Trace time is wall time: the UI and the trace processor can show UTC."""
+        packet = TracePacket(trusted_packet_sequence_id=_SEQUENCE)
+        for clock in (BuiltinClock.BUILTIN_CLOCK_BOOTTIME, BuiltinClock.BUILTIN_CLOCK_REALTIME):
+            packet.clock_snapshot.clocks.add(clock_id=clock, timestamp=at_ns)
+        self._write(packet)
+
+    def track(self, name: str, parent: int | None = None, pid: int | None = None, counter: bool = False) -> int:
+        uuid = next(self._uuids)
+        descriptor = TrackDescriptor(uuid=uuid, name=name)
+        if parent is not None:
+            descriptor.parent_uuid = parent
+        if pid is not None:
+            descriptor.process.pid = pid
+            descriptor.process.process_name = name
+        if counter:
+            descriptor.counter.SetInParent()
+        self._write(TracePacket(trusted_packet_sequence_id=_SEQUENCE, track_descriptor=descriptor))
+        return uuid
+
+    def begin(self, track: int, ts: int, name: str, args: dict[str, Any] | None = None,
+              flows_out: Iterable[int] = (), flows_in: Iterable[int] = ()) -> None:
+        event = TrackEvent(type=TrackEvent.TYPE_SLICE_BEGIN, track_uuid=track, name=name,
+                           flow_ids=list(flows_out), terminating_flow_ids=list(flows_in))
+        for key, value in (args or {}).items():
+            if value is None:
+                continue
+            annotation = event.debug_annotations.add(name=key)
+            if isinstance(value, bool):
+                annotation.bool_value = value
+            elif isinstance(value, int):
+                annotation.int_value = value
+            elif isinstance(value, float):
+                annotation.double_value = value
+            else:
+                annotation.string_value = str(value)
+        self._write(TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQUENCE, track_event=event))
+
+    def end(self, track: int, ts: int) -> None:
+        event = TrackEvent(type=TrackEvent.TYPE_SLICE_END, track_uuid=track)
+        self._write(TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQUENCE, track_event=event))
+
+    def counter(self, track: int, ts: int, value: int) -> None:
+        event = TrackEvent(type=TrackEvent.TYPE_COUNTER, track_uuid=track, counter_value=value)
+        self._write(TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQUENCE, track_event=event))
+
+
+@dataclass
+class _Child:
+    """A slice inside a request's phase: a prefill chunk or a stall."""
+
+    start_ns: int
+    end_ns: int
+    name: str
+    args: dict[str, Any]
+    flows_out: list[int]
+    flows_in: list[int]
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)
+
+
+def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = None, until_ns: int | None = None,
+                   instances: Iterable[str] | None = None, itl: ItlAnalysis | None = None,
+                   on_progress: Callable[[int], None] | None = None) -> PerfettoSummary:
+    """Writes the trace of the engines in the window (steps ending, requests overlapping [since, until)) to
+    `out`. `itl` is the ITL analysis of the store (computed when not given); its stalls become flows."""
+    from infertrace.analyzers.itl import analyze_itl
+
+    wanted = sorted(set(instances)) if instances is not None else None
+    params = {"since": since_ns, "until": until_ns, "instances": wanted}
+    steps = store.sql(query_text("perfetto_steps"), params=params).df()
+    requests = store.sql(query_text("perfetto_requests"), params=params).df()
+    chunks = store.sql(query_text("perfetto_chunks"), params=params).df()
+    analysis = itl if itl is not None else analyze_itl(store)
+    stalls = [s for s in analysis.stalls
+              if (since_ns is None or s.end_ns >= since_ns) and (until_ns is None or s.end_ns < until_ns)
+              and (wanted is None or s.instance in wanted)]
+    log.info("perfetto export: %d steps, %d requests, %d prefill chunks, %d stalls", len(steps), len(requests),
+             len(chunks), len(stalls))
+    if isinstance(out, Path):
+        with out.open("wb") as stream:
+            return _write(stream, steps, requests, chunks, stalls, on_progress)
+    return _write(out, steps, requests, chunks, stalls, on_progress)
+
+
+def _write(stream: IO[bytes], steps: Any, requests: Any, chunks: Any, stalls: list[Stall],
+           on_progress: Callable[[int], None] | None) -> PerfettoSummary:
+    writer = _Writer(stream)
+    starts = [int(f.min()) for f in (steps["start_ns"], requests["arrival_ns"]) if len(f)]
+    writer.clock(min(starts) if starts else 0)
+    models = {**dict(zip(requests["instance"], requests["model"], strict=True)),
+              **dict(zip(steps["instance"], steps["model"], strict=True))}
+    engines = sorted(set(steps["instance"]) | set(requests["instance"]))
+    stall_at = {(s.instance, s.end_ns): s for s in stalls}
+    present = set(requests["request_id"])
+    children, flows = _stall_children(stalls, chunks, present)
+    done = 0
+    for pid, instance in enumerate(engines, start=1):
+        model = models.get(instance)
+        process = writer.track(f"{instance} ({model})" if model else str(instance), pid=pid)
+        engine_steps = steps[steps["instance"] == instance]
+        _write_steps(writer, process, engine_steps, stall_at, instance)
+        _write_requests(writer, process, requests[requests["instance"] == instance], children)
+        done += len(engine_steps) + int((requests["instance"] == instance).sum())
+        if on_progress is not None:
+            on_progress(done)
+    return PerfettoSummary(engines=len(engines), steps=len(steps), requests=len(requests), chunks=len(chunks),
+                           stalls=len(stalls), flows=flows, packets=writer.packets)
+
+
+def _write_steps(writer: _Writer, process: int, steps: Any, stall_at: dict[tuple[str, int], Stall],
+                 instance: str) -> None:
+    track = writer.track("steps", parent=process)
+    counters = {name: writer.track(name, parent=process, counter=True)
+                for name in ("running", "waiting", "KV blocks used", "preempted")}
+    last: dict[str, int | None] = dict.fromkeys(counters)
+    columns = ("step_index", "start_ns", "end_ns", "prefill_tokens", "decode_tokens", "num_decodes", "running",
+               "waiting", "kv_used_blocks", "num_preempted", "pause_ns")
+    for row in zip(*(steps[c].tolist() for c in columns), strict=True):
+        index, start, end, prefill, decode, decodes, running, waiting, kv, preempted, pause = map(_int, row)
+        kind = "+".join(k for k, n in (("prefill", prefill), ("decode", decode)) if n) or "idle"
+        # running, waiting, KV use and preemptions are the counter tracks' values
+        args: dict[str, Any] = {"step": index, "prefill_tokens": prefill, "decode_tokens": decode,
+                                "decoding_requests": decodes}
+        if pause:
+            args["pause_ms"] = pause / 1e6
+        stall = stall_at.get((instance, end))
+        if stall is not None:
+            kind = f"STALL {kind}"
+            args.update(added_ms=stall.added_ns / 1e6, causes=", ".join(stall.causes), victims=len(stall.victims),
+                        culprits=", ".join(c.request_id for c in stall.culprits))
+        writer.begin(track, start, kind, args)
+        writer.end(track, end)
+        for name, value in zip(counters, (running, waiting, kv, preempted), strict=True):
+            if value is not None and value != last[name]:
+                writer.counter(counters[name], end, value)
+                last[name] = value
+
+
+def _stall_children(stalls: list[Stall], chunks: Any, present: set[str]) -> tuple[dict[str, list[_Child]], int]:
+    """Each request's chunk and stall slices, with a flow from each stall's culprit chunks to each victim."""
+    children: dict[str, list[_Child]] = defaultdict(list)
+    chunk_at: dict[tuple[str, int], _Child] = {}
+    for request_id, start, end, tokens, computed in zip(
+            chunks["request_id"], chunks["start_ns"], chunks["end_ns"], chunks["chunk_tokens"],
+            chunks["computed_tokens"], strict=True):
+        child = _Child(int(start), int(end), "chunk", {"chunk_tokens": _int(tokens), "cached_tokens": _int(computed)},
+                       [], [])
+        children[request_id].append(child)
+        chunk_at[(request_id, int(end))] = child
+    flow_ids = itertools.count(1)
+    flows = 0
+    for s in stalls:
+        victims = [v for v in s.victims if v in present]
+        for c in s.culprits:
+            if c.request_id not in present:
+                continue
+            chunk = chunk_at.get((c.request_id, s.end_ns))
+            if chunk is None:
+                chunk = _Child(s.start_ns, s.end_ns, "chunk", {"chunk_tokens": c.chunk_tokens,
+                                                                "cached_tokens": c.computed_tokens}, [], [])
+                children[c.request_id].append(chunk)
+            chunk.name = "culprit chunk"
+            chunk.args.update(stalled_requests=len(s.victims), share_of_excess=round(c.share, 4),
+                              excess_ms=c.excess_ns / 1e6)
+            for victim in victims:
+                flow = next(flow_ids)
+                chunk.flows_out.append(flow)
+                children[victim].append(_Child(s.start_ns, s.end_ns, "stalled",
+                                               {"culprit": c.request_id, "added_ms": s.added_ns / 1e6,
+                                                "step": s.step_index}, [], [flow]))
+                flows += 1
+        if not s.culprits:  # a host pause: the victims' stall, without a culprit request
+            for victim in victims:
+                children[victim].append(_Child(s.start_ns, s.end_ns, "stalled", {
+                    "causes": ", ".join(s.causes), "added_ms": s.added_ns / 1e6, "step": s.step_index}, [], []))
+    return children, flows
+
+
+def _write_requests(writer: _Writer, process: int, requests: Any, children: dict[str, list[_Child]]) -> None:
+    lanes: list[int] = []
+    free: list[tuple[int, int]] = []  # (end of the lane's last request, lane number)
+    columns = ("request_id", "tenant", "arrival_ns", "scheduled_ns", "first_token_ns", "finish_ns", "input_tokens",
+               "output_tokens", "cached_tokens", "preemptions", "outcome")
+    for row in zip(*(requests[c].tolist() for c in columns), strict=True):
+        request_id, tenant, arrival, scheduled, first, finish, inputs, outputs, cached, preemptions, outcome = row
+        arrival, finish = int(arrival), max(int(finish), int(arrival))
+        if free and free[0][0] <= arrival:
+            _, lane = heapq.heappop(free)
+        else:
+            lane = len(lanes)
+            lanes.append(writer.track(f"requests {lane}", parent=process))
+        heapq.heappush(free, (finish, lane))
+        track = lanes[lane]
+        scheduled_ns = _int(scheduled)
+        first_ns = _int(first)
+        phases = _phases(arrival, scheduled_ns, first_ns, finish)
+        writer.begin(track, arrival, str(request_id), {
+            "request_id": request_id, "tenant": tenant, "input_tokens": _int(inputs), "output_tokens": _int(outputs),
+            "cached_tokens": _int(cached), "preemptions": _int(preemptions), "outcome": outcome})
+        inside = sorted(children.get(request_id, ()), key=lambda c: (c.start_ns, -c.end_ns))
+        for name, start, end in phases:
+            writer.begin(track, start, name)
+            for child in inside:
+                middle = (child.start_ns + child.end_ns) // 2
+                if start <= middle < end or (middle == end and name == phases[-1][0]):
+                    writer.begin(track, max(child.start_ns, start), child.name, child.args, child.flows_out,
+                                 child.flows_in)
+                    writer.end(track, min(child.end_ns, end))
+            writer.end(track, end)
+        writer.end(track, finish)
+
+
+def _phases(arrival: int, scheduled: int | None, first: int | None, finish: int) -> list[tuple[str, int, int]]:
+    """queue [arrival, first scheduled), prefill [scheduled, first token), decode [first token, finish]."""
+    scheduled = min(max(scheduled if scheduled is not None else arrival, arrival), finish)
+    first = min(max(first if first is not None else finish, scheduled), finish)
+    phases = [("queue", arrival, scheduled), ("prefill", scheduled, first), ("decode", first, finish)]
+    return [p for p in phases if p[2] > p[1]]

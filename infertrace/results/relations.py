@@ -1,0 +1,79 @@
+"""The store's derived relations (`requests`, `steps`, `step_membership`, `tokens`, `component_calls`)
+materialised as Parquet for a snapshot, so readers scan files instead of expanding every step span again:
+
+    DIR/derived/relations/<key>/<relation>.parquet      (<key>: `snapshot_key`, as for results)
+
+`attach(store)` points the store connection's relation views at those files when they exist for its snapshot
+(the same rows the SQL views give: written from them); a store without them keeps its views.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infertrace.results.materialized import KEEP, is_live, snapshot_key
+
+if TYPE_CHECKING:
+    from infertrace.store.store import Store
+
+log = logging.getLogger(__name__)
+
+RELATIONS_DIR = Path("derived") / "relations"
+
+
+def _relations() -> tuple[str, ...]:
+    from infertrace.store.store import RELATIONS
+
+    return RELATIONS
+
+
+def _literal(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def materialize_relations(store: Store) -> float:
+    """Writes every derived relation of the snapshot as Parquet (unless already there); returns seconds."""
+    if not store.segments:
+        return 0.0
+    parent = store.root / RELATIONS_DIR
+    final = parent / snapshot_key(store, "relations")
+    if (final / "done").is_file():
+        return 0.0
+    started = time.perf_counter()
+    parent.mkdir(parents=True, exist_ok=True)
+    temporary = parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    for name in _relations():
+        store.con.execute(f"COPY (SELECT * FROM {name}) TO {_literal(temporary / f'{name}.parquet')} "
+                          f"(FORMAT parquet, COMPRESSION zstd)")
+    (temporary / "done").write_text("")
+    try:
+        temporary.rename(final)
+    except OSError:  # written meanwhile by another process
+        shutil.rmtree(temporary, ignore_errors=True)
+    for old in sorted((p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                      key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    log.info("materialised the relations in %.2f s", seconds)
+    return seconds
+
+
+def attach(store: Store) -> bool:
+    """Makes the store's relation views read the snapshot's materialised relations; False when there are none
+    (or INFERTRACE_RESULTS=live)."""
+    if is_live() or not store.segments:
+        return False
+    folder = store.root / RELATIONS_DIR / snapshot_key(store, "relations")
+    if not (folder / "done").is_file():
+        return False
+    for name in _relations():
+        path = _literal(folder / f"{name}.parquet")
+        store.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path})")
+    return True

@@ -1,0 +1,27 @@
+-- title: ITL over time on an engine
+-- question: How were engine X's inter-token latencies distributed over time: how many tokens per time bucket
+--   fell into each ITL band (bands double: 1-2 ms, 2-4 ms, ...), and the worst ITL in each cell?
+-- when: To see when an engine's decodes stalled and how badly, before picking one stall to explain.
+-- param instance text: Engine instance (service.instance.id).
+-- param bucket_s float = 10: Time bucket width in seconds.
+-- param since time = null: Window start (token time).
+-- param until time = null: Window end (exclusive).
+-- example: instance=llama-3-8b-0 bucket_s=5
+WITH token AS (
+    SELECT time_ns // CAST($bucket_s * 1e9 AS BIGINT) AS bucket,
+           CAST(floor(log2(greatest(itl_ns / 1e6, 0.0625))) AS INTEGER) AS band,
+           itl_ns
+    FROM tokens
+    WHERE instance = $instance AND itl_ns IS NOT NULL
+      AND ($since IS NULL OR time_ns >= $since) AND ($until IS NULL OR time_ns < $until)
+)
+SELECT
+    make_timestamp_ns(bucket * CAST($bucket_s * 1e9 AS BIGINT)) AS bucket_start,
+    make_timestamp_ns((bucket + 1) * CAST($bucket_s * 1e9 AS BIGINT)) AS bucket_end,
+    pow(2, band) AS band_low_ms,
+    pow(2, band + 1) AS band_high_ms,
+    count(*) AS tokens,
+    round(max(itl_ns) / 1e6, 3) AS max_itl_ms
+FROM token
+GROUP BY bucket, band
+ORDER BY bucket, band

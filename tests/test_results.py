@@ -1,0 +1,134 @@
+"""Materialised analysis results: written once per snapshot, read back equal to what the analyzers compute,
+never read for another snapshot, recomputed when unreadable, and what `report` and the dashboard read."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from infertrace.results import ANALYSES, materialize, result, snapshot_key
+from infertrace.results.materialized import RESULTS_DIR, load
+from infertrace.results.relations import RELATIONS_DIR, attach
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import RELATIONS, Store
+from tests.incident_stores import SAMPLES, sample_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    shutil.copytree(sample_store("prefill_storm").store / "spans", store / "spans")
+    return store
+
+
+def test_every_materialised_result_reads_back_equal_to_the_analyzers_result(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        live = {name: compute(store) for name, compute in ANALYSES.items()}
+        spent = materialize(store)
+    assert set(spent) == {"relations", *ANALYSES, "report"} and all(s > 0 for s in spent.values())
+    with Store.open(store_dir) as store:
+        for name in ANALYSES:
+            assert load(store, name) == live[name], name
+        again = materialize(store)  # nothing to do the second time
+        assert again == dict.fromkeys(set(spent) - {"report"}, 0.0)
+    assert not list(store_dir.glob("derived/**/.*tmp*")), "no temporary left behind"
+
+
+def test_attached_relations_give_the_same_rows_as_the_views(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        materialize(store, names=())
+    with Store.open(store_dir) as store:
+        views = {n: store.sql(f"SELECT * FROM {n}").to_arrow_table() for n in RELATIONS}
+        assert attach(store)
+        for name in RELATIONS:
+            files = store.sql(f"SELECT * FROM {name}").to_arrow_table()
+            keys = [c for c in ("request_id", "instance", "trace_id", "span_id", "step_index", "token_index",
+                                "role", "start_ns") if c in files.column_names]
+            order = [(k, "ascending") for k in keys]
+            assert files.sort_by(order).equals(views[name].sort_by(order)), name
+
+
+def test_a_new_segment_is_a_new_snapshot_whose_results_include_it(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        before_key = snapshot_key(store)
+        before = result(store, "slo")
+    ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        assert snapshot_key(store) != before_key
+        assert load(store, "slo") is None  # the older snapshot's result is not this one's
+        after = result(store, "slo")
+        live = ANALYSES["slo"](store)
+    assert after == live
+    assert sum(m.gateway_requests for m in after.models) > sum(m.gateway_requests for m in before.models)
+
+
+def test_an_unreadable_result_is_computed_again_and_a_foreign_class_is_refused(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        live = result(store, "prefix_cache")
+        folder = store_dir / RESULTS_DIR / "prefix_cache" / snapshot_key(store)
+        (folder / "result.parquet").write_bytes(b"not parquet")
+        assert load(store, "prefix_cache") is None
+        assert result(store, "prefix_cache") == live
+        meta = {"class": "os.system"}
+        pq.write_table(pa.table({"meta": [json.dumps(meta)], "result": ["{}"]}), folder / "result.parquet")
+        assert load(store, "prefix_cache") is None
+
+
+def test_a_read_only_store_still_gets_its_results(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        expected = ANALYSES["ttft"](store)
+    os.chmod(store_dir, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(store_dir, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        with Store.open(store_dir) as store:
+            assert result(store, "ttft") == expected
+    finally:
+        os.chmod(store_dir, stat.S_IRWXU)
+
+
+def test_report_reads_materialised_results_and_says_the_same_as_when_computed_live(store_dir: Path) -> None:
+    def report(*env: tuple[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(store_dir), "--format",
+                               "json", "--fail-on", "never"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                              env={**os.environ, **dict(env)})
+
+    live = report(("INFERTRACE_RESULTS", "live"))
+    assert live.returncode == 0, live.stderr
+    assert not (store_dir / RESULTS_DIR).exists()  # the live path writes nothing
+    first = report()  # computes and keeps them
+    assert first.returncode == 0, first.stderr
+    assert {p.name for p in (store_dir / RESULTS_DIR).iterdir()} == {"slo", "itl", "rca", "prefix_cache", "ttft",
+                                                                     "roofline", "report"}
+    second = report()  # reads the kept report document, opening no store
+    assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
+    assert not (store_dir / RELATIONS_DIR).exists() or (store_dir / RELATIONS_DIR).is_dir()
+
+
+def test_a_collector_side_materializer_writes_the_results_once_new_segments_settle(tmp_path: Path) -> None:
+    from infertrace.results.background import Materializer
+
+    store_dir = tmp_path / "store"
+    materializer = Materializer(store_dir, settle_s=0.5, poll_s=0.2).start()
+    try:
+        ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])  # what the collector writes
+        deadline = time.monotonic() + 300
+        while materializer.runs < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        materializer.stop()
+    assert materializer.runs == 1
+    with Store.open(store_dir) as store:
+        assert all(load(store, name) is not None for name in ANALYSES)
