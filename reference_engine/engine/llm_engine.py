@@ -98,7 +98,7 @@ class LLMEngine:
             if seq.first_scheduled_ns is None:
                 seq.first_scheduled_ns = start
         num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        self.now_ns = start + int(durations.sum())
+        self.now_ns = start + sum(durations.tolist())  # a fifth of numpy's sum() on a few elements
         finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
         if self.observers:
             report = StepReport(self.step_index, start, self.now_ns, durations, batch, num_running, num_waiting,
