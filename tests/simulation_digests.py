@@ -7,7 +7,10 @@
   counts, preemptions, pauses). A fleet's engine may group the same steps into fewer spans when it knows that
   nothing can join its batch sooner; that regrouping (and the span ids drawn for it) is all this leaves out.
 
-`python -m tests.simulation_digests` prints every case's digest.
+The recorded digests live in tests/simulation_digests.json. `python -m tests.simulation_digests` prints every
+case's digest and whether it matches; `python -m tests.simulation_digests --record [CASE ...]` computes them (all
+cases, or the ones named) and writes them there: the one command to run after a change that means to alter what
+is simulated (say so in its commit message).
 """
 
 from __future__ import annotations
@@ -231,11 +234,42 @@ FLEET_CASES: dict[str, Callable[[Path], str]] = {f.__name__: f for f in (
 NEEDS_WORKLOADS = {"azure_five_minutes", "mooncake_shared_prefixes", "round_robin_azure_4x", "least_loaded_azure_4x"}
 
 
-if __name__ == "__main__":
+RECORDED_PATH = Path(__file__).with_name("simulation_digests.json")
+
+
+def recorded() -> dict[str, str]:
+    """The digests the tests hold the simulator to."""
+    return json.loads(RECORDED_PATH.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
     import tempfile
     import time
 
+    cases = {**ENGINE_CASES, **FLEET_CASES}
+    parser = argparse.ArgumentParser(prog="python -m tests.simulation_digests", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", action="store_true", help=f"write the digests to {RECORDED_PATH.name}")
+    parser.add_argument("cases", nargs="*", metavar="CASE", help="only these cases (default: all): " + ", ".join(cases))
+    args = parser.parse_args(argv)
+    if unknown := [name for name in args.cases if name not in cases]:
+        parser.error(f"no such case: {', '.join(unknown)}")
+    if any(name in NEEDS_WORKLOADS for name in args.cases or cases) and not (AZURE.is_file() and MOONCAKE.is_file()):
+        parser.error(f"{WORKLOADS} is not beside this clone: the Azure and Mooncake cases cannot run")
+    digests, changed = recorded(), 0
     with tempfile.TemporaryDirectory() as d:
-        for name, case in {**ENGINE_CASES, **FLEET_CASES}.items():
+        for name in args.cases or cases:
             start = time.perf_counter()
-            print(f'    "{name}": "{case(Path(d))}",  # {time.perf_counter() - start:.1f} s', flush=True)
+            digest = cases[name](Path(d))
+            same = digest == digests.get(name)
+            changed += not same
+            print(f"{name}: {digest} {'same' if same else 'CHANGED'} ({time.perf_counter() - start:.1f} s)", flush=True)
+            digests[name] = digest
+    if args.record:
+        RECORDED_PATH.write_text(json.dumps(digests, indent=1) + "\n")
+        print(f"{changed} changed digest(s) written to {RECORDED_PATH}")
+    return 1 if changed and not args.record else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
