@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,6 @@ MODES = ("engine", "untraced", "traced", "traced-in-process")
 
 def worker(mode: str, workload: Path, duration: float, out: Path) -> dict[str, Any]:
     """One run of `mode` in this (fresh) process."""
-    import resource
 
     from reference_engine.engine.config import EngineConfig
     from reference_engine.engine.llm_engine import LLMEngine
@@ -63,12 +63,15 @@ def worker(mode: str, workload: Path, duration: float, out: Path) -> dict[str, A
 
 
 def _ours(mode: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--worker", mode, "--workload", str(args.workload),
                            "--duration", str(args.duration), "--out", str(out)],
                           capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["process_wall_s"] = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker and its span writer, both waited for
+    result["process_cpu_s"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     return result
 
 
@@ -101,7 +104,7 @@ def main() -> None:
             for contender in order:
                 if contender == "blis":
                     result = blis.run(args.blis, header, data)
-                    result["process_wall_s"] = result["wall_s"]
+                    result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
                 else:
                     result = _ours(contender, args, out)
                 result["load_average"] = os.getloadavg()[0]
@@ -118,20 +121,24 @@ def main() -> None:
           f"medians of {args.repeat} fresh processes per contender, interleaved; load average before "
           f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f}")
     blis_speed = median("blis", "simulated_s") / median("blis", "process_wall_s") if args.blis else None
+    blis_cpu_speed = median("blis", "simulated_s") / median("blis", "process_cpu_s") if args.blis else None
     print("| run | sim wall s | simulated s / sim wall s | process wall s | simulated s / process wall s "
-          "| CPU s (+ writer process) |" + (" vs BLIS (sim / process) |" if blis_speed else ""))
-    print("|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
+          "| sim CPU s (+ writer process) | process CPU s, all processes |"
+          + (" vs BLIS: sim wall / process wall / process CPU |" if blis_speed else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
     for contender in MODES:
         sim, proc = median(contender, "sim_wall_s"), median(contender, "process_wall_s")
         cpu, child = median(contender, "sim_cpu_s"), median(contender, "child_cpu_s")
+        proc_cpu = median(contender, "process_cpu_s")
         row = (f"| {contender} | {sim:.2f} | {simulated / sim:.0f}× | {proc:.2f} | {simulated / proc:.0f}× | "
-               f"{cpu:.2f}" + (f" + {child:.2f}" if child > 0.05 else "") + " |")
-        if blis_speed:
-            row += f" {simulated / sim / blis_speed:.2f} / {simulated / proc / blis_speed:.2f} |"
+               f"{cpu:.2f}" + (f" + {child:.2f}" if child > 0.05 else "") + f" | {proc_cpu:.2f} |")
+        if blis_speed and blis_cpu_speed:
+            row += (f" {simulated / sim / blis_speed:.2f} / {simulated / proc / blis_speed:.2f} / "
+                    f"{simulated / proc_cpu / blis_cpu_speed:.2f} |")
         print(row)
     if blis_speed:
-        wall = median("blis", "process_wall_s")
-        print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | 1 |")
+        wall, cpu = median("blis", "process_wall_s"), median("blis", "process_cpu_s")
+        print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | {cpu:.2f} | 1 |")
     traced, untraced = median("traced", "sim_wall_s"), median("untraced", "sim_wall_s")
     in_process = median("traced-in-process", "sim_wall_s")
     spans, size = runs["traced"][0]["spans"], runs["traced"][0]["bytes"]

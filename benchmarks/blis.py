@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -39,19 +40,23 @@ def write_trace(requests: list[Request], prefix: Path) -> tuple[Path, Path]:
 
 
 def run(blis: Path, header: Path, data: Path, instances: int = 1) -> dict[str, Any]:
-    """One BLIS run in a fresh process: wall and CPU seconds, and the simulated seconds it reports."""
+    """One BLIS run in a fresh process: wall and CPU seconds (all its threads), and the simulated seconds it
+    reports."""
     args = [str(blis.resolve()), "replay", "--trace-header", str(header.resolve()), "--trace-data",
             str(data.resolve()), "--model", "meta-llama/llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1",
             "--latency-model", "roofline", "--cache-signal-delay", "0"]
     if instances > 1:
         args += ["--num-instances", str(instances), "--routing-policy", "round-robin"]
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(args, cwd=blis.resolve().parent, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"BLIS failed ({done.returncode}): {done.stderr[-2000:]}")
     metrics = _cluster_metrics(done.stdout)
-    return {"wall_s": wall, "simulated_s": float(metrics["vllm_estimated_duration_s"]),
+    return {"wall_s": wall, "cpu_s": after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime,
+            "simulated_s": float(metrics["vllm_estimated_duration_s"]),
             "requests": int(metrics["completed_requests"])}
 
 
