@@ -13,12 +13,10 @@ the whole process, Python's start-up and reading the trace included, which is wh
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,13 +25,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "azure_conv_2023.csv"
+from benchmarks import blis, side_by_side
+
 MODES = ("engine", "untraced", "traced", "traced-in-process")
 
 
 def worker(mode: str, workload: Path, duration: float, out: Path) -> dict[str, Any]:
     """One run of `mode` in this (fresh) process."""
-
     from reference_engine.engine.config import EngineConfig
     from reference_engine.engine.llm_engine import LLMEngine
     from reference_engine.simulate import open_sink, simulate
@@ -62,56 +60,30 @@ def worker(mode: str, workload: Path, duration: float, out: Path) -> dict[str, A
     return result
 
 
-def _ours(mode: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--worker", mode, "--workload", str(args.workload),
-                           "--duration", str(args.duration), "--out", str(out)],
-                          capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["process_wall_s"] = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker and its span writer, both waited for
-    result["process_cpu_s"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
-    return result
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
-    parser.add_argument("--duration", type=float, default=3600.0)
-    parser.add_argument("--repeat", type=int, default=5, help="interleaved repetitions; medians are reported")
-    parser.add_argument("--blis", type=Path, help="a BLIS binary, in the directory of its defaults.yaml")
-    parser.add_argument("--json", type=Path, help="also write every run's figures here")
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = side_by_side.parser(__doc__, MODES, repeat=5).parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.duration, args.out)))
         return
 
     contenders: list[str] = list(MODES) + (["blis"] if args.blis else [])
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.jsonl"
         if args.blis:
-            from benchmarks import blis
             from reference_engine.workload import azure_requests
 
             header, data = blis.write_trace(azure_requests(args.workload, args.duration), Path(tmp) / "blis")
-        for i in range(args.repeat):
-            order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
-            for contender in order:
-                if contender == "blis":
-                    result = blis.run(args.blis, header, data)
-                    result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
-                else:
-                    result = _ours(contender, args, out)
-                result["load_average"] = os.getloadavg()[0]
-                runs[contender].append(result)
-                print(f"  {contender}: {result.get('sim_wall_s', result['process_wall_s']):.2f} s sim, "
-                      f"{result['process_wall_s']:.2f} s process (load {result['load_average']:.1f})",
-                      file=sys.stderr, flush=True)
+
+        def run(contender: str) -> dict[str, Any]:
+            if contender == "blis":
+                result = blis.run(args.blis, header, data)
+                result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
+                return result
+            return side_by_side.fresh_process(__file__, ["--worker", contender, "--workload", str(args.workload),
+                                                         "--duration", str(args.duration), "--out", str(out)])
+
+        runs = side_by_side.interleaved(contenders, args.repeat, run)
 
     def median(contender: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[contender])

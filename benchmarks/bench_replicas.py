@@ -14,13 +14,10 @@ The scaling exponent is the least-squares slope of log(sim wall time) against lo
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "azure_conv_2023.csv"
+from benchmarks import blis, side_by_side
+
 MODES = ("traced", "untraced")
 
 
@@ -70,19 +68,6 @@ def worker(mode: str, replicas: int, workload: Path, duration: float, out: Path)
     return result
 
 
-def _ours(mode: str, replicas: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--worker", mode, "--replicas", str(replicas), "--workload",
-                           str(args.workload), "--duration", str(args.duration), "--out", str(out)],
-                          capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["process_wall_s"] = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker and its span writer, both waited for
-    result["process_cpu_s"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
-    return result
-
-
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(x): the exponent k of y ∝ x^k."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
@@ -91,15 +76,8 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = side_by_side.parser(__doc__, MODES, repeat=3)
     parser.add_argument("--replicas", default="1,2,4,8,16", help="comma-separated replica counts N")
-    parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
-    parser.add_argument("--duration", type=float, default=3600.0)
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; medians are reported")
-    parser.add_argument("--blis", type=Path, help="a BLIS binary, in the directory of its defaults.yaml")
-    parser.add_argument("--json", type=Path, help="also write every run's figures here")
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, int(args.replicas), args.workload, args.duration, args.out)))
@@ -107,28 +85,25 @@ def main() -> None:
 
     counts = [int(n) for n in args.replicas.split(",")]
     contenders = list(MODES) + (["blis"] if args.blis else [])
-    runs: dict[int, dict[str, list[dict[str, Any]]]] = {n: {c: [] for c in contenders} for n in counts}
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.jsonl"
+        blis_traces: dict[int, tuple[Path, Path]] = {}
         for n in counts:
             if args.blis:
-                from benchmarks import blis
+                blis_traces[n] = blis.write_trace(_requests(n, args.workload, args.duration)[1], Path(tmp) / f"blis{n}")
 
-                header, data = blis.write_trace(_requests(n, args.workload, args.duration)[1], Path(tmp) / f"blis{n}")
-            for i in range(args.repeat):
-                order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
-                for contender in order:
-                    if contender == "blis":
-                        result = blis.run(args.blis, header, data, instances=n)
-                        result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
-                    else:
-                        result = _ours(contender, n, args, out)
-                    result["load_average"] = os.getloadavg()[0]
-                    runs[n][contender].append(result)
-                    print(f"  N={n} {contender}: {result.get('sim_wall_s', result['process_wall_s']):.2f} s sim, "
-                          f"{result['process_wall_s']:.2f} s process (load {result['load_average']:.1f})",
-                          file=sys.stderr, flush=True)
+            def run(contender: str, n: int = n) -> dict[str, Any]:
+                if contender == "blis":
+                    result = blis.run(args.blis, *blis_traces[n], instances=n)
+                    result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
+                    return result
+                return side_by_side.fresh_process(__file__, [
+                    "--worker", contender, "--replicas", str(n), "--workload", str(args.workload), "--duration",
+                    str(args.duration), "--out", str(out)])
+
+            runs[n] = side_by_side.interleaved(contenders, args.repeat, run, label=f"N={n} ")
 
     def median(n: int, contender: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[n][contender])
