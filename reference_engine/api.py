@@ -104,7 +104,8 @@ class EngineSimulation:
             raise ValueError("the workload produced no requests in that duration")
         self.seed = seed
         self.telemetry = telemetry
-        self.sink: SpanSink | None = open_sink(out, otlp_endpoint)
+        # The real executor times steps by the wall clock: its spans are built in this process, not beside it.
+        self.sink: SpanSink | None = open_sink(out, otlp_endpoint, background=not real)
         self.start_ns = self.requests[0].arrival_ns
         self.arrivals_s = (max(r.arrival_ns for r in self.requests) - self.start_ns) / 1e9
 

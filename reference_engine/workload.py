@@ -9,6 +9,7 @@ become shared prompt segments).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,11 +98,16 @@ def synthetic_requests(workload: SyntheticWorkload, duration_s: float, seed: int
     return requests
 
 
+@functools.lru_cache(maxsize=4096)
+def _utc_seconds(whole: str) -> int:
+    """`2023-11-16 18:15:46` as seconds since the epoch (cached: a trace has several requests per second)."""
+    return int(datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp())
+
+
 def _azure_time_ns(text: str) -> int:
     """`2023-11-16 18:15:46.6805900`: 7 fractional digits, more than `%f` takes."""
     whole, _, fraction = text.strip().partition(".")
-    seconds = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
-    return int(seconds) * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
+    return _utc_seconds(whole) * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
 
 
 def azure_requests(path: str | Path, duration_s: float | None = None, speedup: float = 1.0,

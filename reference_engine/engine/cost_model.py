@@ -126,6 +126,7 @@ class StepCostModel:
             # Ring all-reduce: each rank sends and receives 2(p−1)/p of the buffer.
             self._allreduce_s_per_token = (m.hidden_size * m.dtype_bytes * 2 * (tensor_parallel - 1) / tensor_parallel
                                            / (hw.interconnect_bandwidth * p.interconnect_efficiency))
+        self._decode_fixed_s: dict[int, float] = {}  # per batch size: a decode step's time but attention
 
     @property
     def offload_experts(self) -> bool:
@@ -253,13 +254,24 @@ class StepCostModel:
             seconds += self.launch_seconds(tokens)
         return seconds
 
-    def decode_run_ns(self, num_decodes: int, decode_ctx: int, steps: int) -> np.ndarray:
-        """Durations of `steps` decode-only steps; every sequence's context grows by one per step."""
-        p = self.params
-        fixed = (self.linear_seconds(num_decodes, num_decodes) + self.allreduce_seconds(num_decodes)
-                 + p.step_overhead_s + p.per_sequence_overhead_s * num_decodes)
-        if not self.cuda_graphs:
-            fixed += self.launch_seconds(num_decodes)
-        ctx = decode_ctx + num_decodes * np.arange(steps, dtype=np.float64)
-        return np.rint((fixed + self._attn_s_per_decode_ctx * ctx) * 1e9).astype(np.int64)
-
+    def decode_run_ns(self, num_decodes: int, decode_ctx: int, steps: int, until_ns: int | None = None) -> np.ndarray:
+        """Durations of `steps` decode-only steps; every sequence's context grows by one per step. With
+        `until_ns`, the run stops after the first step that ends `until_ns` or more after its start."""
+        fixed = self._decode_fixed_s.get(num_decodes)
+        if fixed is None:
+            p = self.params
+            fixed = self._decode_fixed_s[num_decodes] = (
+                self.linear_seconds(num_decodes, num_decodes) + self.allreduce_seconds(num_decodes)
+                + p.step_overhead_s + p.per_sequence_overhead_s * num_decodes
+                + (0.0 if self.cuda_graphs else self.launch_seconds(num_decodes)))
+        per_ctx = self._attn_s_per_decode_ctx
+        durations = []
+        elapsed = 0
+        limit = until_ns if until_ns is not None else 1 << 62
+        for k in range(steps):  # a Python loop: runs are short, and numpy's per-call cost is not
+            ns = round((fixed + per_ctx * float(decode_ctx + num_decodes * k)) * 1e9)
+            durations.append(ns)
+            elapsed += ns
+            if elapsed >= limit:
+                break
+        return np.array(durations, dtype=np.int64)

@@ -54,11 +54,8 @@ class SimulatedExecutor:
         else:
             self.last_kv_load = None
             sampled = len(batch.decodes)
-            durations = self.cost_model.decode_run_ns(sampled, ctx, batch.max_steps)
-            if deadline_ns is not None and len(durations) > 1:
-                ends = np.cumsum(durations)
-                steps = int(np.searchsorted(ends, deadline_ns - now_ns, side="left")) + 1
-                durations = durations[:steps]
+            until = deadline_ns - now_ns if deadline_ns is not None else None
+            durations = self.cost_model.decode_run_ns(sampled, ctx, batch.max_steps, until)
         if self.cost_model.cpu_moe_layers:
             self.last_offload = self.cost_model.offload(batch.num_tokens, sampled)
         return self._apply_pauses(durations, now_ns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,7 +20,7 @@ from reference_engine.engine.scheduler import Batch, Scheduler
 from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepReport:
     index: int  # of the first step
     start_ns: int
@@ -99,7 +100,7 @@ class LLMEngine:
             if seq.first_scheduled_ns is None:
                 seq.first_scheduled_ns = start
         num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        self.now_ns = start + int(durations.sum())
+        self.now_ns = start + sum(durations.tolist())  # a fifth of numpy's sum() on a few elements
         finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
         if self.observers:
             executor = self.executor
@@ -128,15 +129,23 @@ class LLMEngine:
         i = 0
         if pending:
             self.now_ns = max(self.now_ns, pending[0].arrival_ns)
-        while i < len(pending) or self.scheduler.has_work:
-            while i < len(pending) and pending[i].arrival_ns <= self.now_ns:
-                self.add_request(pending[i])
-                i += 1
-            if not self.scheduler.has_work:
-                self.now_ns = pending[i].arrival_ns
-                continue
-            ended += self.step(pending[i].arrival_ns if i < len(pending) else None)
-            if on_progress is not None:
-                on_progress(len(ended), self.now_ns)
+        # The loop makes no reference cycles, and every request it holds stays alive to its end: the cyclic
+        # garbage collector would only rescan them, again and again. Reference counting still frees everything.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            while i < len(pending) or self.scheduler.has_work:
+                while i < len(pending) and pending[i].arrival_ns <= self.now_ns:
+                    self.add_request(pending[i])
+                    i += 1
+                if not self.scheduler.has_work:
+                    self.now_ns = pending[i].arrival_ns
+                    continue
+                ended += self.step(pending[i].arrival_ns if i < len(pending) else None)
+                if on_progress is not None:
+                    on_progress(len(ended), self.now_ns)
+        finally:
+            if collecting:
+                gc.enable()
         assert all(s.status is SequenceStatus.FINISHED for s in ended)
         return ended

@@ -169,10 +169,19 @@ class Scheduler:
     def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int) -> None:
         bm = self.block_manager
         bs = bm.block_size
+        wanted: list[tuple[Sequence, int]] = []
+        total = 0
         for seq in decodes:
             missing = seq.num_computed_tokens + steps - len(seq.block_table) * bs
             if missing > 0:
-                bm.append_blocks(seq, -(-missing // bs))
+                wanted.append((seq, -(-missing // bs)))
+                total += wanted[-1][1]
+        if total:  # one take for the whole batch: the same blocks as one take per sequence
+            blocks = bm.take_blocks(total)
+            start = 0
+            for seq, count in wanted:
+                seq.block_table += blocks[start:start + count]
+                start += count
 
     # ---------------------------------------------------------------------------------- postprocess
     def postprocess(self, batch: Batch, steps: int, end_ns: int) -> list[Sequence]:
@@ -196,8 +205,8 @@ class Scheduler:
             seq.last_token_ns = end_ns
             if seq.remaining_output == 0:
                 finished.append(seq)
-            elif steps < batch.max_steps:
-                bm.trim(seq)
+        if steps < batch.max_steps:  # the run ended early: give back the blocks reserved for the rest
+            bm.trim([seq for seq in batch.decodes if seq.remaining_output])
         for seq in finished:
             self.running.remove(seq)
             bm.deallocate(seq)
