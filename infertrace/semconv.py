@@ -58,13 +58,23 @@ INSTRUMENTATION_SCOPE: Final = "infertrace.reference_engine"
 # --------------------------------------------------------------------------------------------- spans
 SPAN_GATEWAY: Final = _span(
     "gateway", "SERVER", "The request as the gateway served it: root of the request's trace.")
-SPAN_AUTH: Final = _span("auth", "INTERNAL", "Authentication of the caller by an auth component.")
+SPAN_AUTH: Final = _span(
+    "auth", "INTERNAL",
+    "Authentication of the caller by an auth component. Like every component span, it starts when the request "
+    "arrives at the component and ends when it leaves: a wait for a free worker is inside it (and set as "
+    "`infertrace.component.queue_ns`).")
 SPAN_RATE_LIMIT: Final = _span(
-    "rate_limit", "INTERNAL", "Admission by a rate limiter (token bucket per tenant).")
+    "rate_limit", "INTERNAL", "Admission by a rate limiter (token bucket per tenant), from arrival to decision.")
 SPAN_ROUTE: Final = _span(
-    "route", "INTERNAL", "Routing to an engine instance, including time in the router's global queue.")
+    "route", "INTERNAL",
+    "Routing to an engine instance, from arrival at the router (or release by the global queue) to dispatch; "
+    "a wait for a free router worker is inside it (`infertrace.component.queue_ns`). When the model has a "
+    "global queue, the router's backlog waits there instead: the queue releases only to a router with a free "
+    "worker.")
 SPAN_GLOBAL_QUEUE: Final = _span(
-    "global_queue", "INTERNAL", "Time the request waited in a global scheduler queue before routing.")
+    "global_queue", "INTERNAL",
+    "Time the request waited in a global scheduler queue before routing: all of it is waiting (for an engine "
+    "with room, or a router worker), so it carries no queue-time attribute.")
 SPAN_REQUEST: Final = _span(
     "llm_request", "SERVER",
     "The engine's request span (vLLM's name): arrival at the engine to the last token. Parent of the "
@@ -118,6 +128,10 @@ RESPONSE_FINISH_REASONS: Final = _attr(
 ERROR_TYPE: Final = _attr("error.type", "string", "any span", "Error class when the operation failed.")
 HTTP_STATUS_CODE: Final = _attr(
     "http.response.status_code", "int", "gateway, component spans", "HTTP-style outcome (200, 401, 429, 5xx).")
+HTTP_RESEND_COUNT: Final = _attr(
+    "http.request.resend_count", "int", "gateway",
+    "The client's retry number of this request (OpenTelemetry's HTTP name; clients send it, e.g. as an "
+    "`x-stainless-retry-count` header); absent on a first attempt.")
 
 LATENCY_TIME_IN_QUEUE: Final = _attr(
     "gen_ai.latency.time_in_queue", "double (s)", "llm_request", "Arrival to first scheduling (vLLM).")
@@ -158,6 +172,24 @@ PREEMPTIONS: Final = _attr("infertrace.request.preemptions", "int", "llm_request
                            "Times the request was preempted.")
 PREFILL_CHUNKS: Final = _attr("infertrace.request.prefill_chunks", "int", "llm_request, prefill",
                               "Prefill chunks (steps that computed part of the prompt).")
+PREFILL_KV_DEVICE_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.device_tokens", "int", "prefill",
+    "Prompt tokens found in the GPU's prefix cache when the episode was scheduled (set when the engine has a KV "
+    "tier behind the GPU or reuse accounting on).")
+PREFILL_KV_HOST_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.host_tokens", "int", "prefill",
+    "Prompt tokens found in the host-memory KV tier and copied back to the GPU.")
+PREFILL_KV_REMOTE_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_hit.remote_tokens", "int", "prefill",
+    "Prompt tokens found in the remote (pooled) KV tier and copied back to the GPU.")
+PREFILL_KV_EVICTED_TOKENS: Final = _attr(
+    "infertrace.prefill.kv_evicted_tokens", "int", "prefill",
+    "Prompt tokens right after the hits that this engine had cached before but evicted from every tier: "
+    "recomputed for lack of capacity.")
+PREFILL_KV_EVICTED_REUSE_BLOCKS: Final = _attr(
+    "infertrace.prefill.kv_evicted_reuse_blocks", "int", "prefill",
+    "KV blocks of extra capacity (behind the last tier, least recently used first) that would have kept all of "
+    "those evicted tokens: the evictions from the last tier since the oldest of them left it.")
 CHUNK_TOKENS: Final = _attr("infertrace.chunk.tokens", "int", "prefill_chunk", "Tokens computed in the chunk.")
 CHUNK_CACHED_TOKENS: Final = _attr(
     "infertrace.chunk.computed_tokens", "int", "prefill_chunk",
@@ -205,6 +237,32 @@ STEP_PAUSE_NS: Final = _attr(
     "infertrace.step.pause_ns", "int", "engine_step",
     "Time inside the step not spent computing (host pause, garbage collection); 0 normally.")
 
+STEP_OFFLOAD_HOST_LINK_BYTES: Final = _attr(
+    "infertrace.step.offload.host_link_bytes", "int", "engine_step",
+    "Per step: bytes of offloaded expert weights copied from host memory to the GPU (absent when no expert is "
+    "offloaded).")
+STEP_OFFLOAD_TRANSFER_NS: Final = _attr(
+    "infertrace.step.offload.transfer_ns", "int", "engine_step",
+    "Per step: time spent copying those weights over the host link (PCIe).")
+STEP_OFFLOAD_HOST_COMPUTE_NS: Final = _attr(
+    "infertrace.step.offload.host_compute_ns", "int", "engine_step",
+    "Per step: time the host CPU spent computing offloaded experts.")
+STEP_OFFLOAD_STREAMED_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.streamed_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the GPU after being copied to it.")
+STEP_OFFLOAD_HOST_MICROBATCHES: Final = _attr(
+    "infertrace.step.offload.host_microbatches", "int", "engine_step",
+    "Per step: micro-batches whose offloaded experts ran on the host CPU (small batches: decodes).")
+
+STEP_KV_LOAD_HOST_TOKENS: Final = _attr(
+    "infertrace.step.kv_load.host_tokens", "int", "engine_step",
+    "Prompt tokens whose KV the step copied from the host tier to the GPU (absent when none).")
+STEP_KV_LOAD_REMOTE_TOKENS: Final = _attr(
+    "infertrace.step.kv_load.remote_tokens", "int", "engine_step",
+    "Prompt tokens whose KV the step copied from the remote tier to the GPU.")
+STEP_KV_LOAD_NS: Final = _attr(
+    "infertrace.step.kv_load_ns", "int", "engine_step", "Time of the step spent on those copies (in its duration).")
+
 # -------------------------------------------------------------------------------- KV transfer, gateway
 KV_TRANSFER_BYTES: Final = _attr("infertrace.kv_transfer.bytes", "int", "kv_transfer", "KV bytes moved.")
 KV_TRANSFER_SOURCE: Final = _attr("infertrace.kv_transfer.source", "string", "kv_transfer",
@@ -215,7 +273,11 @@ KV_TRANSFER_LINK: Final = _attr("infertrace.kv_transfer.link", "string", "kv_tra
                                 "Name of the link between them.")
 COMPONENT_OUTCOME: Final = _attr(
     "infertrace.component.outcome", "string", "component spans",
-    "What the component decided: `ok`, `rejected`, `timeout`, `error`.")
+    "What the component decided: `ok`, `rejected`, `timeout` (the caller gave up waiting for it), `error`.")
+COMPONENT_QUEUE_NS: Final = _attr(
+    "infertrace.component.queue_ns", "int", "component spans of components with workers",
+    "Time the call waited for a free worker of the component, inside the span; its service time is the "
+    "span's duration less this. Absent when the component does not queue.")
 ROUTE_TARGET: Final = _attr("infertrace.route.target", "string", "route",
                             "Engine instance (`service.instance.id`) the router chose.")
 
@@ -238,6 +300,19 @@ ENGINE_PREFIX_CACHING: Final = _res("infertrace.engine.prefix_caching", "bool", 
 ENGINE_PREFILL_MICROBATCH: Final = _res(
     "infertrace.engine.prefill_microbatch_tokens", "int", "Prefill micro-batch size in tokens (0: none).")
 ENGINE_BLOCK_SIZE: Final = _res("infertrace.engine.block_size", "int", "Tokens per KV block.")
+ENGINE_CPU_MOE_LAYERS: Final = _res(
+    "infertrace.engine.cpu_moe_layers", "int",
+    "MoE layers whose experts live in host memory (llama.cpp's --n-cpu-moe); absent when none.")
+ENGINE_KV_HOST_TIER_BLOCKS: Final = _res(
+    "infertrace.engine.kv_host_tier_blocks", "int", "KV blocks the host-memory tier behind the GPU holds; absent when "
+    "none.")
+ENGINE_KV_REMOTE_TIER_BLOCKS: Final = _res(
+    "infertrace.engine.kv_remote_tier_blocks", "int", "KV blocks the remote (pooled) tier holds; absent when none.")
+ENGINE_KV_REUSE_ACCOUNTING: Final = _res(
+    "infertrace.engine.kv_reuse_accounting", "bool",
+    "true when prefill spans count evicted prompt tokens (`infertrace.prefill.kv_evicted_tokens`); absent when off.")
+ENGINE_CUDA_GRAPHS: Final = _res(
+    "infertrace.engine.cuda_graphs", "bool", "false when the engine runs without CUDA graphs; absent when on.")
 ENGINE_EXECUTOR: Final = _res("infertrace.engine.executor", "string", "`simulated` or `real`.")
 
 # ------------------------------------------------------------------- what other engines and gateways emit

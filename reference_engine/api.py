@@ -78,6 +78,11 @@ class EngineRun:
     prefix_caching: bool = True
     prefill_microbatch: int = 0
     offload_experts: bool = False
+    cpu_moe_layers: int | tuple[int, ...] = 0
+    cuda_graphs: bool = True
+    kv_host_tier_gb: float = 0.0
+    kv_remote_tier_gb: float = 0.0
+    kv_reuse_accounting: bool = False
     num_kv_blocks: int = 0
     cost_params: Path | None = None
     executor: str = "sim"  # sim or real
@@ -114,7 +119,10 @@ class EngineSimulation:
             max_num_batched_tokens=run.max_num_batched_tokens, max_num_seqs=run.max_num_seqs,
             chunked_prefill=run.chunked_prefill or run.policy == "decode_first",
             enable_prefix_caching=run.prefix_caching, prefill_microbatch=run.prefill_microbatch,
-            offload_experts=run.offload_experts, num_kv_blocks=run.num_kv_blocks or (2048 if real else 0), cost=cost)
+            offload_experts=run.offload_experts, cpu_moe_layers=run.cpu_moe_layers, cuda_graphs=run.cuda_graphs,
+            kv_host_tier_gb=run.kv_host_tier_gb, kv_remote_tier_gb=run.kv_remote_tier_gb,
+            kv_reuse_accounting=run.kv_reuse_accounting,
+            num_kv_blocks=run.num_kv_blocks or (2048 if real else 0), cost=cost)
         self.executor = None
         if real:
             from reference_engine.compute.real_executor import real_executor_for
@@ -127,7 +135,8 @@ class EngineSimulation:
             raise ValueError("the workload produced no requests in that duration")
         self.seed = seed
         self.telemetry = telemetry
-        self.sink: SpanSink | None = open_sink(out, otlp_endpoint)
+        # The real executor times steps by the wall clock: its spans are built in this process, not beside it.
+        self.sink: SpanSink | None = open_sink(out, otlp_endpoint, background=not real)
         self.start_ns = self.requests[0].arrival_ns
         self.arrivals_s = (max(r.arrival_ns for r in self.requests) - self.start_ns) / 1e9
 

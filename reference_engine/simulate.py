@@ -11,6 +11,8 @@ from reference_engine.engine.executor import Executor, SimulatedExecutor
 from reference_engine.engine.llm_engine import EngineObserver, LLMEngine
 from reference_engine.engine.sequence import Request
 from reference_engine.stats import SimulationStats, Summary
+from reference_engine.telemetry.background import BackgroundSink
+from reference_engine.telemetry.background import available as background_available
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
 from reference_engine.telemetry.profiles import TelemetryRun, TelemetrySpec
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
@@ -40,16 +42,22 @@ class WorkloadSpec:
         raise ValueError(f"unknown workload {self.kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
 
 
-def open_sink(out: Path | None, otlp_endpoint: str | None) -> SpanSink | None:
+def open_sink(out: Path | None, otlp_endpoint: str | None, background: bool = True) -> SpanSink | None:
+    """The sink for `--out` or `--otlp-endpoint`; with `background` (and where a child process can be forked), it
+    builds, encodes and sends spans in a child process (telemetry/background.py): the same output, byte for byte."""
     if out is not None and otlp_endpoint is not None:
         raise ValueError("give either an output file or an OTLP endpoint, not both")
-    if out is not None:
-        return OtlpJsonLinesWriter(out)
-    if otlp_endpoint is not None:
+    if out is None and otlp_endpoint is None:
+        return None
+
+    def make_sink() -> SpanSink:
+        if out is not None:
+            return OtlpJsonLinesWriter(out)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         return SdkExporterSink(OTLPSpanExporter(endpoint=otlp_endpoint))
-    return None
+
+    return BackgroundSink(make_sink) if background and background_available() else make_sink()
 
 
 def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | None, seed: int = 0,

@@ -62,6 +62,22 @@ def test_a_converted_attribute_is_counted_and_said_not_quarantined(tmp_path: Pat
     assert any(line.startswith("Stored with changes:") for line in coverage.sentences())
 
 
+def test_a_segment_that_cannot_be_read_is_said_in_the_reports_coverage_not_silently_left_out(tmp_path: Path) -> None:
+    from infertrace.store.segments import list_segments
+
+    store_dir = tmp_path / "store"
+    for name in ("vllm_v1", "vllm_v0"):  # one segment each
+        ingest_paths(store_dir, [FIXTURES / f"{name}.jsonl"])
+    first, _ = list_segments(store_dir)
+    first.write_bytes(first.read_bytes()[:100])
+    result = CliRunner().invoke(app, ["report", "--store", str(store_dir), "--format", "json", "--fail-on", "never"])
+    assert result.exit_code == 0, result.output
+    coverage = json.loads(result.stdout)["coverage"]
+    assert coverage["unreadable_segments"] == 1
+    assert "1 segment could not be read and is left out of every analysis (infertrace store check)." in \
+        coverage["summary"]
+
+
 def test_a_store_of_this_projects_spans_supports_every_analysis() -> None:
     with Store.open(sample_store("rate_limiter_flapping").store) as store:
         coverage = store_coverage(store)

@@ -33,7 +33,22 @@ def simulate(
         help="Chunked prefill (decode_first turns it on)")] = False,
     prefix_caching: bool = True,
     prefill_microbatch: Annotated[int, typer.Option(help="Prefill micro-batch tokens (0: none)")] = 0,
-    offload_experts: Annotated[bool, typer.Option(help="MoE experts run on the host CPU")] = False,
+    offload_experts: Annotated[bool, typer.Option(
+        help="Every MoE layer keeps its experts in host memory (llama.cpp's --cpu-moe)")] = False,
+    cpu_moe_layers: Annotated[str, typer.Option(
+        help="MoE layers whose experts stay in host memory: N (the first N, llama.cpp's --n-cpu-moe) or a "
+             "comma-separated list of layer indices; streamed to the GPU per prefill micro-batch or computed on "
+             "the host, whichever is faster (docs/cost_model.md)")] = "0",
+    cuda_graphs: Annotated[bool, typer.Option(
+        help="CUDA graphs (off: every layer pays its kernel launches, vLLM's --enforce-eager)")] = True,
+    kv_host_tier_gb: Annotated[float, typer.Option(
+        help="Host-memory KV tier behind the GPU, in GB: evicted prefix blocks move there and are copied back on a "
+             "hit over the host link (0: none)")] = 0.0,
+    kv_remote_tier_gb: Annotated[float, typer.Option(
+        help="Remote (pooled) KV tier behind the host tier, in GB (0: none)")] = 0.0,
+    kv_reuse_accounting: Annotated[bool, typer.Option(
+        help="Prefill spans count prompt tokens evicted before their reuse: what more KV capacity would buy "
+             "(on with any tier)")] = False,
     workload: Annotated[str, typer.Option(help="synthetic, azure or mooncake")] = "synthetic",
     workload_file: Annotated[Path | None, typer.Option(help="Trace to replay (azure CSV, mooncake JSONL)")] = None,
     speedup: Annotated[float, typer.Option(help="Replay: compress arrivals by this factor")] = 1.0,
@@ -108,7 +123,10 @@ def simulate(
                 model=model, hardware=hardware, tensor_parallel=tensor_parallel, policy=policy,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 chunked_prefill=chunked_prefill, prefix_caching=prefix_caching,
-                prefill_microbatch=prefill_microbatch, offload_experts=offload_experts, num_kv_blocks=num_kv_blocks,
+                prefill_microbatch=prefill_microbatch, offload_experts=offload_experts,
+                cpu_moe_layers=_layers(cpu_moe_layers), cuda_graphs=cuda_graphs, kv_host_tier_gb=kv_host_tier_gb,
+                kv_remote_tier_gb=kv_remote_tier_gb, kv_reuse_accounting=kv_reuse_accounting,
+                num_kv_blocks=num_kv_blocks,
                 cost_params=cost_params, executor=executor, backend=backend, device=device, dtype=dtype,
                 threads=threads, temperature=temperature, workload=workload, workload_file=workload_file,
                 speedup=speedup, synthetic=api.SyntheticWorkload(
@@ -133,6 +151,16 @@ def simulate(
         err.print(f"vLLM iteration logs written to {iteration_logs}/")
     if client_tokens is not None:
         err.print(f"Client token times written to {client_tokens}")
+
+
+def _layers(text: str) -> int | tuple[int, ...]:
+    """`--cpu-moe-layers`: a count, or a comma-separated list of layer indices."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--cpu-moe-layers must be a layer count or a comma-separated list of layer indices, "
+                         f"got {text!r}") from None
+    return values[0] if "," not in text else tuple(values)
 
 
 def _run_with_progress(simulation, label: str, total: float, progress: bool):  # type: ignore[no-untyped-def]

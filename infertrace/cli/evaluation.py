@@ -21,7 +21,9 @@ def scenarios_generate(
     count: Annotated[int, typer.Option(help="Scenarios to generate (cycling through the families)")] = 50,
     duration: Annotated[float, typer.Option(help="Simulated seconds of traffic per scenario")] = 600.0,
     family: Annotated[list[str] | None, typer.Option(
-        help="Only these families (repeatable); default: all of them")] = None,
+        help="Only these families (repeatable); default: the twelve of the default bank, not the root-cause "
+             "families on large fleets (slow_ramp, partial_failure, backpressure, retry_storm, engine_noise, "
+             "overlapping, load), which run only when named")] = None,
     jobs: Annotated[int, typer.Option(help="Scenarios simulated in parallel (processes)")] = 1,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     telemetry: Annotated[str, typer.Option(

@@ -136,7 +136,9 @@ def collect(
     tls_key: Annotated[Path | None, typer.Option(help="… and this private key (PEM)")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, after decompression (413 above)")] = (
         32 * 1024 * 1024),
-    queue_size: Annotated[int, typer.Option(help="Requests written at once; more get 503 + Retry-After")] = 16,
+    queue_size: Annotated[int, typer.Option(
+        help="Requests waiting for a writer or being written; more get 503 + Retry-After")] = 64,
+    writers: Annotated[int, typer.Option(help="Requests decoded and written at once")] = 4,
     memory_limit_mib: Annotated[int, typer.Option(
         help="Memory for decoding admitted requests; above it 503 + Retry-After")] = 1024,
     header_timeout: Annotated[float, typer.Option(help="Seconds to send complete request headers")] = 10.0,
@@ -176,6 +178,7 @@ def collect(
         retain_s = parse_duration(retain) if retain else None
         tls = (str(tls_cert), str(tls_key)) if tls_cert and tls_key else None
         collector = Collector(store, host, port, token=secret, max_body_bytes=max_body_bytes, queue_size=queue_size,
+                              writers=writers,
                               memory_limit_bytes=memory_limit_mib << 20, grpc=grpc_at, tls=tls,
                               header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
                               compact_interval_s=compact_interval or None, compact_min_age_s=compact_min_age,

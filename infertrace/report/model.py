@@ -325,6 +325,18 @@ def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> 
                 if not tenant_keyed or options.tenant is None or g.key == options.tenant]
 
     b = cache.billing
+    tiers: dict[str, Any] = {}
+    if cache.by_tier:  # only engines with a KV tier or reuse accounting say where their hits came from
+        tiers["kv_tiers"] = [{
+            "instance": t.instance, "model": t.model, "requests": t.requests, "input_tokens": t.input_tokens,
+            "hit_rate": _r(t.hit_rate, 4), "gpu_hit_rate": _r(t.device_hit_rate, 4),
+            "host_hit_rate": _r(t.host_hit_rate, 4), "remote_hit_rate": _r(t.remote_hit_rate, 4),
+            "gpu_blocks": t.gpu_blocks, "host_tier_blocks": t.host_tier_blocks,
+            "remote_tier_blocks": t.remote_tier_blocks, "copy_s": _r(t.load_s, 4), "evicted_tokens": t.evicted_tokens,
+            "more_capacity": [{"extra_blocks": c.extra_blocks, "extra_gb": _r(c.extra_gb, 3),
+                               "hit_rate": _r(c.hit_rate, 4)} for c in cache.capacity if c.instance == t.instance],
+        } for t in cache.by_tier]
+        tiers["kv_tiers_not_analysed"] = list(cache.tiers_not_analysed)
     return {
         "status": "ok",
         "block_size": cache.block_size,
@@ -340,6 +352,7 @@ def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> 
         "billing": {"input_tokens": b.input_tokens, "cached_tokens": b.cached_tokens,
                     "output_tokens": b.output_tokens, "cost": _r(b.cost, 4),
                     "cost_without_cache": _r(b.cost_without_cache, 4), "savings": _r(b.savings, 4)},
+        **tiers,
     }
 
 

@@ -87,8 +87,9 @@ class StoreCoverage:
         if self.stored_with_changes:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
         if self.unreadable_segments:
-            lines.append(f"{self.unreadable_segments} segments could not be read and are left out (infertrace store "
-                         "check).")
+            n = self.unreadable_segments
+            lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
+                         "out of every analysis (infertrace store check).")
         return lines
 
 

@@ -35,12 +35,12 @@ def is_loopback(host: str) -> bool:
 
 class Collector:
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 4318, token: str | None = None,
-                 max_body_bytes: int = 32 * 1024 * 1024, queue_size: int = 16,
+                 max_body_bytes: int = 32 * 1024 * 1024, queue_size: int = 64, writers: int = 4,
                  memory_limit_bytes: int = 1024 * 1024 * 1024, grpc: tuple[str, int] | None = None,
                  tls: tuple[str, str] | None = None, header_timeout: float = 10.0, body_timeout: float = 30.0,
                  idle_timeout: int = 30, compact_interval_s: float | None = 30.0, compact_min_age_s: float = 10.0,
                  grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None) -> None:
-        self.receiver = Receiver(root, Limits(max_body_bytes, queue_size, memory_limit_bytes), token)
+        self.receiver = Receiver(root, Limits(max_body_bytes, queue_size, memory_limit_bytes, writers), token)
         self.root = self.receiver.root
         self.http = HttpServer(self.receiver, host, port, tls, header_timeout, body_timeout, idle_timeout)
         self.grpc = None

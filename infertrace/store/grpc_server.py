@@ -104,10 +104,11 @@ class GrpcServer:
             ("grpc.max_connection_idle_ms", 300_000),
             ("grpc.http2.max_pings_without_data", 0),
         ]
-        # More handler threads than write slots: a call beyond the slots is answered RESOURCE_EXHAUSTED with
-        # RetryInfo at once (retried by exporters) instead of waiting, and grpcio's own limit on concurrent
-        # calls, which answers without RetryInfo (not retried: the spans would be lost), is not used.
-        threads = workers or 2 * receiver.limits.queue_size
+        # One handler thread per place in the queue, and one more: a call beyond the queue is answered
+        # RESOURCE_EXHAUSTED with RetryInfo at once (retried by exporters) instead of waiting, and grpcio's own
+        # limit on concurrent calls, which answers without RetryInfo (not retried: the spans would be lost), is
+        # not used. Admitted calls wait in the receiver for one of its writers.
+        threads = workers or receiver.limits.queue_size + 1
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infertrace-grpc"),
                                   options=options)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(receiver), self.server)

@@ -179,7 +179,7 @@ class HttpServer:
             raise
         self._socket.listen(1024)
         self._socket.set_inheritable(True)
-        self._workers = ThreadPoolExecutor(max_workers=max(1, receiver.limits.queue_size),
+        self._workers = ThreadPoolExecutor(max_workers=receiver.limits.writers,
                                            thread_name_prefix="infertrace-write")
         app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])],
                         exception_handlers={404: self._not_found, 405: self._not_allowed})
@@ -249,8 +249,8 @@ class HttpServer:
             body = await loop.run_in_executor(None, decompress, raw, request.headers.get("content-encoding", ""),
                                               self.receiver.limits.max_body_bytes)
             del raw
-            # Admitted here, before a worker is taken: past the queue or the memory limit the answer is an
-            # immediate 503, not a wait behind the requests being written.
+            # Admitted here, before a writer is free: past the queue or the memory limit the answer is an
+            # immediate 503; within them the request waits its turn for one of the writers.
             with self._admitted(len(body)):
                 outcome = await loop.run_in_executor(self._workers, self._store, body, content_type == JSON,
                                                      f"http {peer}")

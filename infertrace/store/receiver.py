@@ -5,11 +5,12 @@ A request goes through, in order:
 
 1. authorization (a bearer token compared in constant time), done by the transport;
 2. its body read in full, under the body size cap and the read timeouts (transport);
-3. `admit()`: a write slot (at most `queue_size` requests are decoded and written at once) and a share of
-   the memory budget (an estimate of what decoding the body takes, like the Collector's memory_limiter).
-   Neither is held while a body is still arriving, so slow clients cannot starve the others. Without a
-   slot or memory the answer is `Overloaded`: retryable, with a delay (HTTP 503 + Retry-After, gRPC
-   RESOURCE_EXHAUSTED + RetryInfo);
+3. `admit()`: a place in the queue (at most `queue_size` requests wait for a writer or are being written)
+   and a share of the memory budget (an estimate of what decoding the body takes, like the Collector's
+   memory_limiter). Neither is held while a body is still arriving, so slow clients cannot starve the
+   others. Without a place or memory the answer is `Overloaded`: retryable, with a delay (HTTP 503 +
+   Retry-After, gRPC RESOURCE_EXHAUSTED + RetryInfo). An admitted request waits for one of `writers`
+   writers: a burst of concurrent exporters queues for a moment instead of being refused;
 4. `store()`: decode, quarantine bad spans, write segments (fsync + rename) and only then answer. A bad
    body is `BadExport` (HTTP 400, gRPC INVALID_ARGUMENT), never a 500; a disk that refuses the write
    (full, read-only) is `StorageUnavailable`, retryable (HTTP 503 + Retry-After, gRPC UNAVAILABLE +
@@ -63,8 +64,14 @@ class StorageUnavailable(Exception):
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024  # after decompression
-    queue_size: int = 16  # requests decoded and written at once
+    queue_size: int = 64  # requests admitted: waiting for a writer or being written
     memory_limit_bytes: int = 1024 * 1024 * 1024  # estimated decoding memory of the admitted requests
+    writers: int = 4  # requests decoded and written at once
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "queue_size", "memory_limit_bytes", "writers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -99,6 +106,7 @@ class Receiver:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._reserved = 0
+        self._writers = threading.BoundedSemaphore(self.limits.writers)
 
     # ------------------------------------------------------------------------------- authorization
     def authorized(self, header: str | None) -> bool:
@@ -110,12 +118,12 @@ class Receiver:
     # -------------------------------------------------------------------------------------- admission
     @contextmanager
     def admit(self, body_bytes: int) -> Iterator[None]:
-        """Holds a write slot and the memory estimate of decoding `body_bytes` while the block runs.
-        Raises Overloaded when either is not available now."""
+        """Holds a place in the queue and the memory estimate of decoding `body_bytes` while the block runs.
+        Raises Overloaded when either is not available now; never waits."""
         need = body_bytes * DECODE_EXPANSION
         with self._lock:
             if self._in_flight >= self.limits.queue_size:
-                raise Overloaded(f"{self._in_flight} requests are already being written (--queue-size); "
+                raise Overloaded(f"{self._in_flight} requests are already queued or being written (--queue-size); "
                                  f"retry in {RETRY_AFTER_S} s")
             if self._reserved and self._reserved + need > self.limits.memory_limit_bytes:
                 raise Overloaded(f"over the memory limit of {self.limits.memory_limit_bytes >> 20} MiB "
@@ -132,14 +140,22 @@ class Receiver:
     # ------------------------------------------------------------------------------------ decoding
     def store_protobuf(self, body: bytes, peer: str) -> Outcome:
         """Stores a serialized `ExportTraceServiceRequest`."""
+        with self._writers:
+            return self._store_protobuf(body, peer)
+
+    def _store_protobuf(self, body: bytes, peer: str) -> Outcome:
         try:
             request = ExportTraceServiceRequest.FromString(body)
         except (DecodeError, RecursionError) as e:
             raise BadExport(f"body is not an ExportTraceServiceRequest: {e}") from None
-        return self.store_message(request, peer)
+        return self._store_message(request, peer)
 
     def store_message(self, request: ExportTraceServiceRequest, peer: str) -> Outcome:
         """Stores a parsed `ExportTraceServiceRequest` (what gRPC hands over)."""
+        with self._writers:
+            return self._store_message(request, peer)
+
+    def _store_message(self, request: ExportTraceServiceRequest, peer: str) -> Outcome:
         batch = SpanBatch()
         try:
             for resource_spans in request.resource_spans:
@@ -151,6 +167,10 @@ class Receiver:
 
     def store_json(self, body: bytes, peer: str) -> Outcome:
         """Stores an OTLP/JSON `ExportTraceServiceRequest`."""
+        with self._writers:
+            return self._store_json(body, peer)
+
+    def _store_json(self, body: bytes, peer: str) -> Outcome:
         try:
             data = json.loads(body)
         except (ValueError, RecursionError) as e:

@@ -29,8 +29,10 @@ FLEET_FILE = "fleet.toml"
 
 
 def _topology(fleet: FleetSpec) -> dict[str, Any]:
-    def owner(group: tuple[Any, ...], model: str) -> str | None:
-        return next((c.id for c in group if model in c.models), None)
+    def owner(group: tuple[Any, ...], model: str) -> str | list[str] | None:
+        """The instance of a kind serving the model; a list when several do (by tenant, or sharing its traffic)."""
+        ids = [c.id for c in group if model in c.models]
+        return ids if len(ids) > 1 else ids[0] if ids else None
 
     return {m: {"engines": engines_of(fleet, m), "auth": owner(fleet.auth, m),
                 "rate_limiter": owner(fleet.rate_limiters, m), "router": owner(fleet.routers, m),
@@ -46,10 +48,19 @@ def _affected(scenario: Scenario, requests: list[Request], epoch_ns: int) -> dic
     root = scenario.root_cause
     models = set(root.get("models", []))
     hit = [r for r in requests if start <= r.arrival_ns < end and r.model in models
-           and (root.get("kind") != "tenant" or r.tenant == root["tenant"])]
+           and (root.get("kind") not in ("tenant", "load") or r.tenant == root["tenant"])]
     if scenario.family == "assistant_prefill_runaway":
         hit = [r for r in hit if r.assistant_prefill_tokens]
     return {"models": sorted({r.model for r in hit}), "tenants": sorted({r.tenant for r in hit})}
+
+
+def _cause_truth(cause: dict[str, Any], epoch_ns: int) -> dict[str, Any]:
+    """A culprit as the ground truth writes it: its window in nanoseconds on the traces' clock."""
+    out = {k: v for k, v in cause.items() if k != "window_s"}
+    if "window_s" in cause:
+        start, end = cause["window_s"]
+        out["window"] = {"start_ns": epoch_ns + round(start * 1e9), "end_ns": epoch_ns + round(end * 1e9)}
+    return out
 
 
 def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
@@ -94,6 +105,10 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         confounders.append({"fault": {"kind": f.kind, "target": f.target, "params": f.params},
                             "window": {"start_ns": start, "end_ns": end}, "kind": c["kind"],
                             "instances": c["instances"], "models": c["models"]})
+    several = {}
+    if scenario.root_causes:
+        several = {"root_causes": [_cause_truth(c, epoch_ns) for c in scenario.root_causes],
+                   "symptoms": list(scenario.symptoms)}
     truth = {
         "schema": SCHEMA,
         "scenario": scenario.name,
@@ -108,7 +123,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         "negative_control": list(scenario.negative_control),
         "fault": None if fault is None else {"kind": fault.kind, "target": fault.target, "params": fault.params},
         "window": window,
-        "root_cause": scenario.root_cause,
+        "root_cause": _cause_truth(scenario.root_cause, epoch_ns) if several else scenario.root_cause,
+        **several,
         "confounders": confounders,
         "affected": affected,
         "details": details,

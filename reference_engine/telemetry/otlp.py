@@ -123,18 +123,51 @@ def _name(name: str) -> str:
     return encoded
 
 
-def encode_attributes(attributes: Mapping[str, Any]) -> str:
-    parts = []
-    for key, value in attributes.items():
-        prefix = _key_prefixes.get(key) or _key_prefix(key)
-        kind = type(value)
-        if kind is int:  # the common cases first, without a call
-            parts.append(prefix + '{"intValue":"' + str(value) + '"}}')
-        elif kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-            parts.append(prefix + '{"stringValue":"' + value + '"}}')
+def _bool(value: bool) -> str:
+    return '{"boolValue":true}' if value else '{"boolValue":false}'
+
+
+def _string(value: str) -> str:
+    return '{"stringValue":' + _json_string(value) + "}"
+
+
+def _float(value: float) -> str:
+    return '{"doubleValue":' + _double(value) + "}"
+
+
+# A span's attributes have one of a few shapes (keys and value types) per span kind, so each shape is compiled
+# once into a format string: ints go in as `%d`, other values through their encoder. One `%` per span instead of
+# string operations per attribute.
+_ENCODERS: dict[type, Any] = {str: _string, bool: _bool, float: _float, list: _array, tuple: _array}
+_Shape = tuple[tuple[str, ...], tuple[type, ...]]
+_templates: dict[_Shape, tuple[str, tuple[tuple[int, Any], ...]]] = {}
+
+
+def _template(shape: _Shape) -> tuple[str, tuple[tuple[int, Any], ...]]:
+    parts, converters = [], []
+    for i, (key, kind) in enumerate(zip(*shape, strict=True)):
+        prefix = _key_prefix(key).replace("%", "%%")
+        if kind is int:
+            parts.append(prefix + '{"intValue":"%d"}}')
         else:
-            parts.append(prefix + _any_value(value) + "}")
-    return ",".join(parts)
+            parts.append(prefix + "%s}")
+            converters.append((i, _ENCODERS.get(kind, _any_value)))
+    template = ",".join(parts), tuple(converters)
+    if len(_templates) < 4096:  # shapes are few; a caller with ever-new keys just goes uncached
+        _templates[shape] = template
+    return template
+
+
+def encode_attributes(attributes: Mapping[str, Any]) -> str:
+    values = tuple(attributes.values())
+    shape = (tuple(attributes), tuple(map(type, values)))
+    template, converters = _templates.get(shape) or _template(shape)
+    if converters:
+        args = list(values)
+        for i, convert in converters:
+            args[i] = convert(args[i])
+        values = tuple(args)
+    return template % values
 
 
 def encode_span(span: SpanRecord) -> str:

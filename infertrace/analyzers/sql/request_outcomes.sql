@@ -13,12 +13,13 @@
 --   ttft_ns (NULL when no token came), tpot_ns (NULL with fewer than two output tokens), pre_engine_ns
 --   (entry arrival to the engine's; 0 without an entry), input_tokens, output_tokens, max_tokens, cached_tokens,
 --   assistant_prefill_tokens, system_prompt_id, finish_reason, truncated (finished by length), route_target,
---   seen_at ('entry' | 'engine').
+--   seen_at ('entry' | 'engine'), resend_count (the client's retry number, `http.request.resend_count` on the
+--   entry; NULL on a first attempt or unknown).
 -- A disaggregated request has two engine request spans (prefill worker, decode worker): the caller's first
 -- token is the one the decode worker streams (after the KV transfer), the decode rate is the decode worker's.
 WITH gw AS (
     SELECT trace_id, start_ns, end_ns, request_id, model, tenant, http_status, status_code, input_tokens,
-           output_tokens
+           output_tokens, resend_count
     FROM component_calls WHERE role = 'entry'
 ),
 eng AS (
@@ -46,11 +47,11 @@ route AS (
 ),
 caller AS (
     SELECT g.trace_id, g.request_id, g.model, g.tenant, g.start_ns, g.end_ns, g.http_status, g.status_code,
-           g.input_tokens, g.output_tokens, 'entry' AS seen_at
+           g.input_tokens, g.output_tokens, 'entry' AS seen_at, g.resend_count
     FROM gw g
     UNION ALL
     SELECT e.trace_id, NULL, NULL, NULL, e.engine_arrival_ns, e.engine_finish_ns, NULL::BIGINT,
-           CASE WHEN e.engine_failed THEN 2 ELSE 0 END, NULL::BIGINT, NULL::BIGINT, 'engine'
+           CASE WHEN e.engine_failed THEN 2 ELSE 0 END, NULL::BIGINT, NULL::BIGINT, 'engine', NULL::BIGINT
     FROM eng e ANTI JOIN gw g ON g.trace_id = e.trace_id
 )
 SELECT
@@ -78,7 +79,8 @@ SELECT
     e.finish_reason,
     coalesce(e.finish_reason = 'length', false) AS truncated,
     r.route_target,
-    g.seen_at
+    g.seen_at,
+    g.resend_count
 FROM caller g
 LEFT JOIN eng e ON e.trace_id = g.trace_id
 LEFT JOIN route r ON r.trace_id = g.trace_id

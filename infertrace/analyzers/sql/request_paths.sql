@@ -11,19 +11,20 @@
 --   (service.instance.id or its fallback; the link's name for links), span_name, operation (its http.route, else
 --   its name; an engine's: the source of its spans), service, found_by (see component_calls; 'engine' for
 --   engines), model, tenant, start_ns, latency_ns, outcome ('ok' | 'rejected' | 'timeout' | 'error'),
---   http_status.
+--   http_status, queue_ns (the part of latency_ns spent waiting for a free worker of the component; NULL when
+--   it does not queue, and for engines).
 SELECT trace_id, component_kind AS kind, instance, component AS span_name, operation, service, found_by, model,
-       tenant, start_ns, latency_ns, outcome, http_status
+       tenant, start_ns, latency_ns, outcome, http_status, queue_ns
 FROM component_calls
 WHERE role = 'call' AND instance IS NOT NULL
 UNION ALL
 SELECT trace_id, 'link' AS kind, kv_link AS instance, 'kv_transfer', 'kv_transfer', service, found_by, model, tenant,
-       start_ns, latency_ns, outcome, http_status
+       start_ns, latency_ns, outcome, http_status, queue_ns
 FROM component_calls
 WHERE role = 'kv_transfer' AND kv_link IS NOT NULL
 UNION ALL
 SELECT trace_id, component_kind AS kind, instance, source AS span_name, source AS operation, service,
        'engine' AS found_by, model, tenant, arrival_ns AS start_ns, e2e_ns AS latency_ns, outcome,
-       NULL::BIGINT AS http_status
+       NULL::BIGINT AS http_status, NULL::BIGINT AS queue_ns
 FROM requests
 WHERE instance IS NOT NULL

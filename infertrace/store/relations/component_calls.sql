@@ -23,7 +23,9 @@
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
 --   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status, route_target,
 --   error_type, status_code, input_tokens, output_tokens (gen_ai.usage.*, as a gateway reports them), kv_bytes,
---   kv_source, kv_destination, kv_link.
+--   kv_source, kv_destination, kv_link, queue_ns (time the call waited for a free worker of the component, inside
+--   the span: `infertrace.component.queue_ns`; NULL when the component does not queue), resend_count (the
+--   client's retry number, `http.request.resend_count`; NULL on a first attempt or unknown).
 WITH
 eng AS MATERIALIZED (
     SELECT trace_id, span_id, parent_span_id, arrival_ns, finish_ns, service, model, tenant, request_id
@@ -41,7 +43,7 @@ around AS MATERIALIZED (
         "attr.http.response.status_code", "attr.infertrace.route.target", "attr.error.type",
         "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.output_tokens", "attr.infertrace.kv_transfer.bytes",
         "attr.infertrace.kv_transfer.source", "attr.infertrace.kv_transfer.destination",
-        "attr.infertrace.kv_transfer.link"
+        "attr.infertrace.kv_transfer.link", "attr.infertrace.component.queue_ns", "attr.http.request.resend_count"
     FROM spans
     WHERE name NOT IN ('llm_request', 'queue', 'prefill', 'decode', 'engine_step')
 ),
@@ -130,6 +132,8 @@ SELECT
     c."attr.infertrace.kv_transfer.bytes" AS kv_bytes,
     c."attr.infertrace.kv_transfer.source" AS kv_source,
     c."attr.infertrace.kv_transfer.destination" AS kv_destination,
-    c."attr.infertrace.kv_transfer.link" AS kv_link
+    c."attr.infertrace.kv_transfer.link" AS kv_link,
+    c."attr.infertrace.component.queue_ns" AS queue_ns,
+    c."attr.http.request.resend_count" AS resend_count
 FROM call c
 LEFT JOIN request_trace rt ON rt.trace_id = c.trace_id
