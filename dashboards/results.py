@@ -89,6 +89,16 @@ def itl(root: str, snapshot: tuple[str, ...]) -> Any:
         return result(store, "itl")
 
 
+@st.cache_resource(max_entries=2, show_spinner="ITL stall windows from request spans …")
+def itl_windows(root: str, snapshot: tuple[str, ...]) -> dict[str, Any]:
+    """On a store without step spans: the report's ITL section, from the best method its inputs allow (client
+    token times, token spans, the iteration log), with its method named."""
+    from infertrace.report.model import ReportOptions, build_report
+
+    with reader(root, snapshot) as store:
+        return build_report(store, ReportOptions(sections=("itl",), top=50))["sections"]["itl"]
+
+
 @st.cache_resource(max_entries=2, show_spinner="Incidents and ranked causes …")
 def rca(root: str, snapshot: tuple[str, ...]) -> Any:
     with reader(root, snapshot) as store:

@@ -19,18 +19,49 @@ from reference_engine.engine.hardware import HARDWARE
 from reference_engine.fleet.config import load_fleet, parse_fleet
 from reference_engine.fleet.fleet import Fleet, FleetSummary
 from reference_engine.fleet.workload import fleet_requests
-from reference_engine.scenarios.bank import TRACES_FILE, TRUTH_FILE, bank, generate, run_scenario
-from reference_engine.scenarios.families import ALL_FAMILIES, FAMILIES, Scenario, make_scenario
+from reference_engine.scenarios.bank import (
+    CLIENT_TOKENS_FILE,
+    ITERATION_LOGS_DIR,
+    TRACES_FILE,
+    TRUTH_FILE,
+    SideFiles,
+    bank,
+    generate,
+    run_scenario,
+)
+from reference_engine.scenarios.families import ALL_FAMILIES, FAMILIES, ITL_FAMILIES, Scenario, make_scenario
 from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
 from reference_engine.stats import Summary
 from reference_engine.telemetry.otlp import SpanSink
 from reference_engine.telemetry.profiles import ENGINE_PROFILES, GATEWAY_PROFILES, TelemetrySpec
 from reference_engine.workload import SyntheticWorkload
 
-__all__ = ["ALL_FAMILIES", "ENGINE_PROFILES", "FAMILIES", "GATEWAY_PROFILES", "TRACES_FILE", "TRUTH_FILE",
-           "WORKLOAD_KINDS", "EngineRun", "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload",
-           "TelemetrySpec", "bank", "calibration_report", "cuda_hardware_name", "generate", "make_scenario",
-           "run_scenario", "scenario_on_fleet"]
+__all__ = [
+    "ALL_FAMILIES",
+    "CLIENT_TOKENS_FILE",
+    "ENGINE_PROFILES",
+    "FAMILIES",
+    "GATEWAY_PROFILES",
+    "ITERATION_LOGS_DIR",
+    "ITL_FAMILIES",
+    "TRACES_FILE",
+    "TRUTH_FILE",
+    "WORKLOAD_KINDS",
+    "EngineRun",
+    "EngineSimulation",
+    "FleetSimulation",
+    "Scenario",
+    "SideFiles",
+    "SyntheticWorkload",
+    "TelemetrySpec",
+    "bank",
+    "calibration_report",
+    "cuda_hardware_name",
+    "generate",
+    "make_scenario",
+    "run_scenario",
+    "scenario_on_fleet",
+]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ from infertrace.analyzers.itl import analyze_itl
 from infertrace.analyzers.itl_requests import (
     attribute_from_requests,
     attribute_store_requests,
-    iteration_spikes,
-    parse_iteration_log,
 )
 from reference_engine.engine.config import EngineConfig
 from reference_engine.engine.prompt import Prompt
@@ -131,19 +129,3 @@ def test_request_only_clears_a_chunked_prefill_that_ran_through_normal_gaps() ->
     (stall,) = attribute_from_requests(pd.concat([requests, whole], ignore_index=True), tokens).stalls
     (culprit,) = stall.culprits
     assert (culprit.request_id, culprit.confidence, culprit.contained) == ("whole", 1.0, True)
-
-
-def test_vllm_iteration_log_lines_are_parsed_and_the_prefill_iteration_is_the_spike() -> None:
-    lines = ["INFO 01-01 00:00:00 [core.py:231] Iteration(1): 0 context requests, 0 context tokens, "
-             "4 generation requests, 4 generation tokens, iteration elapsed time: 12.00 ms"] * 5
-    lines += ["(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [core.py:231] Iteration(6): 1 context requests, "
-              "2048 context tokens, 4 generation requests, 4 generation tokens, iteration elapsed time: 61.50 ms",
-              "DEBUG unrelated line",
-              "INFO 01-01 00:00:00 [core.py:231] Iteration(7): 0 context requests, 0 context tokens, 4 generation "
-              "requests, 4 generation tokens, iteration elapsed time: 12.10 ms"]
-    iterations = parse_iteration_log(lines)
-    assert [i.iteration for i in iterations] == [1, 1, 1, 1, 1, 6, 7]
-    assert iterations[5].context_tokens == 2048 and iterations[5].elapsed_ns == 61_500_000
-    spikes = iteration_spikes(iterations, year=2026)
-    assert spikes["iteration"].tolist() == [6]
-    assert spikes["excess_ns"].tolist() == [61_500_000 - 12_000_000]

@@ -34,9 +34,10 @@ def test_a_store_of_tgi_spans_says_which_analyses_it_cannot_run_and_what_ingest_
     assert coverage.sources == {"tgi": 1} and coverage.entry_requests == 0
     assert coverage.tokens_from_spans == 2 and coverage.step_spans == 0
     supported = {a.key: a.supported for a in coverage.analyses}
-    assert supported == {"slo": True, "incidents": True, "rca_components": False, "itl": False, "ttft": True,
+    assert supported == {"slo": True, "incidents": True, "rca_components": False, "itl": True, "ttft": True,
                          "prefix_cache": False, "prefill_throughput": False, "tokens": True}
     assert "per-token times from SGLang decode_loop or TGI send_generation spans" in coverage.analysis("itl").detail
+    assert "request-only method" in coverage.analysis("itl").detail
     assert "Text Generation Inference export none" in coverage.analysis("prefix_cache").detail
     assert coverage.quarantine.records == 1 and "traceId" in coverage.quarantine.reasons[0][0]
 
@@ -45,7 +46,8 @@ def test_a_store_of_tgi_spans_says_which_analyses_it_cannot_run_and_what_ingest_
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["coverage"]["quarantine"]["records"] == 1
-    assert doc["sections"]["itl"] == {"status": "unavailable", "reason": coverage.analysis("itl").detail.rstrip(".")}
+    itl = doc["sections"]["itl"]  # one request with two tokens: a gap, no stall, and said so
+    assert (itl["method"], itl["stalls"], itl["unexplained"]) == ("request spans + token spans", 0, 0)
     assert doc["sections"]["prefix_cache"]["status"] == "unavailable"
 
 

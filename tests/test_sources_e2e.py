@@ -227,8 +227,11 @@ def test_an_engine_incident_without_gateway_spans_is_found_from_each_engines_own
     assert "cannot rank shared components" in text
     analyses = {a["key"]: a for a in doc["coverage"]["analyses"]}
     assert not analyses["rca_components"]["supported"]
-    assert analyses["itl"]["supported"] == (profile == "infertrace")
-    if profile != "infertrace":
+    # SGLang and TGI time each token: the request-only method runs on them; vLLM's spans alone time none
+    assert analyses["itl"]["supported"] == (profile in ("infertrace", "sglang", "tgi"))
+    if profile in ("sglang", "tgi"):
+        assert doc["sections"]["itl"]["method"] == "request spans + token spans"
+    elif profile != "infertrace":
         assert doc["sections"]["itl"]["status"] == "unavailable"
         assert "ITL attribution needs engine_step spans, client token times or an iteration log" in text
         assert "stalled steps" not in text

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from infertrace import semconv as sc
-from infertrace.analyzers.itl_requests import ITERATION_LINE
 from infertrace.cli import app
+from infertrace.store.side_inputs import ITERATION_LINE
 from reference_engine.engine.config import EngineConfig
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.workload import fleet_requests

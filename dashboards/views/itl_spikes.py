@@ -21,6 +21,24 @@ st.title("ITL spikes")
 if not (possible := results.coverage(root, snap).analysis("itl")).supported:
     st.warning(possible.detail)
     st.stop()
+if not results.coverage(root, snap).step_spans:  # vLLM, SGLang, TGI: windows from request spans, not steps
+    section = results.itl_windows(root, snap)
+    if section.get("status") != "ok":
+        st.warning(section.get("reason", "no result"))
+        st.stop()
+    st.info(f"Method: {section['method']} (no engine step spans): stall windows, not steps, with a confidence per "
+            f"culprit. {section['stalls']} windows with a culprit prefill, {section['unexplained']} without one.")
+    st.dataframe(pd.DataFrame(section["engines"]), hide_index=True, width="stretch", key="itl_window_engines")
+    st.subheader("Culprit prefills")
+    st.dataframe(pd.DataFrame(section["top_culprits"]), hide_index=True, width="stretch", key="itl_window_culprits")
+    st.subheader("Worst stall windows")
+    st.dataframe(pd.DataFrame([{**{k: v for k, v in w.items() if k != "culprits"},
+                                "culprits": ", ".join(f"{c['request_id']} ({c['confidence']})" for c in w["culprits"])}
+                               for w in section["worst_stalls"]]), hide_index=True, width="stretch",
+                 key="itl_window_stalls")
+    for note in section["notes"]:
+        st.caption(note)
+    st.stop()
 analysis = results.itl(root, snap)
 extent = results.slo(root, snap)
 

@@ -7,7 +7,8 @@ render what they return.
 - `itl.analyze_itl`: ITL spikes attributed to the prefills (or host pauses, or preemption recomputes) in
   the steps between two tokens, from `engine_step` spans.
 - `itl_requests.attribute_from_requests`: the same question from request-level spans only (vLLM's
-  `llm_request`), per-token times a client recorded, and vLLM iteration log lines.
+  `llm_request`) and per-token times (a client's, or SGLang's and TGI's token spans): stall windows.
+- `itl_iterations.attribute_iterations`: the same from vLLM's iteration log, placed on the spans' clock.
 - `ttft.analyze_ttft`: TTFT decomposed into gateway, queue, prefill (own compute and waiting behind other
   prefills) and KV transfer; a fit of prefill time against prompt length per engine.
 - `prefix_cache.analyze_prefix_cache`: prefix-cache hit rates, cache-busting tenants, billed-token savings.

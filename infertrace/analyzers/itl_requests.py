@@ -2,40 +2,56 @@
 
 What vLLM gives without extra instrumentation is one `llm_request` span per request (arrival, first
 scheduling, first token, finish; the `gen_ai.latency.*` attributes), and, where a client streamed the reply,
-the time of each token; or vLLM's iteration log lines (`Iteration(N): … context tokens, … generation
-tokens, iteration elapsed time: X ms`). From those:
+the time of each token (vLLM's iteration log lines are read by `infertrace.analyzers.itl_iterations`). From the
+spans and the token times, per engine instance:
 
-1. a victim's spike is a gap between two of its tokens that exceeds its own median ITL by at least
-   `stall_ratio` times that median and at least `min_excess_ns`;
-2. the victims' gaps on one engine instance that overlap are merged into one stall window (their
-   intersection: the stall lies in every victim's gap);
-3. the culprits are the other requests on that instance whose prefill interval (first scheduling to first
-   token) overlaps the window. Each carries a confidence: its share of the prefill work estimated to fall
-   in the window (uncached prompt tokens spread evenly over its prefill interval), so a single prefill
-   contained in the window has confidence 1 and a long chunked prefill overlapping it among others less;
-4. a prefill is cleared when a request decoding on that instance received two consecutive tokens at its
-   normal pace while that prefill was running, before its last step (a whole non-spike gap inside its
-   prefill interval, ending before its first token): its full chunks demonstrably did not stall the
-   decodes beside them, so a spike during it has another cause (with chunked prefill under a small
-   budget, a host pause or a preemption would otherwise always find a prefill to blame). The last step
-   is excluded: a prefill's final chunk is usually smaller than the others, so a normal gap there proves
-   nothing about the rest.
+1. clocks: token times a client recorded (`clock="client"`) are late by the network and jittered per token.
+   Each request's offset is its first token as the client saw it less its first token on the span; a
+   candidate's prefill interval is moved onto the client's clock by its own offset (the median offset when it
+   has no token times), and the spread of the offsets (half the 10–90% range) is the timing noise. The
+   tolerance below is that noise, and never less than `tolerance_floor_ns`;
+2. the decode baseline is the engine's, not each victim's: the `baseline_quantile` of every gap between two
+   tokens of any request on the instance within `baseline_window_ns` of the gap (the whole instance when
+   fewer than `baseline_min_gaps` are there). Stalled steps make gaps longer, never shorter, so a low quantile
+   stays at the decode step while most gaps are stalled (a request with few tokens, whose own median is a
+   stall, is judged against the engine's step);
+3. a spike is a gap whose excess over the baseline is at least `stall_ratio` times the baseline and at least
+   `min_excess_ns`, plus the timing noise (a gap between two client-timed tokens carries two jitters);
+4. a candidate is every request's prefill interval (first scheduling to first token). It stalled the spikes
+   of other requests that overlap its interval by more than the tolerance (a prefill that touches a gap by a
+   nanosecond, e.g. times rebuilt from float seconds, did not stall it). Its window is its interval
+   intersected with the common part of those gaps; victims whose gaps share no common part make one window
+   each group. Prefills run back to back (prefill-first) keep their own windows: the next one starts where
+   the last ended, so neither overlaps the other's by more than the tolerance;
+   Among every gap of another request that overlaps the prefill the same way (spike or not), the median
+   excess must be a stall as well, by a margin of twice the timing noise over the square root of their number:
+   a true stall delays every request decoding then, while a client's per-token jitter lengthens one request's
+   gap at a time;
+5. a candidate is cleared when some request on the instance had a whole normal gap (no spike) inside its
+   prefill interval before its last step: its chunks demonstrably did not stall the decodes beside them;
+6. culprit windows on an instance that overlap by more than the tolerance are one stall (prefills batched in
+   one step); each culprit's confidence is its share of the stall's estimated prefill work (uncached prompt
+   tokens spread evenly over its interval), times how clearly it overlaps the window beyond the timing noise
+   (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill that meets a client-timed
+   window by about a jitter);
+7. spikes no candidate explains are reported as windows without a culprit (`unexplained`): without step
+   spans a preemption's recompute and a host pause look alike (no request was prefilling).
 
-Without step spans a preemption's recompute and a host pause look alike (no request was prefilling): the
-window is then reported with no culprit (`unexplained`).
+Times are integer nanoseconds throughout: a float64 cannot hold a nanosecond at epoch scale.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from infertrace.store.store import Store
+
+Clock = Literal["engine", "client"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,10 @@ class RequestOnlyParams:
     stall_ratio: float = 0.5
     min_excess_ns: int = 2_000_000
     min_confidence: float = 0.0  # attributions below it are dropped
+    baseline_quantile: float = 0.25
+    baseline_window_ns: int = 10_000_000_000
+    baseline_min_gaps: int = 20
+    tolerance_floor_ns: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -50,20 +70,21 @@ class RequestCulprit:
     request_id: str
     tenant: str | None
     uncached_tokens: int
-    confidence: float  # share of the window's estimated prefill work
+    confidence: float  # share of the window's estimated prefill work, discounted by timing noise
     contained: bool  # its whole prefill interval lies inside the window
 
 
 @dataclass(frozen=True)
 class RequestStall:
-    """A window on one instance in which several (or one) decoding requests' gaps overlapped."""
+    """A window on one instance in which one or more decoding requests were stalled, on the spans' clock (client
+    times are moved back by the culprits' own offsets, or the median offset for a window without a culprit)."""
 
     instance: str
-    start_ns: int  # the window: the intersection of the victims' gaps
+    start_ns: int
     end_ns: int
     victims: tuple[str, ...]
     worst_itl_ns: int
-    excess_ns: int  # the largest victim excess over its own median ITL
+    excess_ns: int  # the largest victim excess over the engine's decode baseline
     culprits: tuple[RequestCulprit, ...]
 
 
@@ -73,202 +94,289 @@ class RequestOnlyAttribution:
     stalls: tuple[RequestStall, ...]
     spikes: int  # victim gaps that were spikes
     requests_with_token_times: int
+    clock: str = "engine"
+    clock_offset_ns: int = 0  # median: token clock − span clock (client only)
+    timing_noise_ns: int = 0
+    tolerance_ns: int = 0
+    decode_baseline_ns: dict[str, int] = field(default_factory=dict)  # per instance, median over the run
+    notes: tuple[str, ...] = ()  # what could not be analysed, and why
 
     def pairs(self) -> list[tuple[str, int, int, str, float]]:
         """(instance, window start, window end, culprit, confidence)."""
         return [(s.instance, s.start_ns, s.end_ns, c.request_id, c.confidence) for s in self.stalls
                 for c in s.culprits]
 
+    @property
+    def unexplained(self) -> tuple[RequestStall, ...]:
+        return tuple(s for s in self.stalls if not s.culprits)
+
 
 # ---------------------------------------------------------------------------------- the attribution
 def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
-                            params: RequestOnlyParams | None = None) -> RequestOnlyAttribution:
+                            params: RequestOnlyParams | None = None, clock: Clock = "engine") -> RequestOnlyAttribution:
     """`requests`: request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, cached_tokens
     (the `requests` relation has them; with disaggregation a request has one row per worker). `token_times`:
-    request_id, time_ns (and instance, when known), one row per token as a streaming client recorded them."""
+    request_id, time_ns (and instance, when known), one row per token; `clock`: "engine" when the times are
+    the engine's (the store's `tokens`), "client" when a streaming client recorded them."""
     p = params or RequestOnlyParams()
-    if "instance" not in token_times:  # one engine request span per request: its instance
-        where = requests.drop_duplicates("request_id", keep="last").set_index("request_id")["instance"]
-        token_times = token_times.assign(instance=where.reindex(token_times["request_id"]).to_numpy())
-    tok = token_times[["request_id", "instance", "time_ns"]].dropna(subset=["instance"]).sort_values(
-        ["request_id", "time_ns"], kind="stable")
+    notes: list[str] = []
+    if token_times.empty:
+        notes.append("no token times: spikes between tokens cannot be seen (ingest a client's token times, or "
+                     "vLLM's iteration log)")
+        return RequestOnlyAttribution(p, (), 0, 0, clock, notes=tuple(notes))
+    placed = requests.dropna(subset=["request_id"]).drop_duplicates("request_id", keep="last").set_index(
+        "request_id")
+    tok = token_times.dropna(subset=["request_id", "time_ns"])
+    if "instance" not in tok or tok["instance"].isna().all():
+        tok = tok.assign(instance=placed["instance"].reindex(tok["request_id"]).to_numpy())
+    unplaced = tok.loc[tok["instance"].isna(), "request_id"].nunique()
+    if unplaced:
+        notes.append(f"{unplaced} requests with token times are on no known instance (no engine span names one "
+                     "for them): their tokens were left out")
+    n_requests = int(tok["request_id"].nunique())
+    tok = tok.dropna(subset=["instance"]).astype({"time_ns": np.int64, "instance": str, "request_id": str})
+    tok = tok.sort_values(["request_id", "time_ns"], kind="stable")
     rid = tok["request_id"].to_numpy()
     inst = tok["instance"].to_numpy()
     t = tok["time_ns"].to_numpy(dtype=np.int64)
-    same = np.r_[False, (rid[1:] == rid[:-1]) & (inst[1:] == inst[:-1])]
-    itl = np.where(same, t - np.r_[0, t[:-1]], -1)
-    gaps = pd.DataFrame({"request_id": rid[same], "instance": inst[same], "start_ns": t[np.r_[same[1:], False]],
-                         "end_ns": t[same], "itl_ns": itl[same]})
-    if gaps.empty:
-        return RequestOnlyAttribution(p, (), 0, int(tok["request_id"].nunique()))
-    median = gaps.groupby("request_id")["itl_ns"].transform("median").to_numpy(dtype=np.float64)
-    excess = gaps["itl_ns"].to_numpy() - median
-    is_spike = excess >= np.maximum(p.stall_ratio * median, p.min_excess_ns)
-    spikes = gaps[is_spike].copy()
-    spikes["excess_ns"] = excess[is_spike]
-    spikes = spikes.sort_values(["instance", "start_ns", "end_ns"])
 
+    offsets, noise = _clock_offsets(placed, rid, t, clock)
+    tol = max(p.tolerance_floor_ns, noise)
+    median_offset = int(np.median(list(offsets.values()))) if offsets else 0
+
+    same = np.zeros(len(t), dtype=bool)
+    if len(t) > 1:
+        same[1:] = (rid[1:] == rid[:-1]) & (inst[1:] == inst[:-1])
+    ends = np.flatnonzero(same)
+    if not len(ends):
+        notes.append("no request has two token times: no gap between tokens to judge")
+        return RequestOnlyAttribution(p, (), 0, n_requests, clock, median_offset, noise, tol, notes=tuple(notes))
+    g = _Gaps(rid[ends], inst[ends], t[ends - 1], t[ends])
+    base = _engine_baseline(g, p)
+    excess = g.itl - base
+    spike = excess >= np.maximum(np.rint(p.stall_ratio * base).astype(np.int64), p.min_excess_ns) + noise
+
+    prefill = requests.dropna(subset=["instance", "scheduled_ns", "first_token_ns"])
+    missing = int(requests["request_id"].nunique()) - int(prefill["request_id"].nunique())
+    if missing:
+        notes.append(f"{missing} requests have no prefill interval (no instance, first scheduling or first token "
+                     "on their span): they cannot be named as culprits")
     stalls: list[RequestStall] = []
-    prefill = requests.dropna(subset=["scheduled_ns", "first_token_ns"])
-    by_instance = {str(k): _Candidates(v) for k, v in prefill.groupby("instance")}
-    normal = _NormalGaps(gaps[~is_spike])
-    for instance, rows in spikes.groupby("instance", sort=True):
-        cands = by_instance.get(str(instance))
-        for window in _windows(rows):
-            stalls.append(_attribute(str(instance), window, cands, normal, p))
-    return RequestOnlyAttribution(p, tuple(stalls), len(spikes), int(tok["request_id"].nunique()))
+    baselines: dict[str, int] = {}
+    for instance in sorted(set(g.instance.tolist())):
+        on = g.instance == instance
+        baselines[instance] = int(np.median(base[on]))
+        rows = prefill[prefill["instance"].astype(str) == instance]
+        cands = _Candidates(rows, offsets, median_offset if clock == "client" else 0)
+        stalls += _instance_stalls(instance, g.take(on), base[on], excess[on], spike[on], cands, tol, noise, p)
+    stalls.sort(key=lambda s: (s.instance, s.start_ns, s.end_ns))
+    return RequestOnlyAttribution(p, tuple(stalls), int(spike.sum()), n_requests, clock, median_offset, noise, tol,
+                                  baselines, tuple(notes))
 
 
-def _windows(rows: pd.DataFrame) -> Iterable[tuple[int, int, list[str], int, int]]:
-    """Groups of spikes whose gaps share a common interval (greedy, in start order): (window start, end,
-    victims, worst ITL, largest excess)."""
-    starts = rows["start_ns"].to_numpy()
-    ends = rows["end_ns"].to_numpy()
-    ids = rows["request_id"].to_numpy()
-    itls = rows["itl_ns"].to_numpy()
-    excess = rows["excess_ns"].to_numpy()
-    begin, lo, hi = 0, 0, 0
-    for i in range(len(rows) + 1):
-        if i < len(rows) and i > begin and starts[i] < hi and max(lo, starts[i]) < min(hi, ends[i]):
-            lo, hi = max(lo, starts[i]), min(hi, ends[i])
-            continue
-        if i > begin:
-            yield int(lo), int(hi), list(ids[begin:i]), int(itls[begin:i].max()), int(excess[begin:i].max())
-        if i < len(rows):
-            begin, lo, hi = i, starts[i], ends[i]
+def _clock_offsets(placed: pd.DataFrame, rid: np.ndarray, t: np.ndarray, clock: Clock) -> tuple[dict[str, int], int]:
+    """Per request with token times and a first token on its span: first token time − span first token (client
+    clock only), and the timing noise: half the 10–90% range of those offsets."""
+    if clock != "client" or not len(t):
+        return {}, 0
+    first = np.r_[True, rid[1:] != rid[:-1]]
+    span_first = placed["first_token_ns"].reindex(rid[first])
+    known = span_first.notna().to_numpy()
+    ids = rid[first][known]
+    off = t[first][known] - span_first.to_numpy()[known].astype(np.int64)
+    if not len(off):
+        return {}, 0
+    lo, hi = np.quantile(off, [0.1, 0.9])
+    return dict(zip(ids.tolist(), off.tolist(), strict=True)), round(float(hi - lo) / 2)
+
+
+class _Gaps:
+    """Gaps between two consecutive tokens of one request on one instance: (start, end] in ns."""
+
+    def __init__(self, rid: np.ndarray, instance: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        self.rid, self.instance, self.start, self.end = rid, instance, start, end
+        self.itl = end - start
+
+    def take(self, index: np.ndarray) -> _Gaps:
+        return _Gaps(self.rid[index], self.instance[index], self.start[index], self.end[index])
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+
+def _engine_baseline(g: _Gaps, p: RequestOnlyParams) -> np.ndarray:
+    """Per gap: the `baseline_quantile` of the gaps of every request on its instance ending within
+    `baseline_window_ns` (centred) of its end, in buckets of a quarter window."""
+    base = np.empty(len(g), dtype=np.int64)
+    width = max(p.baseline_window_ns // 4, 1)
+    for instance in set(g.instance.tolist()):
+        idx = np.flatnonzero(g.instance == instance)
+        order = idx[np.argsort(g.end[idx], kind="stable")]
+        itl = g.itl[order]
+        bucket = (g.end[order] - g.end[order][0]) // width
+        whole = round(float(np.quantile(itl, p.baseline_quantile)))
+        buckets, first = np.unique(bucket, return_index=True)
+        last = np.r_[first[1:], len(order)]
+        for k, b in enumerate(buckets.tolist()):
+            lo = int(np.searchsorted(bucket, b - 2, "left"))
+            hi = int(np.searchsorted(bucket, b + 2, "right"))
+            q = round(float(np.quantile(itl[lo:hi], p.baseline_quantile))) if hi - lo >= p.baseline_min_gaps \
+                else whole
+            base[order[first[k]:last[k]]] = q
+    return base
 
 
 class _Candidates:
-    """One instance's prefill intervals, sorted by first scheduling."""
+    """One instance's prefill intervals on the token clock, sorted by start."""
 
-    def __init__(self, rows: pd.DataFrame) -> None:
-        rows = rows.sort_values("scheduled_ns")
-        self.ids = rows["request_id"].to_numpy()
+    def __init__(self, rows: pd.DataFrame, offsets: dict[str, int], default_offset: int) -> None:
+        rows = rows.sort_values("scheduled_ns", kind="stable")
+        self.ids = rows["request_id"].astype(str).to_numpy()
+        shift = np.array([offsets.get(r, default_offset) for r in self.ids], dtype=np.int64)
         self.tenants = rows["tenant"].to_numpy() if "tenant" in rows else np.full(len(rows), None)
-        self.start = rows["scheduled_ns"].to_numpy(dtype=np.int64)
-        self.end = rows["first_token_ns"].to_numpy(dtype=np.int64)
+        self.start = rows["scheduled_ns"].to_numpy(dtype=np.int64) + shift
+        self.end = rows["first_token_ns"].to_numpy(dtype=np.int64) + shift
+        order = np.argsort(self.start, kind="stable")
+        self.ids, self.tenants, self.start, self.end = self.ids[order], self.tenants[order], self.start[order], \
+            self.end[order]
+        self.shift = shift[order]
+        self.default_shift = default_offset
         self.uncached = (rows["input_tokens"].fillna(0) - rows["cached_tokens"].fillna(0)).clip(lower=1).to_numpy(
-            dtype=np.float64)
-        self.longest = int((self.end - self.start).max()) if len(rows) else 0
+            dtype=np.float64)[order]
 
 
-class _NormalGaps:
-    """Per instance, every request's gaps between two tokens that were not spikes, sorted by start, with the
-    earliest end among the gaps from each one on (a suffix minimum)."""
+@dataclass
+class _Claim:
+    """A candidate's window and the spike gaps it stalled."""
 
-    def __init__(self, gaps: pd.DataFrame) -> None:
-        self.by_instance: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for instance, rows in gaps.groupby("instance", sort=False):
-            order = np.argsort(rows["start_ns"].to_numpy(), kind="stable")
-            ends = rows["end_ns"].to_numpy()[order]
-            self.by_instance[str(instance)] = (rows["start_ns"].to_numpy()[order],
-                                               np.minimum.accumulate(ends[::-1])[::-1])
-
-    def any_inside(self, instance: str, start: int, end: int) -> bool:
-        """Whether a request on the instance had a whole normal gap starting at or after `start` and ending
-        before `end`."""
-        found = self.by_instance.get(instance)
-        if found is None:
-            return False
-        starts, earliest_end = found
-        k = int(np.searchsorted(starts, start, side="left"))
-        return k < len(starts) and bool(earliest_end[k] < end)
+    cand: int
+    lo: int
+    hi: int
+    gaps: list[int]
 
 
-def _attribute(instance: str, window: tuple[int, int, list[str], int, int], cands: _Candidates | None,
-               normal: _NormalGaps, p: RequestOnlyParams) -> RequestStall:
-    lo, hi, victim_list, worst, excess = window
-    victims = tuple(sorted(set(victim_list)))
-    culprits: list[RequestCulprit] = []
-    if cands is not None and len(cands.ids):
-        a = int(np.searchsorted(cands.start, lo - cands.longest, side="left"))
-        b = int(np.searchsorted(cands.start, hi, side="left"))
-        idx = np.arange(a, b)
-        idx = idx[(cands.end[idx] > lo) & ~np.isin(cands.ids[idx], victims)]
-        idx = idx[[not normal.any_inside(instance, int(cands.start[j]), int(cands.end[j])) for j in idx]]
-        if len(idx):
-            s, f = cands.start[idx], cands.end[idx]
-            overlap = (np.minimum(f, hi) - np.maximum(s, lo)).astype(np.float64)
-            work = cands.uncached[idx] * overlap / np.maximum(f - s, 1).astype(np.float64)
-            share = work / work.sum() if work.sum() > 0 else np.full(len(idx), 1 / len(idx))
-            for j, sh, x, y in zip(idx, share, s, f, strict=True):
-                if sh >= p.min_confidence:
-                    culprits.append(RequestCulprit(str(cands.ids[j]), cands.tenants[j], int(cands.uncached[j]),
-                                                   float(sh), bool(x >= lo and y <= hi)))
-    culprits.sort(key=lambda c: -c.confidence)
-    return RequestStall(instance, lo, hi, victims, worst, excess, tuple(culprits))
-
-
-def attribute_store_requests(store: Store, params: RequestOnlyParams | None = None) -> RequestOnlyAttribution:
-    """The request-only attribution on a store: `llm_request` spans for the requests and, standing in for a
-    streaming client's records, the token times of the `tokens` relation (no step membership is used)."""
-    requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, "
-                         "cached_tokens FROM requests WHERE instance IS NOT NULL").df()
-    tokens = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
-    return attribute_from_requests(requests, tokens, params)
-
-
-# ------------------------------------------------------------------------------- vLLM iteration logs
-ITERATION_LINE = re.compile(
-    r"(?:(?P<level>[A-Z]+)\s+(?P<date>\d{2}-\d{2})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?)\s.*?)?"
-    r"Iteration\((?P<iteration>\d+)\):\s+"
-    r"(?P<ctx_req>\d+)\s+context requests,\s+(?P<ctx_tok>\d+)\s+context tokens,\s+"
-    r"(?P<gen_req>\d+)\s+generation requests,\s+(?P<gen_tok>\d+)\s+generation tokens,\s+"
-    r"iteration elapsed time:\s+(?P<elapsed>[0-9.]+)\s*ms")
-
-
-@dataclass(frozen=True)
-class Iteration:
-    iteration: int
-    context_requests: int
-    context_tokens: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_ns: int
-    logged_at: str | None  # the log line's own timestamp (vLLM: MM-DD HH:MM:SS), when present
-
-
-def parse_iteration_log(lines: Iterable[str]) -> list[Iteration]:
-    """vLLM's per-iteration log lines; other lines are skipped."""
-    out = []
-    for line in lines:
-        m = ITERATION_LINE.search(line)
-        if m is None:
+def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarray, spike: np.ndarray,
+                     cands: _Candidates, tol: int, noise: int, p: RequestOnlyParams) -> list[RequestStall]:
+    sp = np.flatnonzero(spike)
+    sp = sp[np.argsort(g.start[sp], kind="stable")]
+    every = np.argsort(g.start, kind="stable")
+    e_start, e_end = g.start[every], g.end[every]
+    longest = int((e_end - e_start).max()) if len(every) else 0
+    normal = np.flatnonzero(~spike)
+    normal = normal[np.argsort(g.start[normal], kind="stable")]
+    n_start = g.start[normal]
+    n_earliest_end = np.minimum.accumulate(g.end[normal][::-1])[::-1] if len(normal) else normal
+    claims: list[_Claim] = []
+    for j in range(len(cands.ids)):
+        s, f = int(cands.start[j]), int(cands.end[j])
+        a = int(np.searchsorted(e_start, s - longest, "left"))
+        b = int(np.searchsorted(e_start, f - tol, "left"))
+        over = every[a:b]
+        over = over[(g.end[over] > s + tol) & (g.rid[over] != cands.ids[j])]
+        hit = over[spike[over]]
+        if not len(hit):
             continue
-        stamp = f"{m['date']} {m['time']}" if m["date"] else None
-        out.append(Iteration(int(m["iteration"]), int(m["ctx_req"]), int(m["ctx_tok"]), int(m["gen_req"]),
-                             int(m["gen_tok"]), round(float(m["elapsed"]) * 1e6), stamp))
-    return out
+        # Decoders across the prefill: their median excess must be a stall too (one request's jitter is not).
+        threshold = max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns)
+        if np.median(excess[over]) < threshold + 2 * noise / np.sqrt(len(over)):
+            continue
+        k = int(np.searchsorted(n_start, s + tol, "left"))
+        if k < len(normal) and int(n_earliest_end[k]) < f - tol:
+            continue  # a whole normal gap inside its prefill: its chunks did not stall the decodes
+        hit = hit[np.argsort(g.start[hit], kind="stable")]
+        for group in _common_groups(g.start[hit], g.end[hit]):
+            gaps = hit[group]
+            lo, hi = max(s, int(g.start[gaps].max())), min(f, int(g.end[gaps].min()))
+            if hi - lo > tol or (hi > lo and f - s <= tol):
+                # the victims' token times are uncertain by the timing noise: so is the window's edge
+                lo, hi = max(s, lo - noise), min(f, hi + noise)
+                claims.append(_Claim(j, lo, hi, gaps.tolist()))
+    stalls: list[RequestStall] = []
+    claimed = np.zeros(len(g), dtype=bool)
+    claims.sort(key=lambda c: (c.lo, c.hi))
+    i = 0
+    while i < len(claims):
+        lo, hi, members = claims[i].lo, claims[i].hi, [claims[i]]
+        i += 1
+        while i < len(claims) and min(hi, claims[i].hi) - claims[i].lo > tol:
+            hi = max(hi, claims[i].hi)
+            members.append(claims[i])
+            i += 1
+        stall = _stall(instance, lo, hi, members, g, excess, cands, noise, p)
+        for c in members:
+            claimed[c.gaps] = True
+        if stall.culprits:
+            stalls.append(stall)
+        else:
+            claimed[[x for c in members for x in c.gaps]] = False
+    rest = sp[~claimed[sp]]
+    for group in _common_groups(g.start[rest], g.end[rest]):
+        gaps = rest[group]
+        stalls.append(RequestStall(instance, int(g.start[gaps].max()) - cands.default_shift,
+                                   int(g.end[gaps].min()) - cands.default_shift,
+                                   tuple(sorted(set(g.rid[gaps].tolist()))), int(g.itl[gaps].max()),
+                                   int(excess[gaps].max()), ()))
+    return stalls
 
 
-def iteration_spikes(iterations: list[Iteration], params: RequestOnlyParams | None = None,
-                     year: int | None = None) -> pd.DataFrame:
-    """The iterations that stalled their generation requests: elapsed time above the median of
-    generation-only iterations with the same number of generation requests (nearest such, else all), by
-    the stall threshold, with context tokens in them. End times are the log timestamp of the first line
-    plus the cumulative elapsed time (vLLM's stamps have whole seconds: the offset is within a second).
-    Columns: iteration, end_ns, elapsed_ns, context_tokens, generation_requests, decode_only_ns,
-    excess_ns."""
-    p = params or RequestOnlyParams()
-    if not iterations:
-        return pd.DataFrame(columns=["iteration", "end_ns", "elapsed_ns", "context_tokens", "generation_requests",
-                                     "decode_only_ns", "excess_ns"])
-    df = pd.DataFrame([vars(i) for i in iterations])
-    anchor = 0
-    if df["logged_at"].iloc[0]:
-        stamp = datetime.strptime(f"{year or datetime.now().year}-{df['logged_at'].iloc[0]}".split(".")[0],
-                                  "%Y-%m-%d %H:%M:%S")
-        anchor = int(stamp.timestamp()) * 10**9
-    df["end_ns"] = anchor + df["elapsed_ns"].cumsum()
-    gen_only = df[(df["context_tokens"] == 0) & (df["generation_requests"] > 0)]
-    levels = gen_only.groupby("generation_requests")["elapsed_ns"].median()
-    if levels.empty:
-        base = np.zeros(len(df))
-    else:
-        base = np.interp(df["generation_requests"], levels.index.to_numpy(), levels.to_numpy())
-    df["decode_only_ns"] = np.rint(base).astype(np.int64)
-    df["excess_ns"] = df["elapsed_ns"] - np.where(df["generation_requests"] > 0, df["decode_only_ns"], 0)
-    stalled = (df["context_tokens"] > 0) & (df["generation_requests"] > 0) & (
-        df["excess_ns"] >= np.maximum(p.stall_ratio * df["decode_only_ns"], p.min_excess_ns))
-    return df.loc[stalled, ["iteration", "end_ns", "elapsed_ns", "context_tokens", "generation_requests",
-                            "decode_only_ns", "excess_ns"]].reset_index(drop=True)
+def _common_groups(starts: np.ndarray, ends: np.ndarray) -> Iterable[np.ndarray]:
+    """Indices (into the given arrays, sorted by start) grouped greedily so that each group's intervals share a
+    common part."""
+    order = np.argsort(starts, kind="stable")
+    group: list[int] = []
+    lo = hi = 0
+    for i in order.tolist():
+        s, e = int(starts[i]), int(ends[i])
+        if group and max(lo, s) < min(hi, e):
+            lo, hi = max(lo, s), min(hi, e)
+            group.append(i)
+            continue
+        if group:
+            yield np.array(group)
+        group, lo, hi = [i], s, e
+    if group:
+        yield np.array(group)
+
+
+def _stall(instance: str, lo: int, hi: int, members: list[_Claim], g: _Gaps, excess: np.ndarray,
+           cands: _Candidates, noise: int, p: RequestOnlyParams) -> RequestStall:
+    gaps = np.unique(np.array([x for c in members for x in c.gaps], dtype=np.int64))
+    js = sorted({c.cand for c in members})
+    s, f = cands.start[js], cands.end[js]
+    overlap = np.maximum(np.minimum(f, hi) - np.maximum(s, lo), 0)
+    work = cands.uncached[js] * overlap.astype(np.float64) / np.maximum(f - s, 1).astype(np.float64)
+    share = work / work.sum() if work.sum() > 0 else np.full(len(js), 1 / len(js))
+    clear = overlap / (overlap + noise) if noise else np.ones(len(js))
+    culprits = [RequestCulprit(str(cands.ids[j]), cands.tenants[j], int(cands.uncached[j]), float(sh * cl),
+                               bool(x >= lo and y <= hi))
+                for j, sh, cl, x, y in zip(js, share, clear, s, f, strict=True) if sh * cl >= p.min_confidence]
+    culprits.sort(key=lambda c: -c.confidence)
+    victims = tuple(sorted(set(g.rid[gaps].tolist())))
+    back = round(float(np.median(cands.shift[js])))  # onto the spans' clock: the culprits' own offsets
+    return RequestStall(instance, lo - back, hi - back, victims, int(g.itl[gaps].max()), int(excess[gaps].max()),
+                        tuple(culprits))
+
+
+def token_source(store: Store) -> str | None:
+    """Which token times the request-only method can read on the store: 'client_tokens' (a streaming client's,
+    ingested), 'tokens' (the engine's own per-token spans: SGLang, TGI, the reference engine) or None."""
+    if store.sql("SELECT count(*) FROM client_tokens").fetchall()[0][0]:
+        return "client_tokens"
+    if store.sql("SELECT count(*) FROM tokens").fetchall()[0][0]:
+        return "tokens"
+    return None
+
+
+def attribute_store_requests(store: Store, params: RequestOnlyParams | None = None,
+                             tokens: str | None = None) -> RequestOnlyAttribution:
+    """The request-only attribution on a store: the engine request spans for the requests and, for the token
+    times, a client's (`client_tokens`, on the client's clock: offsets estimated) when the store has them, else
+    the `tokens` relation (no step membership is used). `tokens` forces one of the two."""
+    requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, input_tokens, "
+                         "cached_tokens FROM requests").df()
+    which = tokens or token_source(store) or "tokens"
+    if which == "client_tokens":
+        times = store.sql("SELECT request_id, time_ns FROM client_tokens").df()
+        return attribute_from_requests(requests, times, params, clock="client")
+    times = store.sql("SELECT request_id, instance, time_ns FROM tokens").df()
+    return attribute_from_requests(requests, times, params)

@@ -3,6 +3,7 @@ analyzers' scores on it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -29,19 +30,34 @@ def scenarios_generate(
         help="Whose spans the engines emit: infertrace, vllm-v1, vllm-v0, sglang or tgi")] = "infertrace",
     gateway_telemetry: Annotated[str, typer.Option(
         help="Whose spans the gateway emits: infertrace, litellm or none")] = "infertrace",
+    instance_ids: Annotated[bool, typer.Option(
+        help="Emulated engines: the deployment sets service.instance.id (OTEL_RESOURCE_ATTRIBUTES)")] = False,
+    client_tokens: Annotated[bool, typer.Option(
+        help="Also write a streaming client's token times per scenario (client_tokens.jsonl)")] = False,
+    client_delay_ms: Annotated[str, typer.Option(
+        help="Client token times: network delay, ms, or a range A-B drawn per scenario")] = "2",
+    client_jitter_ms: Annotated[str, typer.Option(
+        help="Client token times: jitter per token up to this, ms, or a range A-B drawn per scenario")] = "1",
+    iteration_logs: Annotated[bool, typer.Option(
+        help="With --telemetry vllm-v1: also write vLLM's iteration logs per scenario (iteration_logs/)")] = False,
 ) -> None:
     """Draw random topologies, fault families, onsets, durations and magnitudes; write each scenario's traces
     (traces.jsonl.gz), fleet file and ground truth (ground_truth.json), and an index.json.
 
     Example:
       infertrace scenarios generate --seed 0 --count 20 --jobs 2 --out bank/
+      infertrace scenarios generate --family code_completion --family conversation --telemetry vllm-v1 \
+        --instance-ids --client-tokens --client-jitter-ms 0-5 --client-delay-ms 0-5 --iteration-logs --out itl-bank/
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from reference_engine.api import ALL_FAMILIES, FAMILIES, TelemetrySpec, bank, generate
+    from reference_engine.api import ALL_FAMILIES, FAMILIES, SideFiles, TelemetrySpec, bank, generate
 
     try:
-        spec = TelemetrySpec(telemetry, gateway_telemetry)
+        spec = TelemetrySpec(telemetry, gateway_telemetry, instance_ids,
+                             iteration_logs=Path("iteration_logs") if iteration_logs else None)
+        side = SideFiles(client_tokens, _ms_range("--client-delay-ms", client_delay_ms),
+                         _ms_range("--client-jitter-ms", client_jitter_ms), iteration_logs)
     except ValueError as e:
         raise fail(str(e)) from None
     if count < 1:
@@ -60,11 +76,24 @@ def scenarios_generate(
     try:
         with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
             task = bar.add_task("scenarios", total=len(scenarios))
-            truths = generate(scenarios, out, jobs, lambda: bar.advance(task), None if spec.is_native else spec)
+            truths = generate(scenarios, out, jobs, lambda: bar.advance(task),
+                              None if spec.is_native else replace(spec, iteration_logs=None), side)
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
     families = {t["family"] for t in truths}
     err.print(f"{len(truths)} scenarios ({len(families)} families) written to {out}; index in {out / 'index.json'}")
+
+
+def _ms_range(option: str, text: str) -> tuple[float, float]:
+    """'2' → (2, 2); '0-5' → (0, 5)."""
+    try:
+        lo, _, hi = text.partition("-")
+        low, high = float(lo), float(hi or lo)
+    except ValueError:
+        raise ValueError(f"{option} must be milliseconds or a range A-B, got {text!r}") from None
+    if not 0 <= low <= high:
+        raise ValueError(f"{option} must be 0 ≤ A ≤ B, got {text!r}")
+    return low, high
 
 
 def evaluate(

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -29,21 +30,48 @@ def ingest(
         32 * 1024 * 1024),
     materialize: Annotated[bool, typer.Option(
         help="Then compute the new snapshot's analyses once for the dashboard and report (docs/results.md)")] = True,
+    source: Annotated[str, typer.Option(
+        help="What the files are: auto (by their first lines), otlp, client-tokens (a streaming client's token "
+             "times, JSON lines: docs/sources.md) or vllm-iteration-log (--enable-logging-iteration-details "
+             "lines; the file's name is the engine instance)")] = "auto",
 ) -> None:
-    """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store.
+    """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
+    streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
+    iteration_log), which ITL spike attribution reads on engines that export no step spans.
     Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
     truncated file keeps every complete line.
 
-    Example: infertrace ingest --store traces/ otel-export/*.jsonl.gz
+    Example: infertrace ingest --store traces/ otel-export/*.jsonl.gz client_tokens.jsonl
+             infertrace ingest --store traces/ --source vllm-iteration-log logs/llama-3-8b-0.log
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.store.ingest import expand_paths, ingest_paths
+    from infertrace.store.side_inputs import ingest_side_inputs, sniff
 
     if max_line_bytes < 1:
         raise fail(f"--max-line-bytes must be positive, got {max_line_bytes}")
+    kinds = ("auto", "otlp", "client-tokens", "vllm-iteration-log")
+    if source not in kinds:
+        raise fail(f"--source must be one of {', '.join(kinds)}, got {source!r}")
     try:
-        files = expand_paths(list(paths))
+        files = _expand(list(paths), source, expand_paths)
+        side: dict[str, list[Path]] = {"client-tokens": [], "vllm-iteration-log": []}
+        if source != "otlp":
+            for f in list(files):
+                kind = source if source != "auto" else sniff(f)
+                if kind in side:
+                    side[kind].append(f)
+                    files.remove(f)
+        for kind, what, unit in (("client-tokens", "client token times", "requests"),
+                                 ("vllm-iteration-log", "vLLM iteration logs", "iterations")):
+            if side[kind]:
+                said = ingest_side_inputs(store, side[kind], kind)
+                err.print(said.paragraph(what, unit), soft_wrap=True, highlight=False)
+        if not files:
+            if materialize:
+                materialize_store(store, progress)
+            return
         total = sum(f.stat().st_size for f in files)
         if progress:
             columns = (TextColumn("ingesting"), BarColumn(), DownloadColumn(), TimeElapsedColumn())
@@ -60,6 +88,21 @@ def ingest(
         materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
+
+
+def _expand(paths: list[str], source: str, expand_paths: Callable[[list[str | Path]], list[Path]]) -> list[Path]:
+    """Files to ingest: OTLP and token files as `expand_paths` finds them; with --source vllm-iteration-log a
+    directory gives its `*.log` and `*.log.gz` files."""
+    if source != "vllm-iteration-log":
+        return expand_paths(list(paths))
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out += sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith((".log", ".log.gz")))
+        else:
+            out += expand_paths([raw])
+    return out
 
 
 def _token(token: str | None, token_file: Path | None) -> str | None:

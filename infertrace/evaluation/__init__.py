@@ -39,13 +39,22 @@ def open_scenario_store(scenario: Path) -> Store:
     """The scenario's store (`<scenario>/store`), ingesting its traces unless a finished ingest of them left
     its marker there (re-ingesting adds nothing, so an interrupted one is simply run again)."""
     store_dir = scenario / STORE_DIR
-    traces = scenario / load_truth(scenario).get("traces", "traces.jsonl.gz")
+    truth = load_truth(scenario)
+    traces = scenario / truth.get("traces", "traces.jsonl.gz")
+    telemetry = truth.get("telemetry", {})
+    tokens = scenario / telemetry["client_tokens"] if telemetry.get("client_tokens") else None
+    logs = sorted((scenario / telemetry["iteration_logs"]).glob("*.log")) if telemetry.get("iteration_logs") else []
     marker = store_dir / INGESTED_MARKER
-    stamp = f"{traces.name} {traces.stat().st_size}\n"
+    stamp = "".join(f"{p.name} {p.stat().st_size}\n" for p in [traces, *([tokens] if tokens else []), *logs])
     if not marker.is_file() or marker.read_text(encoding="utf-8") != stamp:
         from infertrace.store.ingest import ingest_paths
+        from infertrace.store.side_inputs import ingest_side_inputs
 
         ingest_paths(store_dir, [traces])
+        if tokens is not None:
+            ingest_side_inputs(store_dir, [tokens], "client-tokens")
+        if logs:
+            ingest_side_inputs(store_dir, logs, "vllm-iteration-log")
         marker.write_text(stamp, encoding="utf-8")
     return Store.open(store_dir)
 

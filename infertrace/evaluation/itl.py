@@ -32,25 +32,34 @@ from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 
 class _Counts:
-    def __init__(self) -> None:
-        self.tp = self.fp = self.fn = 0
+    """tp: true pairs found; fn: true pairs missed; fp: named pairs that are wrong; named_ok: named pairs that are
+    right (a window can hold several stalled steps, and a step lie in several windows, so named_ok and tp differ
+    for the window methods). Precision is named_ok / (named_ok + fp), recall tp / (tp + fn)."""
 
-    def add(self, tp: int, fp: int, fn: int) -> None:
+    def __init__(self) -> None:
+        self.tp = self.fp = self.fn = self.named_ok = 0
+
+    def add(self, tp: int, fp: int, fn: int, named_ok: int | None = None) -> None:
         self.tp += tp
         self.fp += fp
         self.fn += fn
+        self.named_ok += tp if named_ok is None else named_ok
 
     def scores(self) -> dict[str, Any]:
-        precision = self.tp / (self.tp + self.fp) if self.tp + self.fp else None
+        precision = self.named_ok / (self.named_ok + self.fp) if self.named_ok + self.fp else None
         recall = self.tp / (self.tp + self.fn) if self.tp + self.fn else None
         f1 = (2 * precision * recall / (precision + recall)
               if precision is not None and recall is not None and precision + recall else None)
         return {"precision": _r(precision), "recall": _r(recall), "f1": _r(f1), "tp": self.tp, "fp": self.fp,
-                "fn": self.fn}
+                "fn": self.fn, "named_ok": self.named_ok}
 
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
+
+
+# Confidence bins of named culprits: how often a culprit named with that confidence is right (calibration).
+CONFIDENCE_BINS = {"<0.5": (0.0, 0.5), "0.5-0.8": (0.5, 0.8), "0.8-0.95": (0.8, 0.95), ">=0.95": (0.95, 1.01)}
 
 
 def _truth_pairs(itl: dict[str, Any]) -> set[tuple[str, int, str]]:
@@ -112,6 +121,7 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
     recalled: set[tuple[str, int, str]] = set()
     negative = _negative_engines(truth)
     spikes = false = 0
+    calibration: dict[str, list[int]] = {label: [0, 0] for label in CONFIDENCE_BINS}  # [named, right]
     for stall in attribution.stalls:
         e = ends.get(stall.instance, np.array([], dtype=np.int64))
         inside = by_engine.get(stall.instance, [])[int(np.searchsorted(e, stall.start_ns, "right")):
@@ -121,45 +131,123 @@ def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
             hits = [(s["engine"], s["step_index"], c.request_id) for s in inside
                     if any(x["request"] == c.request_id and not x["recompute"] for x in s["culprits"])]
             recalled.update(hits)
-            per_policy[policy].add(bool(hits), not hits, 0)
+            per_policy[policy].add(0, not hits, 0, bool(hits))
+            label = next(lb for lb, (lo, hi) in CONFIDENCE_BINS.items() if lo <= c.confidence < hi)
+            calibration[label][0] += 1
+            calibration[label][1] += bool(hits)
         if stall.instance in negative:
             spikes += 1
             if stall.culprits and not any("prefill" in s["causes"] for s in inside):
                 false += 1
-    for pair in true_pairs - recalled:
-        per_policy[policies.get(pair[0], "unknown")].add(0, 0, 1)
-    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false}
+    for pair in true_pairs:
+        found = pair in recalled
+        per_policy[policies.get(pair[0], "unknown")].add(int(found), 0, int(not found), 0)
+    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false, "calibration": calibration}
+
+
+# The inputs a store can hold beside the request spans, and the method each combination runs (JSON keys).
+COMBINATIONS = {
+    "steps": "step spans",
+    "requests": "spans only",
+    "tokens": "spans + client tokens",
+    "iterations": "spans + iteration log",
+    "all": "spans + tokens + iteration log",
+}
+
+
+def _family_key(truth: dict[str, Any]) -> str:
+    family = truth.get("family", "unknown")
+    scheduling = truth.get("details", {}).get("scheduling")
+    return f"{family}/{scheduling}" if scheduling else family
+
+
+def _attributions(store: Any) -> dict[str, Any]:
+    """Each combination the store's inputs allow: method key → result (the step analysis or windows)."""
+    from infertrace.analyzers.itl_iterations import as_windows, attribute_store_iterations, join_iterations
+
+    out: dict[str, Any] = {}
+    if store.sql("SELECT count(*) FROM steps").fetchall()[0][0]:
+        out["steps"] = analyze_itl(store)
+    if store.sql("SELECT count(*) FROM tokens").fetchall()[0][0]:
+        out["requests"] = attribute_store_requests(store, tokens="tokens")
+    has_client = store.sql("SELECT count(*) FROM client_tokens").fetchall()[0][0] > 0
+    if has_client:
+        out["tokens"] = attribute_store_requests(store, tokens="client_tokens")
+    if store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]:
+        iterations = attribute_store_iterations(store)
+        out["iterations"] = as_windows(iterations)
+        out["_iterations"] = iterations
+        if has_client:
+            out["all"] = join_iterations(out["tokens"], iterations)
+    return out
+
+
+def iteration_timing(truth: dict[str, Any], attr: Any, window_ns: int = 5_000_000) -> dict[str, int | list[int]]:
+    """Stalled steps with a prefill cause on the logged instances, how many a stalled iteration ends within
+    `window_ns` of, and each such step's timing error (ns)."""
+    logged = {lg.instance for lg in attr.logs if lg.instance is not None}
+    by_instance: dict[str, np.ndarray] = defaultdict(lambda: np.array([], dtype=np.int64))
+    for inst in logged:
+        by_instance[inst] = np.array(sorted(s.end_ns for s in attr.stalls if s.instance == inst), dtype=np.int64)
+    steps = [s for s in truth["itl"]["stalled_steps"] if s["engine"] in logged and "prefill" in s["causes"]]
+    errors = []
+    for s in steps:
+        e = by_instance[s["engine"]]
+        if not len(e):
+            continue
+        k = int(np.searchsorted(e, s["end_ns"]))
+        near = min(abs(int(e[j]) - s["end_ns"]) for j in (k - 1, k) if 0 <= j < len(e))
+        if near <= window_ns:
+            errors.append(near)
+    return {"stalls": len(steps), "found": len(errors), "errors_ns": errors}
 
 
 def evaluate_itl(bank: str | Path) -> dict[str, Any]:
-    """Scores both methods over every scenario of the bank."""
+    """Scores every method the bank's inputs allow over every scenario of the bank."""
     started = time.perf_counter()
-    overall = {"steps": _Counts(), "requests": _Counts()}
-    per_family: dict[str, dict[str, _Counts]] = defaultdict(lambda: {"steps": _Counts(), "requests": _Counts()})
-    per_policy: dict[str, dict[str, _Counts]] = defaultdict(lambda: {"steps": _Counts(), "requests": _Counts()})
-    negative = {"steps": [0, 0], "requests": [0, 0]}  # [false, spikes]
+    methods = tuple(COMBINATIONS)
+    overall = {m: _Counts() for m in methods}
+    per_family: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
+    per_policy: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
+    negative = {m: [0, 0] for m in methods}  # [false, spikes]
+    calibration = {m: {label: [0, 0] for label in CONFIDENCE_BINS} for m in methods}
+    ran: dict[str, int] = defaultdict(int)  # scenarios each method ran on
     labels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    timing = {"stalls": 0, "found": 0, "errors_ns": []}
+    family_timing: dict[str, dict[str, Any]] = defaultdict(lambda: {"stalls": 0, "found": 0, "errors_ns": []})
     scenarios = []
     families: dict[str, int] = defaultdict(int)
     for scenario in scenario_dirs(bank):
         truth = load_truth(scenario)
-        family = truth.get("family", "unknown")
+        family = _family_key(truth)
         families[family] += 1
         with open_scenario_store(scenario) as store:
-            analysis = analyze_itl(store)
-            attribution = attribute_store_requests(store)
+            results = _attributions(store)
             policies = dict(store.sql("SELECT DISTINCT instance, policy FROM steps").fetchall())
-        for method, result in (("steps", score_steps(truth, analysis, policies)),
-                               ("requests", score_requests(truth, attribution, policies))):
+        for method in methods:
+            if method not in results:
+                continue
+            ran[method] += 1
+            result = (score_steps(truth, results[method], policies) if method == "steps"
+                      else score_requests(truth, results[method], policies))
             for policy, counts in result["per_policy"].items():
                 for target in (overall[method], per_family[family][method], per_policy[policy][method]):
-                    target.add(counts.tp, counts.fp, counts.fn)
+                    target.add(counts.tp, counts.fp, counts.fn, counts.named_ok)
             negative[method][0] += result["negative_false"]
             negative[method][1] += result["negative_spikes"]
+            for label, (named, right) in result.get("calibration", {}).items():
+                calibration[method][label][0] += named
+                calibration[method][label][1] += right
             if method == "steps":
                 for cause, (n, same) in result["labels"].items():
                     labels[cause][0] += n
                     labels[cause][1] += same
+        if "_iterations" in results:
+            found = iteration_timing(truth, results["_iterations"])
+            for target in (timing, family_timing[family]):
+                target["stalls"] += found["stalls"]
+                target["found"] += found["found"]
+                target["errors_ns"] += found["errors_ns"]
         scenarios.append(scenario.name)
 
     def rate(method: str) -> float | None:
@@ -167,16 +255,29 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
         return _r(false / spikes) if spikes else None
 
     def section(method: str) -> dict[str, Any]:
-        return {**overall[method].scores(), "false_attribution_rate": rate(method),
+        return {**overall[method].scores(), "scenarios_run": ran[method], "false_attribution_rate": rate(method),
+                "calibration": {label: {"named": n, "right": r, "share_right": _r(r / n) if n else None}
+                                for label, (n, r) in calibration[method].items()},
                 "negative_control_spikes": negative[method][1], "negative_control_false": negative[method][0],
                 "per_family": {f: c[method].scores() for f, c in sorted(per_family.items())},
                 "per_policy": {p: c[method].scores() for p, c in sorted(per_policy.items())}}
+
+    def timing_summary(t: dict[str, Any]) -> dict[str, Any]:
+        errors = np.array(t["errors_ns"], dtype=np.int64)
+        return {"stalls": t["stalls"], "found_within_5ms": t["found"],
+                "stall_recall": _r(t["found"] / t["stalls"]) if t["stalls"] else None,
+                "timing_error_p50_ms": _r(float(np.median(errors)) / 1e6) if len(errors) else None,
+                "timing_error_p95_ms": _r(float(np.quantile(errors, 0.95)) / 1e6) if len(errors) else None}
 
     steps = section("steps")
     steps["negative_control_labels"] = {cause: {"stalls": n, "labelled": same, "accuracy": _r(same / n if n else None)}
                                         for cause, (n, same) in sorted(labels.items()) if cause != "prefill"}
     return {**steps, "scenarios": len(scenarios), "families": dict(sorted(families.items())),
-            "request_only": section("requests"), "seconds": round(time.perf_counter() - started, 1)}
+            "request_only": section("requests"),
+            "inputs": {m: section(m) for m in methods if m not in ("steps", "requests")},
+            "iteration_timing": {**timing_summary(timing),
+                                 "per_family": {f: timing_summary(t) for f, t in sorted(family_timing.items())}},
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
 def _fmt(x: float | None) -> str:
@@ -184,33 +285,56 @@ def _fmt(x: float | None) -> str:
 
 
 def render_itl(result: dict[str, Any]) -> str:
-    """The `itl` section as a plain-text table."""
-    req = result["request_only"]
+    """The `itl` section as a plain-text table: every input combination overall, then per family."""
+    sections = {"steps": result, "requests": result["request_only"], **result.get("inputs", {})}
     lines = [
         f"ITL spike attribution — {result['scenarios']} scenarios "
         f"({', '.join(f'{f} {n}' for f, n in result['families'].items())})",
         "",
-        f"{'':34} {'precision':>9} {'recall':>7} {'f1':>6} {'tp':>7} {'fp':>6} {'fn':>6}",
+        f"{'inputs':34} {'scen.':>5} {'precision':>9} {'recall':>7} {'f1':>6} {'tp':>7} {'fp':>6} {'fn':>6} "
+        f"{'false attr.':>12}",
     ]
 
     def row(name: str, s: dict[str, Any]) -> str:
-        return (f"{name:34} {_fmt(s['precision']):>9} {_fmt(s['recall']):>7} {_fmt(s['f1']):>6} {s['tp']:>7} "
-                f"{s['fp']:>6} {s['fn']:>6}")
+        false = (f"{_fmt(s['false_attribution_rate'])} ({s['negative_control_false']}/"
+                 f"{s['negative_control_spikes']})")
+        return (f"{name:34} {s['scenarios_run']:>5} {_fmt(s['precision']):>9} "
+                f"{_fmt(s['recall']):>7} {_fmt(s['f1']):>6} {s['tp']:>7} {s['fp']:>6} {s['fn']:>6} {false:>12}")
 
-    lines.append(row("step spans", result))
-    lines.append(row("request spans only", req))
-    lines += ["", "false attribution on negative controls:",
-              f"  step spans:         {_fmt(result['false_attribution_rate'])} "
-              f"({result['negative_control_false']} of {result['negative_control_spikes']} spikes)",
-              f"  request spans only: {_fmt(req['false_attribution_rate'])} "
-              f"({req['negative_control_false']} of {req['negative_control_spikes']} spikes)"]
+    for key, title in COMBINATIONS.items():
+        s = sections.get(key)
+        if s is not None and (s["scenarios_run"] or key in ("steps", "requests")):
+            lines.append(row(title if key != "requests" else "spans only (token spans)", s))
     for cause, s in result.get("negative_control_labels", {}).items():
-        lines.append(f"  {cause} stalls labelled {cause}: {s['labelled']} of {s['stalls']}")
-    for key, title in (("per_family", "by family"), ("per_policy", "by policy")):
-        lines += ["", f"{title} (step spans | request spans only):"]
-        for name, s in result[key].items():
-            r = req[key].get(name, {"precision": None, "recall": None})
-            lines.append(f"  {name:32} P {_fmt(s['precision'])} R {_fmt(s['recall'])} ({s['tp'] + s['fn']} pairs)"
-                         f" | P {_fmt(r['precision'])} R {_fmt(r['recall'])}")
+        lines.append(f"  step spans: {cause} stalls labelled {cause}: {s['labelled']} of {s['stalls']}")
+    for key, title in COMBINATIONS.items():
+        bins = sections.get(key, {}).get("calibration", {})
+        if key != "steps" and any(b["named"] for b in bins.values()):
+            lines.append(f"  {title}: named culprits right, by confidence: " + ", ".join(
+                f"{label} {_fmt(b['share_right'])} of {b['named']}" for label, b in bins.items() if b["named"]))
+    timing = result.get("iteration_timing", {})
+    if timing.get("stalls"):
+        lines.append(f"  iteration log: {timing['found_within_5ms']} of {timing['stalls']} prefill stalls found within "
+                     f"5 ms (recall {_fmt(timing['stall_recall'])}); timing error p50 "
+                     f"{_fmt(timing['timing_error_p50_ms'])} ms, p95 {_fmt(timing['timing_error_p95_ms'])} ms")
+    lines += ["", "by family (precision / recall, pairs in the truth):"]
+    header = f"  {'family':30}" + "".join(f" {COMBINATIONS[k]:>22}" for k in COMBINATIONS)
+    lines.append(header)
+    for family in result["families"]:
+        cells = []
+        for key in COMBINATIONS:
+            s = sections.get(key, {}).get("per_family", {}).get(family)
+            cells.append("—" if s is None or (s["tp"] + s["fp"] + s["fn"]) == 0 else
+                         f"{_fmt(s['precision'])}/{_fmt(s['recall'])} ({s['tp'] + s['fn']})")
+        lines.append(f"  {family:30}" + "".join(f" {c:>22}" for c in cells))
+        t = timing.get("per_family", {}).get(family)
+        if t and t["stalls"]:
+            lines.append(f"  {'':30} iteration log: stall recall {_fmt(t['stall_recall'])} of {t['stalls']}, "
+                         f"timing p95 {_fmt(t['timing_error_p95_ms'])} ms")
+    lines += ["", "by policy (step spans | spans only):"]
+    for name, s in result["per_policy"].items():
+        r = result["request_only"]["per_policy"].get(name, {"precision": None, "recall": None})
+        lines.append(f"  {name:32} P {_fmt(s['precision'])} R {_fmt(s['recall'])} ({s['tp'] + s['fn']} pairs)"
+                     f" | P {_fmt(r['precision'])} R {_fmt(r['recall'])}")
     lines += ["", f"{result['seconds']} s"]
     return "\n".join(lines)

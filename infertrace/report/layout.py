@@ -99,7 +99,32 @@ def _incidents(section: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _itl_windows(section: dict[str, Any]) -> list[Block]:
+    clock = ""
+    if section["clock_offset_ms"] is not None:
+        clock = (f" Client clock: {cell(section['clock_offset_ms'])} ms behind the spans, timing noise "
+                 f"{cell(section['timing_noise_ms'])} ms (estimated from the data).")
+    blocks: list[Block] = [Paragraph(
+        f"Method: {section['method']} (no engine step spans). {section['stalls']} stall windows with a culprit "
+        f"prefill, {section['unexplained']} without one (a host pause, a preemption's recompute, or another cause "
+        f"these inputs cannot see).{clock}")]
+    blocks.append(Table(("engine", "model", "decode step ms", "stalls with culprit", "unexplained"),
+                        tuple((e["instance"], e["model"], e["decode_baseline_ms"], e["stalls_with_culprit"],
+                               e["unexplained"]) for e in section["engines"])))
+    if section["top_culprits"]:
+        blocks.append(Paragraph("Top culprit prefills (by delay handed to decoding requests):"))
+        blocks.append(Table(
+            ("culprit request", "tenant", "engine", "uncached tokens", "stalls", "victims", "victim ms total",
+             "confidence"),
+            tuple((c["request_id"], c["tenant"], c["instance"], c["uncached_tokens"], c["stalls"], c["victims"],
+                   c["victim_excess_ms"], c["confidence"]) for c in section["top_culprits"])))
+    blocks += [Paragraph(note) for note in section["notes"]]
+    return blocks
+
+
 def _itl(section: dict[str, Any]) -> list[Block]:
+    if "method" in section:
+        return _itl_windows(section)
     by_cause = ", ".join(f"{k} {v}" for k, v in section["stalls_by_cause"].items())
     blocks: list[Block] = [Paragraph(
         f"{section['stalls']} stalled steps in the selection ({by_cause}). A step stalls its decoding requests "

@@ -17,6 +17,8 @@ from infertrace.report.recommendations import recommend
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.itl_iterations import IterationAttribution
+    from infertrace.analyzers.itl_requests import RequestOnlyAttribution
     from infertrace.analyzers.prefix_cache import PrefixCacheAnalysis
     from infertrace.analyzers.rca import RcaReport
     from infertrace.analyzers.roofline import RooflineAnalysis
@@ -189,6 +191,112 @@ def itl_section(itl: ItlAnalysis, options: ReportOptions, tenants: dict[str, str
     }
 
 
+REQUEST_METHODS = {"client_tokens": "request spans + client token times", "tokens": "request spans + token spans",
+                   "joined": "request spans + client token times + iteration log"}
+
+
+def itl_request_section(attr: RequestOnlyAttribution, token_source: str, models: dict[str, str | None],
+                        options: ReportOptions, tenants: dict[str, str | None]) -> dict[str, Any]:
+    """ITL stalls named by the request-only method (no step spans): windows on each instance, the prefills that
+    overlapped them with a confidence each, and the windows no prefill explains."""
+    def selected(s: Any) -> bool:
+        if not _overlaps(s.start_ns, s.end_ns, options):
+            return False
+        if options.model is not None and models.get(s.instance) != options.model:
+            return False
+        if options.tenant is not None:
+            return options.tenant in [c.tenant for c in s.culprits] + [tenants.get(v) for v in s.victims]
+        return True
+
+    stalls = [s for s in attr.stalls if selected(s)]
+    culprits: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in stalls:
+        for c in s.culprits:
+            entry = culprits.setdefault((c.request_id, s.instance), {
+                "request_id": c.request_id, "tenant": c.tenant, "instance": s.instance,
+                "uncached_tokens": c.uncached_tokens, "stalls": 0, "victims": set(), "victim_excess_ns": 0,
+                "confidence": 0.0})
+            entry["stalls"] += 1
+            entry["victims"] |= set(s.victims)
+            entry["victim_excess_ns"] += s.excess_ns * len(s.victims)
+            entry["confidence"] = max(entry["confidence"], c.confidence)
+    top = sorted(culprits.values(), key=lambda c: (-c["victim_excess_ns"], c["request_id"]))[:options.top]
+    worst = sorted(stalls, key=lambda s: (-s.excess_ns, s.end_ns, s.instance))[:options.top]
+    instances = sorted({s.instance for s in stalls} | set(attr.decode_baseline_ns))
+    return {
+        "status": "ok",
+        "method": REQUEST_METHODS[token_source],
+        "clock_offset_ms": ms(attr.clock_offset_ns) if attr.clock.startswith("client") else None,
+        "timing_noise_ms": ms(attr.timing_noise_ns),
+        "tolerance_ms": ms(attr.tolerance_ns),
+        "stall_ratio": attr.params.stall_ratio,
+        "min_excess_ms": ms(attr.params.min_excess_ns),
+        "requests_with_token_times": attr.requests_with_token_times,
+        "engines": [{
+            "instance": i, "model": models.get(i), "decode_baseline_ms": ms(attr.decode_baseline_ns.get(i)),
+            "stalls_with_culprit": sum(1 for s in stalls if s.instance == i and s.culprits),
+            "unexplained": sum(1 for s in stalls if s.instance == i and not s.culprits),
+        } for i in instances if options.model is None or models.get(i) == options.model],
+        "stalls": sum(1 for s in stalls if s.culprits),
+        "unexplained": sum(1 for s in stalls if not s.culprits),
+        "top_culprits": [{
+            "request_id": c["request_id"], "tenant": c["tenant"], "instance": c["instance"],
+            "uncached_tokens": c["uncached_tokens"], "stalls": c["stalls"], "victims": len(c["victims"]),
+            "victim_excess_ms": ms(c["victim_excess_ns"]), "confidence": _r(c["confidence"], 3),
+        } for c in top],
+        "worst_stalls": [{
+            "instance": s.instance, "start": iso(s.start_ns), "end": iso(s.end_ns),
+            "window_ms": ms(s.end_ns - s.start_ns), "excess_ms": ms(s.excess_ns), "victims": len(s.victims),
+            "culprits": [{"request_id": c.request_id, "confidence": _r(c.confidence, 3)} for c in s.culprits],
+        } for s in worst],
+        "notes": list(attr.notes),
+    }
+
+
+def itl_iteration_section(attr: IterationAttribution, options: ReportOptions) -> dict[str, Any]:
+    """ITL stalls named from vLLM's iteration log alone (no step spans, no token times): the stalled iterations,
+    placed on the spans' clock, and the requests whose prefill was in them."""
+    stalls = [s for s in attr.stalls if _overlaps(s.end_ns - s.elapsed_ns, s.end_ns, options)]
+    worst = sorted(stalls, key=lambda s: (-s.excess_ns, s.end_ns))[:options.top]
+    culprits: dict[str, dict[str, Any]] = {}
+    for s in stalls:
+        for c in s.culprits:
+            entry = culprits.setdefault(c.request_id, {"request_id": c.request_id, "tenant": c.tenant,
+                                                       "instance": s.instance, "uncached_tokens": c.uncached_tokens,
+                                                       "stalls": 0, "victims": 0, "victim_excess_ns": 0,
+                                                       "confidence": 0.0})
+            entry["stalls"] += 1
+            entry["victims"] = max(entry["victims"], s.generation_requests)
+            entry["victim_excess_ns"] += s.excess_ns * max(s.generation_requests, 1)
+            entry["confidence"] = max(entry["confidence"], c.confidence)
+    top = sorted(culprits.values(), key=lambda c: (-c["victim_excess_ns"], c["request_id"]))[:options.top]
+    return {
+        "status": "ok",
+        "method": "request spans + iteration log",
+        "clock_offset_ms": None, "timing_noise_ms": None, "tolerance_ms": None,
+        "stall_ratio": attr.params.stall_ratio,
+        "min_excess_ms": ms(attr.params.min_excess_ns),
+        "requests_with_token_times": 0,
+        "engines": [{"instance": lg.instance or lg.log, "model": None, "decode_baseline_ms": None,
+                     "stalls_with_culprit": sum(1 for s in stalls if s.log == lg.log and s.culprits),
+                     "unexplained": sum(1 for s in stalls if s.log == lg.log and not s.culprits)}
+                    for lg in attr.logs],
+        "stalls": sum(1 for s in stalls if s.culprits),
+        "unexplained": sum(1 for s in stalls if not s.culprits),
+        "top_culprits": [{**{k: v for k, v in c.items() if k != "victim_excess_ns"},
+                          "victim_excess_ms": ms(c["victim_excess_ns"]), "confidence": _r(c["confidence"], 3)}
+                         for c in top],
+        "worst_stalls": [{
+            "instance": s.instance, "start": iso(s.end_ns - s.elapsed_ns), "end": iso(s.end_ns),
+            "window_ms": ms(s.elapsed_ns), "excess_ms": ms(s.excess_ns), "victims": s.generation_requests,
+            "culprits": [{"request_id": c.request_id, "confidence": _r(c.confidence, 3)} for c in s.culprits],
+        } for s in worst],
+        "notes": list(attr.notes) + [f"log {lg.log}: placed on {lg.instance} by {lg.matched} of "
+                                     f"{lg.prefill_iterations} prefill iterations, offset {ms(lg.offset_ns)} ms"
+                                     for lg in attr.logs if lg.offset_ns is not None],
+    }
+
+
 def ttft_section(ttft: TtftAnalysis, options: ReportOptions) -> dict[str, Any]:
     """The TTFT analyzer's decomposition per model and prefill fit per engine (whole store; model filter)."""
     def keep(model: str | None) -> bool:
@@ -288,7 +396,17 @@ def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"id": f"incident:{inc['id']}", "severity": "critical", "section": "incidents", "title": title,
                     "evidence": evidence})
     itl = sections.get("itl", {})
-    if itl.get("status") == "ok" and itl["stalls"]:
+    if itl.get("status") == "ok" and "method" in itl and itl["stalls"]:
+        top = itl["top_culprits"][0] if itl["top_culprits"] else None
+        title = f"{itl['stalls']} stall windows with a culprit prefill ({itl['method']})"
+        evidence = {"stalls": itl["stalls"], "unexplained": itl["unexplained"]}
+        if top:
+            title += (f"; worst culprit {top['request_id']} ({top['tenant']}, {top['uncached_tokens']} uncached prompt "
+                      f"tokens, confidence {top['confidence']}) stalled {top['victims']} requests by "
+                      f"{top['victim_excess_ms']} ms in total")
+            evidence.update(culprit=top["request_id"], victims=top["victims"], confidence=top["confidence"])
+        out.append({"id": "itl:stalls", "severity": "info", "section": "itl", "title": title, "evidence": evidence})
+    elif itl.get("status") == "ok" and itl["stalls"]:
         top = itl["top_culprits"][0] if itl["top_culprits"] else None
         title = f"{itl['stalls']} engine steps stalled decoding requests"
         evidence = {"stalls": itl["stalls"], **{f"stalls_{k}": v for k, v in itl["stalls_by_cause"].items()}}
@@ -373,6 +491,7 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
     the options' window, model, tenant and targets. An analysis the store cannot support (infertrace.sources.
     capabilities: no step spans for ITL attribution, no cached-token counts for the prefix cache) is reported
     unavailable with the reason, never as an empty result."""
+    from infertrace.analyzers.itl_requests import attribute_store_requests, token_source
     from infertrace.sources.capabilities import store_coverage
 
     o = options or ReportOptions()
@@ -390,6 +509,20 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
         sections["incidents"] = incidents_section(rca, o)
     if "itl" in o.sections and (unavailable := _unavailable(coverage, "itl")) is not None:
         sections["itl"] = unavailable
+    elif "itl" in o.sections and not coverage.step_spans and (source := token_source(store)) is not None:
+        # without step spans, the best method the store's inputs allow (measured: BENCHMARKS.md, ITL inputs)
+        attr = attribute_store_requests(store, tokens=source)
+        if source == "client_tokens" and coverage.iteration_lines:
+            from infertrace.analyzers.itl_iterations import attribute_store_iterations, join_iterations
+
+            attr, source = join_iterations(attr, attribute_store_iterations(store)), "joined"
+        models = dict(store.sql("SELECT instance, any_value(model) FROM requests GROUP BY instance").fetchall())
+        tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
+        sections["itl"] = itl_request_section(attr, source, models, o, tenants)
+    elif "itl" in o.sections and not coverage.step_spans and coverage.iteration_lines:
+        from infertrace.analyzers.itl_iterations import attribute_store_iterations
+
+        sections["itl"] = itl_iteration_section(attribute_store_iterations(store), o)
     elif "itl" in o.sections:
         if itl is None:
             from infertrace.analyzers.itl import analyze_itl

@@ -30,7 +30,7 @@ def recommend(doc: dict[str, Any]) -> list[dict[str, Any]]:
     sections = doc["sections"]
     itl = sections.get("itl", {})
     target = _itl_target(doc)
-    for e in itl.get("engines", []) if itl.get("status") == "ok" else []:
+    for e in itl.get("engines", []) if itl.get("status") == "ok" and "method" not in itl else []:
         observed, chunked, clean = e["itl_p99_ms"], e["itl_p99_with_chunk_budget_ms"], e["itl_p99_without_prefill_ms"]
         if not e["stalls"].get("prefill") or observed is None or chunked is None or chunked >= observed:
             continue

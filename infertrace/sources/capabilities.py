@@ -53,6 +53,8 @@ class StoreCoverage:
     quarantine: Quarantine
     stored_with_changes: str  # what ingest converted, kept as text, truncated or dropped to store spans ("" if none)
     unreadable_segments: int  # segments the reader left out of its snapshot
+    client_token_requests: int = 0  # requests with a client's token times (client_tokens)
+    iteration_lines: int = 0  # vLLM iteration log lines (iteration_log)
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -131,6 +133,8 @@ def store_coverage(store: Store) -> StoreCoverage:
         quarantine=quarantine_summary(store),
         stored_with_changes=describe(store.notes),
         unreadable_segments=len(store.skipped),
+        client_token_requests=int(store.sql("SELECT count(DISTINCT request_id) FROM client_tokens").fetchall()[0][0]),
+        iteration_lines=int(store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 
@@ -185,14 +189,24 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
 
     if c.step_spans:
         itl = f"From {c.step_spans} engine_step spans: each stall's culprit prefills and victims, exactly."
-    elif c.tokens_from_spans:
-        itl = (f"ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
-               f"none of those, only per-token times from {TOKEN_SPANS}, which the request-only method "
-               "(infertrace.analyzers.itl_requests) reads and the report does not run yet.")
+    elif c.client_token_requests or c.tokens_from_spans:
+        times = (f"{c.client_token_requests} requests' client token times (their clock offset and jitter "
+                  "estimated from the data)" if c.client_token_requests else f"per-token times from {TOKEN_SPANS}")
+        itl = (f"No engine_step spans: the request-only method (infertrace.analyzers.itl_requests) joins request "
+               f"spans with {times}: stall windows, not steps, and a confidence per culprit.")
+        if c.client_token_requests and c.iteration_lines:
+            itl += (f" {c.iteration_lines} vLLM iteration log lines name the stalled iterations' prefills by their "
+                    "context tokens where they saw the stall (infertrace.analyzers.itl_iterations).")
+    elif c.iteration_lines:
+        itl = (f"No engine_step spans and no token times: {c.iteration_lines} vLLM iteration log lines, placed on "
+               "the spans' clock by their first tokens, name the stalled iterations and the requests whose "
+               "prefill ended in them (infertrace.analyzers.itl_iterations).")
     else:
         itl = ("ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
                "none.")
-    out.append(Analysis("itl", "ITL spike attribution", c.step_spans > 0, itl))
+    out.append(Analysis("itl", "ITL spike attribution",
+                        (c.step_spans or c.client_token_requests or c.tokens_from_spans or c.iteration_lines) > 0,
+                        itl))
 
     parts = []
     if requests:

@@ -31,10 +31,23 @@ import pyarrow.parquet as pq
 
 from infertrace.store.schema import SCHEMA
 from infertrace.store.segments import NOTES_KEY, list_segments
+from infertrace.store.side_inputs import (
+    CLIENT_TOKENS_DIR,
+    CLIENT_TOKENS_SCHEMA,
+    ITERATION_LOG_DIR,
+    ITERATION_SCHEMA,
+    readable_files,
+    side_files,
+)
 from infertrace.store.values import merge_counts
 
 # Derived relations, in dependency order; each is `relations/<name>.sql`.
 RELATIONS: tuple[str, ...] = ("requests", "steps", "step_membership", "tokens", "component_calls")
+# Relations of inputs that are not spans (infertrace/store/side_inputs.py): name → (directory, schema)
+SIDE_RELATIONS: dict[str, tuple[str, pa.Schema]] = {
+    "client_tokens": (CLIENT_TOKENS_DIR, CLIENT_TOKENS_SCHEMA),
+    "iteration_log": (ITERATION_LOG_DIR, ITERATION_SCHEMA),
+}
 
 
 def relation_sql(name: str) -> str:
@@ -195,6 +208,14 @@ class Store:
             con.execute("CREATE OR REPLACE VIEW spans AS SELECT * FROM spans_raw")
         for name in RELATIONS:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {relation_sql(name)}")
+        for name, (directory, schema) in SIDE_RELATIONS.items():
+            files = readable_files(side_files(self.root, directory))
+            if files:
+                listed = ", ".join(sql_string(str(p)) for p in files)
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet([{listed}])")
+            else:
+                con.register(f"_empty_{name}", pa.table({f.name: pa.array([], type=f.type) for f in schema}))
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _empty_{name}")
 
     def _ensure_snapshot(self) -> None:
         """A snapshot older than compaction's grace period may name files that are gone: take a new one."""
@@ -210,8 +231,9 @@ class Store:
 
     def relation(self, name: str) -> duckdb.DuckDBPyRelation:
         """A derived relation (or `spans`, `spans_raw`) as a DuckDB relation."""
-        if name not in (*RELATIONS, "spans", "spans_raw"):
-            raise KeyError(f"unknown relation {name!r}; known: spans, spans_raw, {', '.join(RELATIONS)}")
+        if name not in (*RELATIONS, *SIDE_RELATIONS, "spans", "spans_raw"):
+            raise KeyError(f"unknown relation {name!r}; known: spans, spans_raw, "
+                           f"{', '.join((*RELATIONS, *SIDE_RELATIONS))}")
         self._ensure_snapshot()
         return self.con.table(name)
 

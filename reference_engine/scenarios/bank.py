@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,12 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
     }
     if telemetry is not None and not telemetry.is_native:
         truth["telemetry"] = {"engine": telemetry.engine, "gateway": telemetry.gateway}
+        if telemetry.client_tokens is not None:
+            truth["telemetry"].update(client_tokens=telemetry.client_tokens.name,
+                                      client_delay_ms=telemetry.client_delay_ms,
+                                      client_jitter_ms=telemetry.client_jitter_ms)
+        if telemetry.iteration_logs is not None:
+            truth["telemetry"]["iteration_logs"] = telemetry.iteration_logs.name
     # Indented for reading, except the (long) ITL section: one compact line.
     text = json.dumps({**truth, "itl": "@itl"}, indent=1).replace('"@itl"', json.dumps(truth["itl"],
                                                                                      separators=(",", ":")))
@@ -155,18 +162,46 @@ def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, 
     return scenarios
 
 
-def _run_into(job: tuple[Scenario, Path, TelemetrySpec | None]) -> dict[str, Any]:
-    scenario, out, telemetry = job
-    truth = run_scenario(scenario, out / scenario.name, telemetry=telemetry)
+CLIENT_TOKENS_FILE = "client_tokens.jsonl"
+ITERATION_LOGS_DIR = "iteration_logs"
+
+
+@dataclass(frozen=True)
+class SideFiles:
+    """What each scenario writes beside its spans: a streaming client's token times, with a delivery delay and a
+    per-token jitter drawn per scenario (uniform in each range, from the scenario's seed), and vLLM V1's
+    iteration logs."""
+
+    client_tokens: bool = False
+    delay_ms: tuple[float, float] = (2.0, 2.0)
+    jitter_ms: tuple[float, float] = (1.0, 1.0)
+    iteration_logs: bool = False
+
+    def spec(self, telemetry: TelemetrySpec | None, scenario: Scenario, out: Path) -> TelemetrySpec | None:
+        if not self.client_tokens and not self.iteration_logs:
+            return telemetry
+        rng = random.Random(f"client-{scenario.seed}")
+        return replace(telemetry or TelemetrySpec(),
+                       client_tokens=out / CLIENT_TOKENS_FILE if self.client_tokens else None,
+                       client_delay_ms=round(rng.uniform(*self.delay_ms), 2),
+                       client_jitter_ms=round(rng.uniform(*self.jitter_ms), 2),
+                       iteration_logs=out / ITERATION_LOGS_DIR if self.iteration_logs else None)
+
+
+def _run_into(job: tuple[Scenario, Path, TelemetrySpec | None, SideFiles]) -> dict[str, Any]:
+    scenario, out, telemetry, side = job
+    where = out / scenario.name
+    truth = run_scenario(scenario, where, telemetry=side.spec(telemetry, scenario, where))
     return {k: truth[k] for k in ("scenario", "family", "tasks", "negative_control")}
 
 
 def generate(scenarios: list[Scenario], out_dir: str | Path, jobs: int = 1,
-             on_done: Callable[[], None] | None = None, telemetry: TelemetrySpec | None = None) -> list[dict[str, Any]]:
+             on_done: Callable[[], None] | None = None, telemetry: TelemetrySpec | None = None,
+             side: SideFiles | None = None) -> list[dict[str, Any]]:
     """Run every scenario into its own sub-directory of `out_dir` (in `jobs` processes); write index.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    work = [(s, out, telemetry) for s in scenarios]
+    work = [(s, out, telemetry, side or SideFiles()) for s in scenarios]
     truths = []
     if jobs == 1:
         for job in work:

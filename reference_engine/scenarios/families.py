@@ -65,6 +65,11 @@ FAMILIES = ("prefill_storm", "router_degradation", "rate_limiter_flapping", "aut
 # fleets (`large_fleets.py`), which a bank draws only when asked for them.
 ALL_FAMILIES = FAMILIES + LARGE_FAMILIES
 
+# Workload families for ITL attribution (not in the default bank's cycle: `--family` picks them): no fault,
+# steady traffic whose prefills collide with decodes, under prefill-first or decode-first chunked scheduling.
+ITL_FAMILIES = ("code_completion", "conversation")
+ALL_FAMILIES = ALL_FAMILIES + ITL_FAMILIES
+
 # (model, hardware, tensor parallel): what the bank draws its models from
 MODEL_CHOICES = (("llama-3-8b", "H100-SXM", 1), ("qwen-2.5-1.5b", "H100-SXM", 1), ("mixtral-8x7b", "H100-SXM", 2),
                  ("llama-3-70b", "H100-SXM", 4))
@@ -266,6 +271,42 @@ def _prefill_storm(rng: random.Random, fleet: FleetSpec, name: str, seed: int, d
     return _scenario("prefill_storm", name, seed, duration_s, fleet, ("itl",), root, fault)
 
 
+def _itl_traffic(family: str) -> Callable[..., Scenario]:
+    """One dense model on 1–2 replicas, busy with `family`'s traffic: code completion (prompts ≈ 1.5k tokens,
+    a median of ≈ 13 output tokens) or conversation (a shared system prompt, ≈ 600-token turns, ≈ 200 output
+    tokens); the scheduling drawn: prefill-first unchunked, or decode-first chunked with a 512- or 2048-token
+    budget. Every stall is a prefill's: the scenario scores ITL attribution's recall and precision."""
+    def build(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float, onset: float,
+              length: float) -> Scenario:
+        model, hw, tp = rng.choice([c for c in MODEL_CHOICES if model_spec(c[0]).num_experts == 1])
+        engine: dict[str, Any] = {"tensor_parallel": tp} if tp > 1 else {}
+        chunked = rng.random() < 0.5
+        if chunked:
+            engine.update(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=rng.choice([512, 2048]))
+        else:
+            engine.update(policy="prefill_first", chunked_prefill=False, max_num_batched_tokens=16384)
+        replicas = rng.randint(1, 2)
+        per_replica = {"llama-3-8b": 4.0, "qwen-2.5-1.5b": 8.0, "llama-3-70b": 1.5}.get(model, 3.0)
+        rate = round(replicas * per_replica * rng.uniform(0.6, 1.2), 2)
+        if family == "code_completion":
+            workload = SyntheticWorkload(rate=rate, prompt_mean=1536.0, prompt_sigma=0.5, output_mean=16.0,
+                                         output_sigma=0.7, max_tokens=256, tenants=("tenant-a",),
+                                         system_prompt_fraction=0.0, assistant_prefill_fraction=0.0)
+        else:
+            workload = SyntheticWorkload(rate=round(rate / 3, 2), prompt_mean=600.0, prompt_sigma=0.8,
+                                         output_mean=200.0, output_sigma=0.6, max_tokens=1024, tenants=("tenant-a",),
+                                         system_prompt_tokens=1024, system_prompt_fraction=0.8)
+        deployment = ModelDeployment(model, replicas, hw, "us-east-1", engine)
+        itl_fleet = FleetSpec(name, "us-east-1", (deployment,), (TenantSpec("tenant-a", {model: 1.0}, "synthetic",
+                                                                            workload),))
+        root = {"kind": "engine", "instances": engines_of(itl_fleet, model), "models": [model], "shared": False}
+        details = {"scheduling": "chunked" if chunked else "unchunked", "budget": engine["max_num_batched_tokens"],
+                   "rate": rate}
+        return _scenario(family, name, seed, duration_s, itl_fleet, ("itl",), root, None, details=details)
+
+    return build
+
+
 def _stall_free(fleet: FleetSpec, model: str) -> FleetSpec:
     """Chunks small enough that prefills never stall decodes: the engine's spikes come from elsewhere."""
     return _set_engine(fleet, model, policy="decode_first", chunked_prefill=True, max_num_batched_tokens=256,
@@ -452,6 +493,8 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
 
 _BUILDERS: dict[str, Callable[..., Scenario]] = {
     "prefill_storm": _prefill_storm,
+    "code_completion": _itl_traffic("code_completion"),
+    "conversation": _itl_traffic("conversation"),
     "router_degradation": _component_fault("router", "router_degradation", "router_latency", _router_params,
                                            "router"),
     "rate_limiter_flapping": _component_fault("rate_limiter", "rate_limiter_flapping", "rate_limiter_flapping",

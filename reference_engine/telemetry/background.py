@@ -75,8 +75,8 @@ class BackgroundSink:
             self._process.join(timeout=60)
             raise
 
-    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None:
-        self._send(("spans", resource, spans))
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
+        self._send(("spans", resource, spans, scope))
 
     def tracer(self, resource: Attributes, seed: int, batch_size: int) -> RemoteTracer:
         """A twin `EngineTracer(inner sink, resource, seed, batch_size)` in the child, fed with facts."""
@@ -152,7 +152,7 @@ def _serve(conn: Connection, make_sink: Callable[[], SpanSink]) -> None:
                 elif kind == "request":
                     tracers[message[1]].add_request(_new_tuple(RequestFacts, message[2]))
                 elif kind == "spans":
-                    sink.export(message[1], message[2])
+                    sink.export(message[1], message[2], scope=message[3])
                 elif kind == "flush":
                     tracers[message[1]].flush()
                 elif kind == "tracer":

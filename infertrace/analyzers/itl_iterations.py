@@ -1,0 +1,418 @@
+"""ITL stalls from vLLM's iteration log (`--enable-logging-iteration-details`), joined to the request spans by
+time: which iterations stalled the decoding requests, when, and whose prefill was in them.
+
+A line gives an iteration's context (prefill) requests and tokens, its generation (decode) requests and an
+elapsed time, stamped with the logging process's local wall clock in whole seconds. Per log (one engine core,
+`iteration_log.log` naming its instance):
+
+1. end times on the log's clock: each iteration ends in its stamp's second and at least its elapsed time after
+   the one before (the timer leaves out the scheduler's own time, so never more), and at most the next one's
+   elapsed time before the next. Forward and backward passes give each end a lower and an upper bound; the
+   estimate is their midpoint (idle time between iterations is not assumed away: a second boundary resets
+   the bounds);
+2. the clock offset between the log and the spans (time zone, the whole-second stamps, and vLLM V1's
+   API-server clock on the spans) is estimated from the data: iterations that prefilled end when their
+   requests' first tokens are produced, so the offset is the densest 1 ms bin of (first token − iteration
+   end) within the time zone's quarter hour, refined by the median around it;
+3. a stall is an iteration with context tokens that delayed requests decoding beside it or waiting for it:
+   its elapsed time less the decode-only time of its generation requests (the median of the log's
+   generation-only iterations of that size, interpolated; for a prefill-only iteration the whole elapsed
+   time and the decode-only time of the requests that were decoding then, from the spans) is at least
+   `stall_ratio` times that decode-only time and at least `min_excess_ns`;
+4. its culprits are the requests whose prefill interval on the spans (first scheduling to first token, with
+   a tolerance of the offset's spread) holds the iteration's end: a request whose first token came at that
+   end finished its prompt there; a longer one was chunked over it. Candidates are ranked by how close their
+   first token is to the end, and the named set is cut at `context_requests`; the confidence is 1 when the
+   named requests' uncached prompt tokens can account for the iteration's context tokens, less when the
+   candidates were more than the line's count or their tokens fall short.
+
+Iterations with no context tokens that still ran long (host pauses) are stalls without a culprit, as is a stall
+far longer than its context tokens can cost (four times the log's median excess per context token, plus 20 ms:
+a host pause during a small chunk). A preemption's recompute is logged as context tokens and is not told apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+
+from infertrace.analyzers.itl_requests import RequestCulprit, RequestOnlyAttribution, RequestOnlyParams, RequestStall
+from infertrace.store.store import Store
+
+QUARTER_HOUR_NS = 15 * 60 * 10**9
+
+
+@dataclass(frozen=True)
+class IterationParams:
+    stall_ratio: float = 0.5
+    min_excess_ns: int = 2_000_000
+    match_window_ns: int = 3_000_000  # around the offset's peak: matches that refine it
+
+
+@dataclass(frozen=True)
+class IterationCulprit:
+    request_id: str
+    tenant: str | None
+    uncached_tokens: int
+    confidence: float
+
+
+@dataclass(frozen=True)
+class IterationStall:
+    instance: str
+    log: str
+    iteration: int
+    line: int
+    end_ns: int  # estimated, on the spans' clock
+    end_uncertainty_ns: int  # half the width of the bounds on the log's clock
+    elapsed_ns: int
+    decode_only_ns: int
+    excess_ns: int
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    culprits: tuple[IterationCulprit, ...]
+
+
+@dataclass(frozen=True)
+class LogPlacement:
+    log: str
+    instance: str | None  # None: no instance of the store matches the log's name and several exist
+    iterations: int
+    offset_ns: int | None  # spans' clock − log's clock
+    matched: int  # prefill iterations whose end met a first token within the match window
+    prefill_iterations: int
+
+
+@dataclass(frozen=True)
+class IterationAttribution:
+    params: IterationParams
+    stalls: tuple[IterationStall, ...]
+    logs: tuple[LogPlacement, ...]
+    unexplained: int  # stalled iterations with no culprit named (no context tokens, or far beyond their cost)
+    notes: tuple[str, ...] = field(default=())
+
+    def pairs(self) -> list[tuple[str, int, str, float]]:
+        """(instance, iteration end, culprit, confidence)."""
+        return [(s.instance, s.end_ns, c.request_id, c.confidence) for s in self.stalls for c in s.culprits]
+
+
+def _stamp_seconds(stamps: pd.Series, year: int) -> np.ndarray:
+    """'MM-DD HH:MM:SS' as seconds since the epoch, read as UTC in `year` (the offset absorbs the time zone)."""
+    parsed = pd.to_datetime(str(year) + "-" + stamps.astype(str), format="%Y-%m-%d %H:%M:%S", errors="coerce")
+    seconds = (parsed - pd.Timestamp("1970-01-01")) // pd.Timedelta(seconds=1)
+    return seconds.to_numpy(dtype="float64")
+
+
+def log_clock_ends(log: pd.DataFrame, year: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration (rows in line order): estimated end on the log's clock and half the bounds' width, in ns."""
+    elapsed = log["elapsed_ns"].to_numpy(dtype=np.int64)
+    seconds = _stamp_seconds(log["stamp"], year)
+    known = ~np.isnan(seconds)
+    lo_stamp = np.where(known, np.nan_to_num(seconds).astype(np.int64) * 10**9, np.iinfo(np.int64).min // 2)
+    hi_stamp = np.where(known, lo_stamp + 10**9 - 1, np.iinfo(np.int64).max // 2)
+    n = len(elapsed)
+    lo = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        lo[i] = lo_stamp[i] if i == 0 else max(lo_stamp[i], lo[i - 1] + elapsed[i])
+    for i in range(n - 1, -1, -1):
+        hi[i] = hi_stamp[i] if i == n - 1 else min(hi_stamp[i], hi[i + 1] - elapsed[i + 1])
+    hi = np.maximum(hi, lo)
+    return lo + (hi - lo) // 2, (hi - lo) // 2
+
+
+def coarse_offset(ends: np.ndarray, first_tokens: np.ndarray) -> int:
+    """The time zone: the spans' clock less the log's, to the nearest quarter hour."""
+    return round((int(np.median(first_tokens)) - int(np.median(ends))) / QUARTER_HOUR_NS) * QUARTER_HOUR_NS
+
+
+def anchor_iterations(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, requests: pd.DataFrame,
+                      slack_ns: int) -> dict[int, list[int]]:
+    """Prefill iterations whose finishing prompt is recognised: iteration row → the request row whose first token
+    (on the spans' clock, `lo`/`hi` already moved onto it) falls in its bounds and whose uncached prompt tokens
+    are its context tokens, or, when the span counts no cached tokens, a whole number of 16-token KV blocks fewer
+    (a prefix-cache hit). Kept only when exactly one request fits and that request fits no other iteration (a
+    chunk of a longer prompt can look like a cached prompt)."""
+    first = requests["first_token_ns"].to_numpy(dtype=np.int64)
+    order = np.argsort(first, kind="stable")
+    first_sorted = first[order]
+    cached = requests["cached_tokens"].to_numpy(dtype=np.float64)
+    prompt = requests["input_tokens"].fillna(0).to_numpy(dtype=np.int64)
+    uncached = prompt - np.nan_to_num(cached).astype(np.int64)
+    known_cache = ~np.isnan(cached)
+    ctx_req = log["context_requests"].to_numpy()
+    ctx_tok = log["context_tokens"].to_numpy(dtype=np.int64)
+    anchors: dict[int, list[int]] = {}
+    for i in np.flatnonzero(ctx_req == 1).tolist():
+        a = int(np.searchsorted(first_sorted, lo[i] - slack_ns, "left"))
+        b = int(np.searchsorted(first_sorted, hi[i] + slack_ns, "right"))
+        cand = order[a:b]
+        target = np.where(known_cache[cand], uncached[cand], prompt[cand])
+        extra = target - ctx_tok[i]
+        # a chunked prompt: its chunks are the single-prefill iterations just before, summing to it
+        sums = np.cumsum(ctx_tok[max(i - 64, 0):i + 1][::-1])
+        run = ctx_req[max(i - 64, 0):i + 1][::-1] == 1
+        sums = sums[:int(np.argmin(run)) if not run.all() else len(run)]
+        cached_hit = ~known_cache[cand] & (extra > 0) & (extra % 16 == 0)
+        fits = cand[(extra == 0) | cached_hit | np.isin(target, sums[1:])]
+        if len(fits) == 1:
+            anchors[i] = [int(fits[0])]
+    taken: dict[int, int] = {}
+    for rows in anchors.values():
+        taken[rows[0]] = taken.get(rows[0], 0) + 1
+    return {i: rows for i, rows in anchors.items() if taken[rows[0]] == 1}  # a request anchors one iteration
+
+
+def fine_offset(lo: np.ndarray, hi: np.ndarray, anchors: dict[int, list[int]], first: np.ndarray) -> int:
+    """The offset (added to the log's clock) that puts the most anchored first tokens inside their iterations'
+    bounds: each anchor allows [first − hi, first − lo]; the point covered by most of them, the middle of that
+    segment."""
+    events = []
+    for i, rows in anchors.items():
+        f = int(first[rows[0]])
+        events += [(f - int(hi[i]), 0), (f - int(lo[i]), 1)]
+    events.sort()
+    best, depth, start, segment = -1, 0, 0, (0, 0)
+    for x, kind in events:
+        if kind == 0:
+            depth += 1
+            if depth > best:
+                best, start = depth, x
+                segment = (x, x)
+        else:
+            if depth == best and segment[0] == start:
+                segment = (start, x)
+            depth -= 1
+    return (segment[0] + segment[1]) // 2
+
+
+def _decode_levels(log: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    gen_only = log[(log["context_tokens"] == 0) & (log["generation_requests"] > 0) & ~log["dummy"]]
+    levels = gen_only.groupby("generation_requests")["elapsed_ns"].median()
+    return levels.index.to_numpy(dtype=np.float64), levels.to_numpy(dtype=np.float64)
+
+
+def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
+                         params: IterationParams | None = None) -> IterationAttribution:
+    """`iterations`: the `iteration_log` relation; `requests`: request_id, instance, tenant, scheduled_ns,
+    first_token_ns, finish_ns, input_tokens, cached_tokens."""
+    p = params or IterationParams()
+    notes: list[str] = []
+    if iterations.empty:
+        return IterationAttribution(p, (), (), 0, ("no iteration log lines",))
+    timed = requests.dropna(subset=["instance", "first_token_ns"])
+    instances = sorted(set(timed["instance"].astype(str)))
+    year = datetime.fromtimestamp(int(timed["first_token_ns"].median()) // 10**9, UTC).year if len(timed) else \
+        datetime.now(UTC).year
+    stalls: list[IterationStall] = []
+    logs: list[LogPlacement] = []
+    unexplained = 0
+    for name, log in iterations.groupby("log", sort=True):
+        log = log.sort_values("line", kind="stable").reset_index(drop=True)
+        name = str(name)
+        instance = name if name in instances else (instances[0] if len(instances) == 1 else None)
+        ends, half = log_clock_ends(log, year)
+        prefill_rows = (log["context_tokens"] > 0).to_numpy() & ~log["dummy"].to_numpy()
+        if instance is None:
+            notes.append(f"log {name}: no engine instance of the store is named so, and the store has "
+                         f"{len(instances)}: name the log after its instance")
+            logs.append(LogPlacement(name, None, len(log), None, 0, int(prefill_rows.sum())))
+            continue
+        mine = timed[timed["instance"].astype(str) == instance].reset_index(drop=True)
+        first = mine["first_token_ns"].to_numpy(dtype=np.int64)
+        lo, hi = ends - half, ends + half
+        if not prefill_rows.any() or not len(first):
+            notes.append(f"log {name}: no prefill iteration or no first token to place it by: not analysed")
+            logs.append(LogPlacement(name, instance, len(log), None, 0, int(prefill_rows.sum())))
+            continue
+        coarse = coarse_offset(ends[prefill_rows], first)
+        anchors = anchor_iterations(log, lo + coarse, hi + coarse, mine, p.match_window_ns)
+        offset = coarse + fine_offset(lo + coarse, hi + coarse, anchors, first) if anchors else coarse
+        logs.append(LogPlacement(name, instance, len(log), offset, len(anchors), int(prefill_rows.sum())))
+        exact = {i: int(first[r[0]]) for i, r in anchors.items()}
+        placed = place_ends(log, lo + offset, hi + offset, exact)
+        scheduled = mine["scheduled_ns"].fillna(mine["first_token_ns"]).to_numpy(dtype=np.int64)
+        more = timed_anchors(placed, log["elapsed_ns"].to_numpy(dtype=np.int64), prefill_rows, first, scheduled,
+                             p.match_window_ns)
+        placed = place_ends(log, lo + offset, hi + offset, {**more, **exact})
+        found, without_culprit = _log_stalls(name, instance, log, placed, half, mine, anchors, p)
+        stalls += found
+        unexplained += without_culprit
+    stalls.sort(key=lambda s: (s.instance, s.end_ns))
+    return IterationAttribution(p, tuple(stalls), tuple(logs), unexplained, tuple(notes))
+
+
+def timed_anchors(placed: np.ndarray, elapsed: np.ndarray, prefill_rows: np.ndarray, first: np.ndarray,
+                  scheduled: np.ndarray, window_ns: int) -> dict[int, int]:
+    """More anchors once the log is placed: a request's first token that lies within `window_ns` of exactly one
+    prefill iteration's placed end (the next nearest at least twice as far) marks that end; its first scheduling
+    marks the start of the iteration that computed its first chunk (that end is then the scheduling plus the
+    iteration's elapsed time). Spans alone say when a chunked prompt started and finished."""
+    rows = np.flatnonzero(prefill_rows)
+    out: dict[int, int] = {}
+    if len(rows) < 2:
+        return out
+    for times, shift in ((first, np.zeros(len(elapsed), dtype=np.int64)), (scheduled, elapsed)):
+        marks = placed[rows] - shift[rows]
+        order = np.argsort(marks, kind="stable")
+        found_rows, found = rows[order], marks[order]
+        for t in times.tolist():
+            k = int(np.searchsorted(found, t))
+            near = sorted((abs(int(found[j]) - t), j) for j in (k - 2, k - 1, k, k + 1) if 0 <= j < len(found))
+            if near and near[0][0] <= window_ns and (len(near) == 1 or near[1][0] >= 2 * max(near[0][0], 1)):
+                row = int(found_rows[near[0][1]])
+                out.setdefault(row, t + int(shift[row]))
+    return out
+
+
+def place_ends(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, anchored: dict[int, int]) -> np.ndarray:
+    """Every iteration's end on the spans' clock: an anchored one at its request's first token; the others carried
+    from the nearest anchor (in iterations) through the elapsed times plus the scheduler's own time between
+    iterations (estimated from pairs of anchors), held within their bounds; the bounds' midpoint with no anchor."""
+    n = len(log)
+    elapsed = log["elapsed_ns"].to_numpy(dtype=np.int64)
+    cum = np.cumsum(elapsed)
+    keys = sorted(anchored)
+    gaps = [((anchored[b] - anchored[a]) - int(cum[b] - cum[a])) / (b - a) for a, b in itertools.pairwise(keys)
+            if 0 < b - a <= 50]
+    busy = [g for g in gaps if 0 <= g <= 2_000_000]
+    overhead = float(np.median(busy)) if busy else 0.0
+    fwd = np.full(n, -1, dtype=np.int64)
+    fwd_dist = np.full(n, n + 1)
+    last, at = None, -1
+    for i in range(n):
+        if i in anchored:
+            last, at = anchored[i], i
+        elif last is not None:
+            last = last + int(elapsed[i]) + round(overhead)
+        if last is not None:
+            last = min(max(last, int(lo[i])), int(hi[i])) if i not in anchored else last
+            fwd[i], fwd_dist[i] = last, i - at
+    bwd = np.full(n, -1, dtype=np.int64)
+    bwd_dist = np.full(n, n + 1)
+    nxt, at = None, n
+    for i in range(n - 1, -1, -1):
+        if i in anchored:
+            nxt, at = anchored[i], i
+        elif nxt is not None:
+            nxt = nxt - int(elapsed[i + 1]) - round(overhead)
+        if nxt is not None:
+            nxt = min(max(nxt, int(lo[i])), int(hi[i])) if i not in anchored else nxt
+            bwd[i], bwd_dist[i] = nxt, at - i
+    mid = lo + (hi - lo) // 2
+    return np.where((fwd_dist <= bwd_dist) & (fwd >= 0), fwd, np.where(bwd >= 0, bwd, mid))
+
+
+def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, half: np.ndarray,
+                requests: pd.DataFrame, anchors: dict[int, list[int]],
+                p: IterationParams) -> tuple[list[IterationStall], int]:
+    sizes, levels = _decode_levels(log)
+
+    def decode_only(n: int) -> int:
+        if not len(sizes) or n <= 0:
+            return 0
+        return round(float(np.interp(n, sizes, levels)))
+
+    first = requests["first_token_ns"].to_numpy(dtype=np.int64)
+    sched = requests["scheduled_ns"].fillna(requests["first_token_ns"]).to_numpy(dtype=np.int64)
+    finish = requests["finish_ns"].fillna(requests["first_token_ns"]).to_numpy(dtype=np.int64)
+    ids = requests["request_id"].astype(str).to_numpy()
+    tenants = requests["tenant"].to_numpy() if "tenant" in requests else np.full(len(ids), None)
+    uncached = (requests["input_tokens"].fillna(0) - requests["cached_tokens"].fillna(0)).clip(lower=0).to_numpy(
+        dtype=np.int64)
+    tol = 2 * p.match_window_ns
+    out: list[IterationStall] = []
+    rows = log.to_dict("records")
+    for i, row in enumerate(rows):
+        if row["dummy"]:
+            continue
+        end, elapsed = int(ends[i]), int(row["elapsed_ns"])
+        gen = int(row["generation_requests"])
+        if row["context_tokens"] == 0:
+            base = decode_only(gen)
+            if gen and elapsed - base >= max(p.stall_ratio * base, p.min_excess_ns):
+                out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]),
+                                          elapsed, base, elapsed - base, 0, 0, gen, ()))
+            continue
+        if gen:
+            base = decode_only(gen)
+            excess = elapsed - base
+        else:
+            edge = 1_000_000  # the spans' first tokens and finishes are late by the API server's output latency
+            waiting = int(((first <= end - elapsed + edge) & (first < end - edge) & (finish > end + edge)).sum())
+            if not waiting:
+                continue
+            base, excess = decode_only(waiting), elapsed
+        if excess < max(p.stall_ratio * base, p.min_excess_ns):
+            continue
+        if i in anchors:
+            named = np.array(anchors[i])
+            confidence = 1.0
+        else:
+            held = np.flatnonzero((sched <= end + tol) & (first >= end - tol))
+            held = held[np.argsort(np.abs(first[held] - end), kind="stable")]
+            named = held[:int(row["context_requests"])]
+            cover = min(1.0, int(uncached[named].sum()) / row["context_tokens"]) if row["context_tokens"] else 1.0
+            confidence = cover * (len(named) / len(held)) if len(held) else 0.0
+        culprits = tuple(IterationCulprit(str(ids[j]), tenants[j], int(uncached[j]), round(confidence, 4))
+                         for j in named)
+        out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]), elapsed,
+                                  base, excess, int(row["context_requests"]), int(row["context_tokens"]), gen,
+                                  culprits))
+    return _implausible_cleared(out), sum(1 for s in out if not s.culprits)
+
+
+def _implausible_cleared(stalls: list[IterationStall], factor: float = 4.0) -> list[IterationStall]:
+    """A stall far longer than its context tokens can cost (the log's median excess per context token, `factor`
+    times over) had another cause too, e.g. a host pause during a small chunk: its prefills are not named."""
+    named = [s for s in stalls if s.culprits and s.context_tokens]
+    if len(named) < 5:
+        return stalls
+    rate = float(np.median([s.excess_ns / s.context_tokens for s in named]))
+    return [replace(s, culprits=()) if s.culprits and s.excess_ns > factor * rate * s.context_tokens + 2 * 10**7
+            else s for s in stalls]
+
+
+def attribute_store_iterations(store: Store, params: IterationParams | None = None) -> IterationAttribution:
+    iterations = store.sql("SELECT * FROM iteration_log").df()
+    requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, finish_ns, input_tokens, "
+                         "cached_tokens FROM requests").df()
+    return attribute_iterations(iterations, requests, params)
+
+
+def as_windows(attr: IterationAttribution, half_width_ns: int = 5_000_000) -> RequestOnlyAttribution:
+    """The iteration stalls as request-only stall windows (end ± `half_width_ns`), for scoring and for joining."""
+    stalls = tuple(RequestStall(s.instance, s.end_ns - half_width_ns, s.end_ns + half_width_ns, (), s.elapsed_ns,
+                                s.excess_ns, tuple(RequestCulprit(c.request_id, c.tenant, c.uncached_tokens,
+                                                                  c.confidence, True) for c in s.culprits))
+                   for s in attr.stalls)
+    return RequestOnlyAttribution(RequestOnlyParams(attr.params.stall_ratio, attr.params.min_excess_ns), stalls,
+                                  len(stalls), 0, "iteration log", notes=attr.notes)
+
+
+def join_iterations(windows: RequestOnlyAttribution, attr: IterationAttribution,
+                    tolerance_ns: int = 5_000_000) -> RequestOnlyAttribution:
+    """The iteration log's stalls (placed within a millisecond, culprits named by their context tokens) as
+    windows, and the token-time windows that hold no iteration the log placed (a stall the log's decode-only
+    levels missed): where both saw the stall, the log's names are kept."""
+    iterations = as_windows(attr, tolerance_ns)
+    by_instance: dict[str, np.ndarray] = {}
+    for s in attr.stalls:
+        by_instance.setdefault(s.instance, np.array([], dtype=np.int64))
+    for inst in by_instance:
+        by_instance[inst] = np.array(sorted(s.end_ns for s in attr.stalls if s.instance == inst), dtype=np.int64)
+    kept = []
+    for w in windows.stalls:
+        e = by_instance.get(w.instance, np.array([], dtype=np.int64))
+        a = int(np.searchsorted(e, w.start_ns - tolerance_ns, "left"))
+        b = int(np.searchsorted(e, w.end_ns + tolerance_ns, "right"))
+        if a == b:
+            kept.append(w)
+    stalls = tuple(sorted([*iterations.stalls, *kept], key=lambda s: (s.instance, s.start_ns, s.end_ns)))
+    return replace(windows, stalls=stalls, clock=f"{windows.clock} + iteration log",
+                   notes=(*windows.notes, *attr.notes))
