@@ -109,6 +109,7 @@ def test_one_tenants_surge_to_one_model_is_an_incident_of_that_model() -> None:
     assert surge.key == "tenant-b → model-x"
     assert abs((surge.onset_ns - EPOCH) / 1e9 - 200.0) <= 40.0
     assert abs(surge.shifts[0].observed - 4.0 / 9.0) < 0.05  # its share of everybody's first attempts: 1/6 → 4/9
+    assert report.incidents[0].sentence().startswith("Incident 1: traffic to model-x surged from 00:03:")
 
 
 def test_everybodys_traffic_rising_together_is_not_a_surge() -> None:

@@ -140,6 +140,10 @@ class Incident:
     def sentence(self) -> str:
         models = ", ".join(self.models)
         members = self.anomalies or self.component_anomalies
+        if all(a.scope == "traffic" for a in members):  # a surge whose model's latency stayed within its noise
+            surges = "; ".join(f"{a.key}, {a.shifts[0].phrase()}" for a in members)
+            return (f"Incident {self.id}: traffic to {models} surged from {_clock(self.onset_ns)} to "
+                    f"{_clock(self.end_ns)} ({surges}).")
         lead = min(members, key=lambda a: a.onset_ns)
         stagger = max(a.onset_ns for a in members) - lead.onset_ns
         onset = _clock(self.onset_ns)
