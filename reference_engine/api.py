@@ -28,7 +28,7 @@ from reference_engine.workload import SyntheticWorkload
 
 __all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WORKLOAD_KINDS", "EngineRun", "EngineSimulation",
            "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report", "cuda_hardware_name",
-           "generate", "make_scenario", "run_scenario", "scenario_on_fleet"]
+           "generate", "make_scenario", "replay", "run_scenario", "scenario_on_fleet"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,14 @@ def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: 
 
     return report(csv, model, hardware, backend=backend, device=device, dtype=dtype, threads=threads,
                   requests=requests, per_phase=per_phase, seed=seed, on_status=on_status)
+
+
+def replay(requests: list[Any], deployment: Any, seed: int = 0) -> Any:
+    """Serve captured requests (`reference_engine.replay.CapturedRequest`s) on a deployment (a one-model fleet,
+    `reference_engine.replay.Deployment`) on the simulated clock; returns a `ReplayRun` (what each request saw)."""
+    from reference_engine.replay import replay as run
+
+    return run(requests, deployment, seed)
 
 
 def cuda_hardware_name() -> str:
