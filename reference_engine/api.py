@@ -21,14 +21,17 @@ from reference_engine.fleet.fleet import Fleet, FleetSummary
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.scenarios.bank import TRACES_FILE, TRUTH_FILE, bank, generate, run_scenario
 from reference_engine.scenarios.families import FAMILIES, Scenario, make_scenario
+from reference_engine.scenarios.whatif import KNOBS as WHATIF_KNOBS
+from reference_engine.scenarios.whatif import WHATIF_FILE, generate_whatif
 from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
 from reference_engine.stats import Summary
 from reference_engine.telemetry.otlp import SpanSink
 from reference_engine.workload import SyntheticWorkload
 
-__all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WORKLOAD_KINDS", "EngineRun", "EngineSimulation",
-           "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report", "cuda_hardware_name",
-           "generate", "make_scenario", "replay", "run_scenario", "scenario_on_fleet"]
+__all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WHATIF_FILE", "WHATIF_KNOBS", "WORKLOAD_KINDS", "EngineRun",
+           "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report",
+           "cuda_hardware_name", "generate", "generate_whatif", "make_scenario", "replay", "run_scenario",
+           "scenario_on_fleet"]
 
 
 @dataclass(frozen=True)

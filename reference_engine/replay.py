@@ -24,6 +24,7 @@ from reference_engine.engine.prompt import Prompt
 from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.fleet.config import DisaggregationSpec, FleetSpec, LinkSpec, ModelDeployment, RouterSpec
 from reference_engine.fleet.fleet import Fleet
+from reference_engine.fleet.gateway import Router
 from reference_engine.stats import SimulationStats
 
 
@@ -41,6 +42,7 @@ class CapturedRequest(Protocol):
     shared_prefix_id: str | None
     shared_prefix_tokens: int
     assistant_prefill_tokens: int
+    route_ns: int | None  # when the router took it; None: on arrival
 
 
 class Deployment(Protocol):
@@ -102,11 +104,17 @@ def _prompt(r: CapturedRequest) -> Prompt:
     return Prompt(tuple(segments))
 
 
+def _routed_ns(r: CapturedRequest) -> int:
+    return r.route_ns if r.route_ns is not None else r.arrival_ns
+
+
 def engine_requests(requests: list[CapturedRequest], model: str) -> list[Request]:
+    """The engine's requests, arriving when the router took them (the router hands each to an engine after its
+    captured routing time)."""
     out = []
-    for r in sorted(requests, key=lambda r: (r.arrival_ns, r.request_id)):
+    for r in sorted(requests, key=lambda r: (_routed_ns(r), r.request_id)):
         output = max(r.output_tokens, 1)
-        out.append(Request(r.request_id, r.arrival_ns, _prompt(r), output, max(r.max_tokens, output),
+        out.append(Request(r.request_id, _routed_ns(r), _prompt(r), output, max(r.max_tokens, output),
                            tenant=r.tenant, model=model, system_prompt_id=r.system_prompt_id,
                            system_prompt_tokens=r.system_prompt_tokens,
                            assistant_prefill_tokens=r.assistant_prefill_tokens))
@@ -130,6 +138,18 @@ def fleet_of(d: Deployment) -> FleetSpec:
     model = ModelDeployment(d.model, d.replicas, d.hardware, "replay", engine, disaggregation)
     router = RouterSpec("replay-router", (d.model,), d.router_policy, latency_ms=0.0)
     return FleetSpec("replay", "replay", (model,), (), routers=(router,), links=links, timeout_s=1e9)
+
+
+class _CapturedRouter(Router):
+    """The router as captured: it decides when it took each request and hands it on after the time it took then
+    (keyed by decision time and tenant); the choice itself follows its policy and the replayed loads."""
+
+    def __init__(self, spec: RouterSpec, latency: dict[tuple[int, str], int]) -> None:
+        super().__init__(spec, [], 0)
+        self.latency = latency
+
+    def route(self, t: int, tenant: str = "") -> tuple[int, int]:
+        return self.latency.get((t, tenant), 0), 200
 
 
 class _Observer:
@@ -182,8 +202,12 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
         return [_Observer(roles[instance], engine, collector)]
 
     engine_reqs = engine_requests(requests, deployment.model)
-    arrival = {r.request_id: r.arrival_ns for r in engine_reqs}
-    Fleet(spec, None, seed, epoch_ns=engine_reqs[0].arrival_ns, observers=observe).run(engine_reqs)
+    arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured
+    fleet = Fleet(spec, None, seed, epoch_ns=engine_reqs[0].arrival_ns, observers=observe)
+    latency = {(_routed_ns(r), r.tenant): r.arrival_ns - _routed_ns(r) for r in requests}
+    router, emitter = fleet.gateway.router[deployment.model]
+    fleet.gateway.router[deployment.model] = (_CapturedRouter(router.spec, latency), emitter)
+    fleet.run(engine_reqs)
     served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
     ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
     e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
@@ -192,8 +216,8 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     return ReplayRun(
         ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),
         rejected=len(collector.rejected), preemptions=collector.preemptions,
-        first_arrival_ns=engine_reqs[0].arrival_ns,
-        last_finish_ns=max(collector.finish.values(), default=engine_reqs[-1].arrival_ns),
+        first_arrival_ns=min(arrival.values()),
+        last_finish_ns=max(collector.finish.values(), default=max(arrival.values())),
         kv_peak=float(kv.max()) if len(kv) else 0.0, kv_mean=float(kv.mean()) if len(kv) else 0.0,
         steps=sum(s.steps for s in collector.stats),
         per_request={rid: (int(t), int(e)) for rid, t, e in zip(served, ttft, e2e, strict=True)})

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -127,3 +128,10 @@ def replay(
             json_out.write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
         except OSError as e:
             raise fail(f"--json {json_out}: {e}") from None
+
+
+def whatif_section() -> tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]:
+    """`infertrace evaluate`'s whatif section: the evaluator with the reference engine as its replayer."""
+    from infertrace.evaluation.whatif import evaluate_whatif, render_whatif
+
+    return (lambda bank: evaluate_whatif(bank, replay_distribution)), render_whatif

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import resources
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ class ReplayRequest:
     shared_prefix_id: str | None = None
     shared_prefix_tokens: int = 0
     assistant_prefill_tokens: int = 0
+    route_ns: int | None = None  # when the router took it (≤ arrival_ns); None: routed on arrival
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,30 @@ class Capture:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+def router_policy(routes: list[tuple[int, str, str | None]], replicas: int) -> str:
+    """The router's policy as its choices show it (routes: (time, target, system prompt id) in routing order):
+    `prefix_aware` when requests naming a system prompt almost always go to one replica per prompt,
+    `round_robin` when consecutive choices almost always advance by one replica, else `least_loaded`."""
+    if replicas < 2 or len(routes) < 10:
+        return "least_loaded"
+    by_prompt: dict[str, dict[str, int]] = {}
+    for _, target, prompt in routes:
+        if prompt:
+            counts = by_prompt.setdefault(prompt, {})
+            counts[target] = counts.get(target, 0) + 1
+    named = sum(sum(c.values()) for c in by_prompt.values())
+    if named >= 10 and sum(max(c.values()) for c in by_prompt.values()) >= 0.9 * named and len(by_prompt) > 1:
+        return "prefix_aware"
+    order = sorted({t for _, t, _ in routes})
+    index = [order.index(t) for _, t, _ in routes]
+    advances = sum((b - a) % len(order) == 1 for a, b in pairwise(index))
+    if advances >= 0.9 * (len(index) - 1):
+        return "round_robin"
+    return "least_loaded"
+
+
 def _deployment(model: str, engines: list[dict[str, Any]], overrides: dict[str, Any],
-                notes: list[str]) -> tuple[Deployment, str]:
+                notes: list[str], routes: list[tuple[int, str, str | None]]) -> tuple[Deployment, str]:
     """The captured deployment, from the engines' resource attributes where they carry it; `overrides` (flags)
     fill in what they do not say, or replace it."""
     values: dict[str, Any] = {"model": model}
@@ -123,6 +147,8 @@ def _deployment(model: str, engines: list[dict[str, Any]], overrides: dict[str, 
     elif serving:
         values["replicas"] = len(serving)
     values.update(overrides)
+    if "router_policy" not in overrides and routes:
+        values["router_policy"] = router_policy(routes, len(serving))
     if source == "flags":
         notes.append(f"the spans of {model} carry no engine configuration: the replay's baseline is the flags' "
                      "(and the defaults')")
@@ -142,7 +168,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                          f"{', '.join(known) or 'none'}")
     columns = ("request_id", "tenant", "arrival_ns", "input_tokens", "output_tokens", "max_tokens", "cached_tokens",
                "system_prompt_id", "system_prompt_tokens", "assistant_prefill_tokens", "engine_error", "ttft_ns",
-               "e2e_ns", "preemptions", "timing_source", "instances")
+               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns")
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
@@ -150,7 +176,8 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                    "executor", "kv_total_blocks", "step_spans")
     engines = [dict(zip(engine_cols, row, strict=True)) for row in engine_rows]
     notes: list[str] = []
-    deployment, source = _deployment(model, engines, dict(overrides or {}), notes)
+    routes = store.sql(query_text("capture_routes"), params).fetchall()
+    deployment, source = _deployment(model, engines, dict(overrides or {}), notes, routes)
     block = next((e["block_size"] for e in engines if e["block_size"]), 16)
     requests = _requests(records, deployment, block, notes)
 
@@ -214,9 +241,10 @@ def _requests(records: list[dict[str, Any]], deployment: Deployment, block: int,
         if sp_tokens + shared_tokens + ap >= input_tokens:  # inconsistent attributes: keep the prompt length
             sp, sp_tokens, ap = None, 0, 0
         output = int(r["output_tokens"] or 1)
+        route = r["route_ns"] if r["route_ns"] is not None and r["route_ns"] <= r["arrival_ns"] else None
         out.append(ReplayRequest(r["request_id"], int(r["arrival_ns"]), r["tenant"] or "default", input_tokens,
                                  max(output, 1), int(r["max_tokens"] or output), sp, sp_tokens, shared_id,
-                                 shared_tokens, ap))
+                                 shared_tokens, ap, route))
     if guessed:
         notes.append(f"{guessed} requests reported cached tokens but no system prompt: each shares a prefix of its "
                      "cached length with the tenant's requests of the same cached length (an approximation)")

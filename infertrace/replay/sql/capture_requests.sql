@@ -8,11 +8,18 @@
 -- Columns: request_id, tenant, arrival_ns, input_tokens, output_tokens, max_tokens, cached_tokens,
 --   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, engine_error (error.type set by the
 --   engine), ttft_ns (arrival to first token on the engine that prefilled), e2e_ns (arrival to last token),
---   preemptions, timing_source, instances (engine rows of the request).
-WITH rows AS (
-    SELECT r.*, s."res.infertrace.component.kind" AS role
+--   preemptions, timing_source, instances (engine rows of the request), route_ns (when the router took the
+--   request; NULL without a route span: the router's decision time, which a replay routes at).
+WITH routes AS (
+    SELECT trace_id, min(start_ns) AS route_ns
+    FROM spans WHERE name = 'route' AND "attr.infertrace.route.target" IS NOT NULL
+    GROUP BY trace_id
+),
+rows AS (
+    SELECT r.*, s."res.infertrace.component.kind" AS role, routes.route_ns
     FROM requests r
     JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+    LEFT JOIN routes ON routes.trace_id = r.trace_id
     WHERE r.model = $model
 )
 SELECT
@@ -31,7 +38,8 @@ SELECT
     max(finish_ns) - min(arrival_ns) AS e2e_ns,
     coalesce(sum(preemptions), 0) AS preemptions,
     any_value(timing_source) AS timing_source,
-    count(*) AS instances
+    count(*) AS instances,
+    min(route_ns) AS route_ns
 FROM rows
 GROUP BY request_id
 HAVING min(arrival_ns) >= $since_ns AND min(arrival_ns) < $until_ns
