@@ -28,6 +28,8 @@ KNOBS: dict[str, str] = {
     "hardware": "accelerator of the engines",
     "num_kv_blocks": "KV blocks per engine (0: what the memory holds)",
 }
+INTEGER_KNOBS = ("max_num_batched_tokens", "chunk", "max_num_seqs", "prefill_microbatch", "tensor_parallel", "replicas",
+                 "num_kv_blocks")
 ALIASES = {"tp": "tensor_parallel", "budget": "max_num_batched_tokens", "microbatch": "prefill_microbatch"}
 
 
@@ -113,7 +115,22 @@ def parse_setting(text: str) -> tuple[str, str]:
         raise ValueError(f"--set {text!r}: expected key=value, e.g. chunk=512")
     if key not in KNOBS:
         raise ValueError(f"--set {text!r}: unknown key {key!r}; known: {', '.join(KNOBS)}")
-    return key, value.strip()
+    value = value.strip()
+    try:
+        if key in INTEGER_KNOBS:
+            int(value)
+        elif key in ("chunked_prefill", "prefix_caching"):
+            _bool(key, value)
+        elif key in ("link_gb_s", "link_latency_ms"):
+            float(value)
+        elif key == "pd":
+            p, sep, q = value.partition(":")
+            if not sep:
+                raise ValueError
+            int(p), int(q)
+    except ValueError:
+        raise ValueError(f"--set {text}: {KNOBS[key]}") from None
+    return key, value
 
 
 def apply_settings(base: Deployment, settings: list[tuple[str, str]]) -> Deployment:
