@@ -31,7 +31,7 @@ from reference_engine.workload import SyntheticWorkload
 __all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WHATIF_FILE", "WHATIF_KNOBS", "WORKLOAD_KINDS", "EngineRun",
            "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report",
            "cuda_hardware_name", "generate", "generate_whatif", "make_scenario", "replay", "run_scenario",
-           "scenario_on_fleet"]
+           "scenario_on_fleet", "table_calibration_report"]
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,28 @@ def scenario_on_fleet(fleet_toml: str, family: str, seed: int, name: str, durati
 
 def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
                        dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
-                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+                       seed: int = 0, on_status: Callable[[str], None] | None = None, tensor_parallel: int | None = 1,
+                       model_config: Path | None = None) -> tuple[dict[str, Any], str]:
     """Fit the cost model to measured steps (a CSV, or the real executor measured here, one run fitted and
-    another held out); returns the report as JSON-ready data and as text."""
+    another held out) of an instance of `tensor_parallel` devices (None: fitted); `model_config`: a Hugging Face
+    config.json; returns the report as JSON-ready data and as text."""
     from reference_engine.compute.calibration import calibration_report as report
 
     return report(csv, model, hardware, backend=backend, device=device, dtype=dtype, threads=threads,
-                  requests=requests, per_phase=per_phase, seed=seed, on_status=on_status)
+                  requests=requests, per_phase=per_phase, seed=seed, on_status=on_status,
+                  tensor_parallel=tensor_parallel, model_config=model_config)
+
+
+BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json"}
+
+
+def table_calibration_report(table: Path) -> tuple[dict[str, Any], str]:
+    """Fit the cost model on half of a published measurement table (or a bundled one by name, BUNDLED_TABLES) and
+    report the error on the other half per phase and TP degree, beside the uncalibrated roofline's."""
+    from reference_engine.compute.published import TABLES, table_report
+
+    path = TABLES / BUNDLED_TABLES[str(table)] if str(table) in BUNDLED_TABLES else table
+    return table_report(path)
 
 
 def replay(requests: list[Any], deployment: Any, seed: int = 0) -> Any:

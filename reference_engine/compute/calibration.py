@@ -115,31 +115,38 @@ def predict_seconds(cost: StepCostModel, step: MeasuredStep) -> float:
     return cost.step_seconds(list(step.chunks), step.num_decodes, step.decode_ctx, step.sampled)
 
 
-def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec) -> np.ndarray:
-    """Per step: the cost model's F_lin/Π, B_w/β, F_attn/Π, B_kv/β (seconds at 100% efficiency)."""
+def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
+              tensor_parallel: int = 1) -> np.ndarray:
+    """Per step: the cost model's F_lin/Π, B_w/β, F_attn/Π, B_kv/β (seconds at 100% efficiency, over the
+    tensor-parallel degree's devices), the sequences in the step, and the TP all-reduce time (not fitted: the
+    interconnect's own model)."""
     per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
     weights = spec.dtype_bytes * (spec.active_block_params + spec.head_params)
+    links = StepCostModel(spec, hw, tensor_parallel=tensor_parallel)
     rows = []
     for s in steps:
         tokens = s.num_decodes + sum(n for n, _ in s.chunks)
         pairs = s.decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in s.chunks)
         kv_tokens = s.decode_ctx + sum(c + n for n, c in s.chunks)
         rows.append((2 * tokens * spec.active_block_params + 2 * s.sampled * spec.head_params, weights,
-                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens, s.num_decodes + len(s.chunks)))
-    f = np.asarray(rows, dtype=np.float64)
-    return f / np.array([hw.peak_flops, hw.mem_bandwidth, hw.peak_flops, hw.mem_bandwidth, 1.0])
+                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens, s.num_decodes + len(s.chunks),
+                     links.allreduce_seconds(tokens)))
+    f = np.asarray(rows, dtype=np.float64).reshape(-1, 6)
+    tp = float(tensor_parallel)
+    return f / np.array([hw.peak_flops * tp, hw.mem_bandwidth * tp, hw.peak_flops * tp, hw.mem_bandwidth * tp, 1.0,
+                         1.0])
 
 
 def _vector_seconds(x: np.ndarray, f: np.ndarray) -> np.ndarray:
     eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = np.exp(x)
     return (np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + np.maximum(f[:, 2] / eta_a, f[:, 3] / eta_kv)
-            + overhead + per_sequence * f[:, 4])
+            + overhead + per_sequence * f[:, 4] + f[:, 5])
 
 
 def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
-             params: CostParams) -> tuple[tuple[PhaseError, ...], float]:
+             params: CostParams, tensor_parallel: int = 1) -> tuple[tuple[PhaseError, ...], float]:
     """Relative error of the simulator's cost model against measured steps, per phase and overall."""
-    cost = StepCostModel(spec, hw, params=params)
+    cost = StepCostModel(spec, hw, tensor_parallel=tensor_parallel, params=params)
     measured = np.array([s.duration_ns / 1e9 for s in steps])
     predicted = np.array([predict_seconds(cost, s) for s in steps])
     error = np.abs(predicted - measured) / measured
@@ -153,20 +160,26 @@ def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
 
 
 def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
-              phase: str | None = None) -> Calibration:
-    """Fit `CostParams` to measured steps (efficiencies in (0, 1], overhead ≥ 1 µs); to one phase's steps
-    only when `phase` is given."""
-    from scipy.optimize import least_squares
-
+              phase: str | None = None, tensor_parallel: int = 1) -> Calibration:
+    """Fit `CostParams` to measured steps (efficiencies in (0, 1], overhead ≥ 1 µs) of an instance of
+    `tensor_parallel` devices; to one phase's steps only when `phase` is given."""
     if phase is not None:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         steps = [s for s in steps if s.is_prefill == (phase == "prefill")]
     if len(steps) < 6:
         raise ValueError(f"need at least 6 measured steps to fit 6 parameters, got {len(steps)}")
-    f = _features(steps, spec, hw)
-    measured = np.array([s.duration_ns / 1e9 for s in steps])
-    is_prefill = np.array([s.is_prefill for s in steps])
+    params, _ = fit_params(_features(steps, spec, hw, tensor_parallel), np.array([s.duration_ns / 1e9 for s in steps]),
+                           np.array([s.is_prefill for s in steps]))
+    phases, median = evaluate(steps, spec, hw, params, tensor_parallel)
+    return Calibration(spec.name, hw.name, params, phases, median)
+
+
+def fit_params(f: np.ndarray, measured: np.ndarray, is_prefill: np.ndarray) -> tuple[CostParams, float]:
+    """The CostParams minimising the relative error over steps with features `f` (`_features`), prefill and
+    decode steps weighted equally; and the fit's cost."""
+    from scipy.optimize import least_squares
+
     weight = np.where(is_prefill, 1 / np.sqrt(max(is_prefill.sum(), 1)), 1 / np.sqrt(max((~is_prefill).sum(), 1)))
     log_measured = np.log(measured)
 
@@ -188,8 +201,7 @@ def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
     eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = (float(v) for v in np.exp(best.x))
     params = CostParams(compute_efficiency=eta_c, memory_efficiency=eta_m, attention_efficiency=eta_a,
                         kv_memory_efficiency=eta_kv, step_overhead_s=overhead, per_sequence_overhead_s=per_sequence)
-    phases, median = evaluate(steps, spec, hw, params)
-    return Calibration(spec.name, hw.name, params, phases, median)
+    return params, float(best.cost)
 
 
 # ------------------------------------------------------------------------------- measuring the real executor
@@ -235,18 +247,40 @@ def measure_calibration_run(executor: RealExecutor, model: str, hardware: str, s
 
 
 # ----------------------------------------------------------------------------------------------- the report
+TP_CANDIDATES = (1, 2, 4, 8)
+
+
+def fit_tensor_parallel(steps: Sequence[MeasuredStep], spec: ModelSpec,
+                        hw: HardwareSpec) -> tuple[int, dict[int, float]]:
+    """The tensor-parallel degree whose fit explains the measured steps best (lowest fit cost), and each
+    candidate's cost. Efficiencies absorb most of a degree's scaling: what tells degrees apart is the all-reduce
+    term and the efficiencies' ceiling of 1, so read the costs, not only the winner."""
+    measured = np.array([s.duration_ns / 1e9 for s in steps])
+    is_prefill = np.array([s.is_prefill for s in steps])
+    costs = {tp: fit_params(_features(steps, spec, hw, tp), measured, is_prefill)[1] for tp in TP_CANDIDATES}
+    return min(costs, key=lambda tp: (costs[tp], tp)), costs
+
+
 def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
                        dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
-                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+                       seed: int = 0, on_status: Callable[[str], None] | None = None, tensor_parallel: int | None = 1,
+                       model_config: Path | None = None) -> tuple[dict[str, Any], str]:
     """Fit to a CSV of measured steps, or measure the real executor here (one run fitted, another held out);
-    with `per_phase`, also fit prefill and decode steps apart. Returns (JSON-ready report, text)."""
+    with `per_phase`, also fit prefill and decode steps apart. `tensor_parallel`: the instance's degree, or None
+    to fit it (CSV only); `model_config`: a Hugging Face config.json instead of a built-in model. Returns
+    (JSON-ready report, text)."""
     from reference_engine.engine.hardware import hardware as hardware_spec
+    from reference_engine.engine.model_config import spec_from_hf_config
     from reference_engine.engine.models import model as model_spec
 
-    spec, hw = model_spec(model), hardware_spec(hardware)
+    spec = spec_from_hf_config(model_config) if model_config is not None else model_spec(model)
+    hw = hardware_spec(hardware)
     held_out = None
+    tp_costs: dict[int, float] = {}
     if csv is not None:
         steps = steps_from_csv(csv)
+        if tensor_parallel is None:
+            tensor_parallel, tp_costs = fit_tensor_parallel(steps, spec, hw)
     else:
         executor = RealExecutor(spec, 2048, 16, backend=backend, device=device, dtype=dtype, seed=seed,
                                 threads=threads)
@@ -255,12 +289,18 @@ def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: 
                       f"policies × {requests} requests")
         steps = measure_calibration_run(executor, model, hardware, seed, requests)
         held_out = measure_calibration_run(executor, model, hardware, seed + 1, requests)
-    result = calibrate(steps, spec, hw)
-    phases = [calibrate(steps, spec, hw, phase) for phase in PHASES] if per_phase else []
+    tp = tensor_parallel or 1
+    result = calibrate(steps, spec, hw, tensor_parallel=tp)
+    phases = [calibrate(steps, spec, hw, phase, tensor_parallel=tp) for phase in PHASES] if per_phase else []
     report = json.loads(result.to_json())
-    lines = [result.table()]
+    report["tensor_parallel"] = tp
+    lines = [result.table(), f"  tensor parallel: {tp}"
+             + (" (fitted: " + ", ".join(f"TP{k} cost {v:.3g}" for k, v in tp_costs.items()) + ")" if tp_costs
+                else " (declared)")]
+    if tp_costs:
+        report["tensor_parallel_fit"] = {str(k): v for k, v in tp_costs.items()}
     if held_out is not None:
-        errors, median = evaluate(held_out, spec, hw, result.params)
+        errors, median = evaluate(held_out, spec, hw, result.params, tp)
         report["held_out"] = {"median_error": median, "phases": [asdict(e) for e in errors]}
         lines.append("  held-out run: " + ", ".join(
             f"{e.phase} median error {e.median_error:.1%} ({e.steps} steps)" for e in errors)
