@@ -70,8 +70,9 @@ class Deployment(Protocol):
 
 @dataclass
 class ReplayRun:
-    """What the replayed requests saw: per request (served ones), ITL over every token gap, and the engines'
-    KV use and preemptions."""
+    """What the replayed requests saw: per request (served ones), ITL over every token gap (disaggregated: the
+    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it),
+    and the engines' KV use and preemptions."""
 
     ttft_ns: np.ndarray
     e2e_ns: np.ndarray
@@ -133,8 +134,12 @@ def fleet_of(d: Deployment) -> FleetSpec:
     disaggregation = None
     if d.prefill_replicas and d.decode_replicas:
         links = (LinkSpec("replay-link", d.link_gb_s, d.link_latency_ms),)
+        # Decode workers batch each arriving request's one recomputed token with the running decodes: decode-first
+        # with chunks, as a fleet file's decode workers default to.
+        decode = {"policy": "decode_first", "chunked_prefill": True,
+                  "max_num_batched_tokens": max(d.max_num_batched_tokens, d.max_num_seqs)}
         disaggregation = DisaggregationSpec(d.prefill_replicas, d.decode_replicas, "replay-link",
-                                            d.decode_hardware or d.hardware, "replay", {})
+                                            d.decode_hardware or d.hardware, "replay", decode)
     model = ModelDeployment(d.model, d.replicas, d.hardware, "replay", engine, disaggregation)
     router = RouterSpec("replay-router", (d.model,), d.router_policy, latency_ms=0.0)
     return FleetSpec("replay", "replay", (model,), (), routers=(router,), links=links, timeout_s=1e9)
@@ -174,6 +179,11 @@ class _Observer:
             return
         if self.role != "decode_worker" and seq.first_token_ns is not None:
             run.first_token[rid] = seq.first_token_ns
+        if self.role == "prefill_worker":
+            run.handed_over[rid] = seq.first_token_ns or self.engine.now_ns
+        elif self.role == "decode_worker" and seq.first_token_ns is not None and rid in run.handed_over:
+            # the caller's second token: the decode worker's first, after the KV transfer
+            run.transfer_gaps.append(seq.first_token_ns - run.handed_over.pop(rid))
         if self.role != "prefill_worker":
             run.finish[rid] = seq.finish_ns or self.engine.now_ns
             run.output_tokens += seq.num_output_tokens
@@ -186,6 +196,8 @@ class _Collector:
         self.first_token: dict[str, int] = {}
         self.finish: dict[str, int] = {}
         self.rejected: set[str] = set()
+        self.handed_over: dict[str, int] = {}  # disaggregated: the prefill worker's first token
+        self.transfer_gaps: list[int] = []
         self.preemptions = 0
         self.output_tokens = 0
 
@@ -211,7 +223,7 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
     ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
     e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
-    itl = np.concatenate([s.itl_ns() for s in collector.stats]) if collector.stats else np.zeros(0, np.int64)
+    itl = np.concatenate([*(s.itl_ns() for s in collector.stats), np.asarray(collector.transfer_gaps, np.int64)])
     kv = np.asarray(collector.kv)
     return ReplayRun(
         ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),

@@ -100,7 +100,10 @@ def _variant(rng: random.Random, fleet: FleetSpec, knob: str) -> tuple[FleetSpec
         return with_engine(prefill_microbatch=size), [("prefill_microbatch", str(size))]
     if knob == "replicas":
         replicas = 1 if m.replicas == 2 else 2
-        return replace(fleet, models=(replace(m, replicas=replicas),)), [("replicas", str(replicas))]
+        settings = [("replicas", str(replicas))]
+        if m.replicas == 1:  # a one-replica capture cannot show how its router balances: the variant says it
+            settings.append(("router_policy", fleet.routers[0].policy))
+        return replace(fleet, models=(replace(m, replicas=replicas),)), settings
     if knob == "pd":
         decode = rng.randint(1, 2)
         bandwidth = rng.choice([12.5, 25.0, 50.0])
