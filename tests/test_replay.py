@@ -142,3 +142,29 @@ def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(
     assert set(section["per_knob"]) == set(WHATIF_KNOBS)
     assert section["baseline_ok"] == 24, section
     assert section["prediction_ok"] == 24, [r for r in section["per_scenario"] if not r["prediction_ok"]]
+
+
+def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so() -> None:
+    from infertrace.replay.saved import load_whatifs, save_whatif
+    from infertrace.report import build_report
+    from tests.incident_stores import sample_store
+
+    store_dir = sample_store("prefill_storm").store  # a fresh store of its own
+    with Store.open(store_dir) as store:
+        before = [r for r in build_report(store)["recommendations"] if r["id"].startswith("chunked_prefill:")]
+    assert before and all("replay" not in r["because"] for r in before)  # the analyzer's bound alone
+    rec = before[0]
+    model = rec["action"].split("(")[1].split(")")[0]
+    budget = rec["evidence"]["chunk_budget_tokens"]
+    with Store.open(store_dir) as store:
+        capture = read_capture(store, model)
+    variant = apply_settings(capture.deployment, [("chunk", str(budget))])
+    result = what_if(capture, [(f"chunk={budget}", variant)], calibrated=False)
+    assert result.trust.trustworthy
+    save_whatif(store_dir, result.to_json())
+    assert [d["model"] for d in load_whatifs(store_dir)] == [model]
+    with Store.open(store_dir) as store:
+        after = {r["id"]: r for r in build_report(store)["recommendations"]}[rec["id"]]
+    assert after["evidence"]["prediction"] == "replay" and after["evidence"]["calibrated"] is False
+    assert f"A replay of {len(capture.requests)} captured requests under chunk={budget}" in after["because"]
+    assert "uncalibrated roofline cost model" in after["because"]

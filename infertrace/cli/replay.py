@@ -65,6 +65,9 @@ def replay(
     cost_params: Annotated[Path | None, typer.Option(
         help="Calibrated cost model (infertrace calibrate --json output) for every replay")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file")] = None,
+    save: Annotated[bool, typer.Option(
+        help="Keep the result in the store (<store>/whatif/) for the dashboard's What if page and the report's "
+             "recommendations")] = True,
     seed: int = 0,
 ) -> None:
     """Replay a captured window of one model's traffic: first under the captured config (the baseline, checked
@@ -123,6 +126,13 @@ def replay(
     except ValueError as e:
         raise fail(str(e)) from None
     print(render_text(result), end="")
+    if save:
+        from infertrace.replay.saved import save_whatif
+
+        try:
+            err.print(f"kept in {save_whatif(store, result.to_json())}")
+        except OSError as e:
+            err.print(f"note: the result could not be kept in the store ({e})")
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")

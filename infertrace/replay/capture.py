@@ -22,6 +22,7 @@ from infertrace.replay.deployment import Deployment
 from infertrace.store.store import Store
 
 _ALL_TIME = (-(1 << 62), 1 << 62)
+QUANTILES = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
 
 
 def query_text(name: str) -> str:
@@ -63,6 +64,8 @@ class Distribution:
     kv_mean: float | None
     preemptions: int | None
     rejected: int  # by an engine
+    # TTFT, ITL and E2E (ms) at QUANTILES, for plotting the distributions side by side
+    quantiles_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     @staticmethod
     def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray, e2e_ns: np.ndarray, output_tokens: int,
@@ -78,7 +81,9 @@ class Distribution:
             e2e_p99_ms=pct(e2e_ns, 99),
             output_tokens_per_s=output_tokens / (span_ns / 1e9) if span_ns > 0 else None,
             kv_peak=kv[1] if kv is not None else None, kv_mean=kv[0] if kv is not None else None,
-            preemptions=preemptions, rejected=rejected)
+            preemptions=preemptions, rejected=rejected,
+            quantiles_ms={name: tuple(float(v) for v in np.quantile(values, QUANTILES) / 1e6)
+                          for name, values in (("ttft", ttft_ns), ("itl", itl_ns), ("e2e", e2e_ns)) if len(values)})
 
 
 @dataclass(frozen=True)
