@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from infertrace.replay.capture import Capture, Distribution
+from infertrace.replay.capture import QUANTILES, Capture, Distribution
 
 # The baseline replay is trustworthy when each of these is within TRUST_TOLERANCE of the capture (relative), or
 # within TRUST_FLOOR_MS of it (sub-millisecond differences of sub-millisecond latencies mean nothing).
@@ -93,6 +93,7 @@ class WhatIf:
         doc["schema"] = SCHEMA
         doc["trust"]["sentence"] = self.trust.sentence()
         doc["unserved"] = {str(k): v for k, v in self.unserved.items()}
+        doc["quantiles"] = list(QUANTILES)
         return doc
 
 
