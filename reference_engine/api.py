@@ -30,8 +30,8 @@ from reference_engine.workload import SyntheticWorkload
 
 __all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WHATIF_FILE", "WHATIF_KNOBS", "WORKLOAD_KINDS", "EngineRun",
            "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report",
-           "cuda_hardware_name", "generate", "generate_whatif", "make_scenario", "replay", "run_scenario",
-           "scenario_on_fleet", "table_calibration_report"]
+           "cuda_hardware_name", "fit_cost_params", "generate", "generate_whatif", "make_scenario", "replay",
+           "run_scenario", "scenario_on_fleet", "table_calibration_report"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,27 @@ def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: 
     return report(csv, model, hardware, backend=backend, device=device, dtype=dtype, threads=threads,
                   requests=requests, per_phase=per_phase, seed=seed, on_status=on_status,
                   tensor_parallel=tensor_parallel, model_config=model_config)
+
+
+def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, hardware: str,
+                    tensor_parallel: int = 1, prefill_microbatch: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+    """Fit the cost model to an engine's measured steps ((chunks, decodes, decode context, sampled, ns) each, as
+    `infertrace.replay.capture.measured_steps` reads them from the store); returns (CostParams fields, median
+    relative error per phase and overall)."""
+    from dataclasses import asdict
+
+    from reference_engine.compute.calibration import calibrate
+    from reference_engine.compute.real_executor import MeasuredStep
+    from reference_engine.engine.hardware import hardware as hardware_spec
+    from reference_engine.engine.models import model as model_spec
+
+    measured = [MeasuredStep(tuple(tuple(c) for c in chunks), decodes, ctx, sampled, ns)
+                for chunks, decodes, ctx, sampled, ns in steps]
+    result = calibrate(measured, model_spec(model), hardware_spec(hardware), tensor_parallel=tensor_parallel,
+                       microbatch=prefill_microbatch)
+    errors = {e.phase: e.median_error for e in result.phases}
+    errors["all"] = result.median_error
+    return asdict(result.params), errors
 
 
 BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json"}

@@ -64,6 +64,9 @@ def scenarios_whatif(
     count: Annotated[int, typer.Option(help="Scenarios to generate (cycling through the knobs)")] = 24,
     duration: Annotated[float, typer.Option(help="Simulated seconds of traffic per scenario")] = 180.0,
     jobs: Annotated[int, typer.Option(help="Scenarios simulated in parallel (processes)")] = 1,
+    hidden_cost: Annotated[bool, typer.Option(
+        help="The engines run with cost parameters of their own that the spans do not carry: replays must "
+             "calibrate on the capture's steps")] = False,
 ) -> None:
     """What-if validation scenarios: one model's traffic (with a prefill storm) served under config A
     (capture/) and, on the same requests, under config B, A with one knob changed (actual/): chunk budget,
@@ -80,7 +83,7 @@ def scenarios_whatif(
     if out.exists() and not out.is_dir():
         raise fail(f"--out {out} exists and is not a directory")
     with err.status(f"Simulating {count} scenarios, twice each …"):
-        names = generate_whatif(seed, count, duration, out, jobs)
+        names = generate_whatif(seed, count, duration, out, jobs, hidden_cost)
     err.print(f"{len(names)} what-if scenarios ({', '.join(WHATIF_KNOBS)}) written to {out}")
 
 

@@ -13,9 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from infertrace.cli.console import err, fail
-from infertrace.replay.capture import Capture, Distribution, ReplayRequest
+from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_steps
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
+from infertrace.store.store import Store
 
 
 def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Distribution:
@@ -32,6 +33,20 @@ def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Depl
     start = time.perf_counter()
     predicted = replay_distribution(requests, deployment, seed)
     return Variant(name, deployment.as_dict(), deployment.label(), predicted, time.perf_counter() - start)
+
+
+def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
+    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans);
+    and a sentence with the fit's error. Raises ValueError when the store holds too few steps."""
+    from reference_engine.api import fit_cost_params
+
+    steps = measured_steps(store, capture.model, capture.since_ns, capture.until_ns)
+    d = capture.deployment
+    cost, errors = fit_cost_params(steps, d.model, d.hardware, d.tensor_parallel, d.prefill_microbatch)
+    sentence = (f"cost model fitted to {len(steps)} measured steps of {d.model}: median error "
+                + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
+    calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))
+    return calibrated, sentence
 
 
 def what_if(capture: Capture, variants: list[tuple[str, Deployment]], calibrated: bool, seed: int = 0) -> WhatIf:
@@ -63,7 +78,9 @@ def replay(
     captured: Annotated[list[str] | None, typer.Option(
         help="KEY=VALUE: the captured config where the spans do not say it (or say it wrong), same keys")] = None,
     cost_params: Annotated[Path | None, typer.Option(
-        help="Calibrated cost model (infertrace calibrate --json output) for every replay")] = None,
+        help="Calibrated cost model (infertrace calibrate --out) for every replay")] = None,
+    calibrate: Annotated[bool, typer.Option(
+        help="Fit the cost model to the captured engines' own step spans before replaying")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file")] = None,
     save: Annotated[bool, typer.Option(
         help="Keep the result in the store (<store>/whatif/) for the dashboard's What if page and the report's "
@@ -83,7 +100,6 @@ def replay(
     from infertrace.replay.capture import read_capture
     from infertrace.replay.compare import render_text
     from infertrace.replay.deployment import apply_settings, parse_setting, variant_name
-    from infertrace.store.store import Store
 
     try:
         since_ns = parse_when(since) if since is not None else None
@@ -107,12 +123,19 @@ def replay(
                 model = models[0]
             with err.status(f"Reading {model}'s traffic from {store} …"):
                 capture = read_capture(opened, model, since_ns, until_ns)
+            if calibrate:
+                if cost:
+                    raise fail("give either --calibrate or --cost-params, not both")
+                capture = replace(capture, deployment=apply_settings(capture.deployment, captured_settings))
+                with err.status(f"Fitting the cost model to {model}'s measured steps …"):
+                    capture, sentence = calibrate_from_capture(opened, capture)
+                err.print(sentence)
     except FileNotFoundError as e:
         raise fail(f"--store {store}: {e}") from None
     except ValueError as e:
         raise fail(f"--store {store}: {e}") from None
     try:
-        base = apply_settings(capture.deployment, captured_settings)
+        base = capture.deployment if calibrate else apply_settings(capture.deployment, captured_settings)
         if cost:
             base = replace(base, cost=cost)
         capture = replace(capture, deployment=base)
@@ -122,7 +145,7 @@ def replay(
         raise fail(str(e)) from None
     try:
         with err.status(f"Replaying {len(capture.requests)} requests × {1 + len(variants)} configs …"):
-            result = what_if(capture, variants, calibrated=bool(cost), seed=seed)
+            result = what_if(capture, variants, calibrated=bool(cost) or calibrate, seed=seed)
     except ValueError as e:
         raise fail(str(e)) from None
     print(render_text(result), end="")
@@ -144,4 +167,4 @@ def whatif_section() -> tuple[Callable[[Path], dict[str, Any]], Callable[[dict[s
     """`infertrace evaluate`'s whatif section: the evaluator with the reference engine as its replayer."""
     from infertrace.evaluation.whatif import evaluate_whatif, render_whatif
 
-    return (lambda bank: evaluate_whatif(bank, replay_distribution)), render_whatif
+    return (lambda bank: evaluate_whatif(bank, replay_distribution, calibrate_from_capture)), render_whatif

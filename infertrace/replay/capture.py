@@ -254,3 +254,31 @@ def _requests(records: list[dict[str, Any]], deployment: Deployment, block: int,
         notes.append(f"{guessed} requests reported cached tokens but no system prompt: each shares a prefix of its "
                      "cached length with the tenant's requests of the same cached length (an approximation)")
     return out
+
+
+# A measured step: (prefill chunks as (new, cached) tokens, decodes, their summed context, sampled positions, ns).
+MeasuredStep = tuple[tuple[tuple[int, int], ...], int, int, int, int]
+
+
+def measured_steps(store: Store, model: str, since_ns: int | None = None, until_ns: int | None = None,
+                   limit: int = 20_000) -> list[MeasuredStep]:
+    """The model's engine steps as measured (its step spans; prefill and decode workers alike but decode workers,
+    whose single recomputed token is no prefill), at most `limit`, spread evenly over the window."""
+    params = {"model": model, "since_ns": since_ns if since_ns is not None else _ALL_TIME[0],
+              "until_ns": until_ns if until_ns is not None else _ALL_TIME[1]}
+    steps: list[MeasuredStep] = []
+    for _, _, chunks, cached, samples, decodes, ctx, durations, pause in store.sql(
+            query_text("capture_steps"), params).fetchall():
+        last = len(durations) - 1
+        if chunks:
+            if not pause:
+                sampled = decodes + sum(bool(s) for s in samples)
+                steps.append((tuple(zip(chunks, cached, strict=True)), decodes, ctx, sampled, int(durations[0])))
+            continue
+        for k, ns in enumerate(durations):
+            if k == last and pause:
+                continue
+            steps.append(((), decodes, ctx + k * decodes, decodes, int(ns)))
+    if len(steps) > limit:
+        steps = [steps[i] for i in np.linspace(0, len(steps) - 1, limit).astype(int)]
+    return steps

@@ -115,38 +115,54 @@ def predict_seconds(cost: StepCostModel, step: MeasuredStep) -> float:
     return cost.step_seconds(list(step.chunks), step.num_decodes, step.decode_ctx, step.sampled)
 
 
-def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
-              tensor_parallel: int = 1) -> np.ndarray:
-    """Per step: the cost model's F_lin/Π, B_w/β, F_attn/Π, B_kv/β (seconds at 100% efficiency, over the
-    tensor-parallel degree's devices), the sequences in the step, and the TP all-reduce time (not fitted: the
-    interconnect's own model)."""
+def _features(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec, tensor_parallel: int = 1,
+              microbatch: int = 0) -> np.ndarray:
+    """Per step, in seconds at 100% efficiency on the tensor-parallel degree's devices, as `StepCostModel` counts
+    them: a full prefill micro-batch's linear FLOPs and weight bytes (the experts its tokens touch) and how many
+    full micro-batches there are; the same for the remainder (or the whole step without micro-batching) and
+    whether there is one; attention FLOPs and KV bytes; the sequences in the step; and the all-reduce time (not
+    fitted: the interconnect's own model)."""
     per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
-    weights = spec.dtype_bytes * (spec.active_block_params + spec.head_params)
-    links = StepCostModel(spec, hw, tensor_parallel=tensor_parallel)
+    attention_params = spec.num_layers * spec.attention_params_per_layer
+    cost = StepCostModel(spec, hw, tensor_parallel=tensor_parallel)
+
+    def linear(tokens: int, sampled: float) -> tuple[float, float]:
+        touched = cost._experts_touched(tokens) * spec.num_layers * spec.expert_params_per_layer
+        return (2 * tokens * spec.active_block_params + 2 * sampled * spec.head_params,
+                spec.dtype_bytes * (attention_params + touched + spec.head_params))
+
     rows = []
     for s in steps:
         tokens = s.num_decodes + sum(n for n, _ in s.chunks)
         pairs = s.decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in s.chunks)
         kv_tokens = s.decode_ctx + sum(c + n for n, c in s.chunks)
-        rows.append((2 * tokens * spec.active_block_params + 2 * s.sampled * spec.head_params, weights,
-                     per_pair * pairs, spec.kv_bytes_per_token * kv_tokens, s.num_decodes + len(s.chunks),
-                     links.allreduce_seconds(tokens)))
-    f = np.asarray(rows, dtype=np.float64).reshape(-1, 6)
-    tp = float(tensor_parallel)
-    return f / np.array([hw.peak_flops * tp, hw.mem_bandwidth * tp, hw.peak_flops * tp, hw.mem_bandwidth * tp, 1.0,
-                         1.0])
+        if microbatch and tokens > microbatch:
+            full, rest = divmod(tokens, microbatch)
+            per_mb_sampled = s.sampled / -(-tokens // microbatch)
+            f_full, b_full = linear(microbatch, per_mb_sampled)
+            f_rest, b_rest = linear(rest, per_mb_sampled) if rest else (0.0, 0.0)
+        else:
+            full, rest, f_full, b_full = 0, tokens, 0.0, 0.0
+            f_rest, b_rest = linear(tokens, s.sampled)
+        rows.append((f_full, b_full, full, f_rest, b_rest, 1.0 if rest else 0.0, per_pair * pairs,
+                     spec.kv_bytes_per_token * kv_tokens, s.num_decodes + len(s.chunks),
+                     cost.allreduce_seconds(tokens)))
+    f = np.asarray(rows, dtype=np.float64).reshape(-1, 10)
+    flops, bw = hw.peak_flops * tensor_parallel, hw.mem_bandwidth * tensor_parallel
+    return f / np.array([flops, bw, 1.0, flops, bw, 1.0, flops, bw, 1.0, 1.0])
 
 
 def _vector_seconds(x: np.ndarray, f: np.ndarray) -> np.ndarray:
     eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = np.exp(x)
-    return (np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + np.maximum(f[:, 2] / eta_a, f[:, 3] / eta_kv)
-            + overhead + per_sequence * f[:, 4] + f[:, 5])
+    return (f[:, 2] * np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m) + f[:, 5] * np.maximum(f[:, 3] / eta_c,
+                                                                                           f[:, 4] / eta_m)
+            + np.maximum(f[:, 6] / eta_a, f[:, 7] / eta_kv) + overhead + per_sequence * f[:, 8] + f[:, 9])
 
 
 def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
-             params: CostParams, tensor_parallel: int = 1) -> tuple[tuple[PhaseError, ...], float]:
+             params: CostParams, tensor_parallel: int = 1, microbatch: int = 0) -> tuple[tuple[PhaseError, ...], float]:
     """Relative error of the simulator's cost model against measured steps, per phase and overall."""
-    cost = StepCostModel(spec, hw, tensor_parallel=tensor_parallel, params=params)
+    cost = StepCostModel(spec, hw, tensor_parallel=tensor_parallel, prefill_microbatch=microbatch, params=params)
     measured = np.array([s.duration_ns / 1e9 for s in steps])
     predicted = np.array([predict_seconds(cost, s) for s in steps])
     error = np.abs(predicted - measured) / measured
@@ -160,7 +176,7 @@ def evaluate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
 
 
 def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
-              phase: str | None = None, tensor_parallel: int = 1) -> Calibration:
+              phase: str | None = None, tensor_parallel: int = 1, microbatch: int = 0) -> Calibration:
     """Fit `CostParams` to measured steps (efficiencies in (0, 1], overhead ≥ 1 µs) of an instance of
     `tensor_parallel` devices; to one phase's steps only when `phase` is given."""
     if phase is not None:
@@ -169,9 +185,9 @@ def calibrate(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec,
         steps = [s for s in steps if s.is_prefill == (phase == "prefill")]
     if len(steps) < 6:
         raise ValueError(f"need at least 6 measured steps to fit 6 parameters, got {len(steps)}")
-    params, _ = fit_params(_features(steps, spec, hw, tensor_parallel), np.array([s.duration_ns / 1e9 for s in steps]),
-                           np.array([s.is_prefill for s in steps]))
-    phases, median = evaluate(steps, spec, hw, params, tensor_parallel)
+    params, _ = fit_params(_features(steps, spec, hw, tensor_parallel, microbatch),
+                           np.array([s.duration_ns / 1e9 for s in steps]), np.array([s.is_prefill for s in steps]))
+    phases, median = evaluate(steps, spec, hw, params, tensor_parallel, microbatch)
     return Calibration(spec.name, hw.name, params, phases, median)
 
 

@@ -5,7 +5,9 @@ A scenario is one model behind auth, a rate limiter and a router, three tenants 
 assistant prefills, and a prefill storm partway through (a tenant's burst of long prompts: the incident); B
 changes one knob of A: the chunk budget, the scheduling policy, the tensor-parallel degree, the prefill
 micro-batch, the replicas, prefill/decode disaggregation, max_num_seqs or prefix caching. Both runs draw the
-same requests (the tenants' traffic depends on the seed alone) and pass the same gateway.
+same requests (the tenants' traffic depends on the seed alone) and pass the same gateway. With hidden costs,
+the engines of both runs compute with cost parameters of their own, which the spans do not carry (as a real
+engine's speed is not in its telemetry): a replay must fit them to the capture's measured steps.
 
 `<out>/<name>/capture/traces.jsonl.gz`, `<out>/<name>/actual/traces.jsonl.gz`, and `<out>/<name>/whatif.json`:
 the model, the knob, the `infertrace replay --set` settings that turn A into B, and both fleet files.
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from reference_engine.engine.cost_model import CostParams
 from reference_engine.fleet.config import (
     AuthSpec,
     DisaggregationSpec,
@@ -45,10 +48,21 @@ MODELS = (("llama-3-8b", "H100-SXM", 1, 2), ("qwen-2.5-1.5b", "H100-SXM", 1, 2),
           ("llama-3-70b", "H100-SXM", 4, 8))
 
 
-def _fleet(rng: random.Random, name: str, duration_s: float) -> FleetSpec:
+def hidden_cost(rng: random.Random) -> CostParams:
+    """Engines that the default roofline mispredicts (as real ones do): their own efficiencies and overheads."""
+    return CostParams(compute_efficiency=round(rng.uniform(0.35, 0.65), 3),
+                      memory_efficiency=round(rng.uniform(0.5, 0.8), 3),
+                      attention_efficiency=round(rng.uniform(0.2, 0.5), 3),
+                      step_overhead_s=round(rng.uniform(0.002, 0.005), 5),
+                      per_sequence_overhead_s=round(rng.uniform(0.0, 2e-5), 7))
+
+
+def _fleet(rng: random.Random, name: str, duration_s: float, cost: CostParams | None = None) -> FleetSpec:
     model, hw, tp, _ = rng.choice(MODELS)
     replicas = rng.randint(1, 2)
     engine: dict[str, Any] = {"tensor_parallel": tp} if tp > 1 else {}
+    if cost is not None:
+        engine["cost"] = cost
     if rng.random() < 0.5:
         engine.update(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=rng.choice([512, 2048]))
     per_replica = rng.uniform(1.0, 2.5) * (0.5 if model == "llama-3-70b" else 1.0)
@@ -119,18 +133,27 @@ def _variant(rng: random.Random, fleet: FleetSpec, knob: str) -> tuple[FleetSpec
     raise ValueError(f"unknown what-if knob {knob!r}; known: {', '.join(KNOBS)}")
 
 
-def whatif_scenarios(seed: int, count: int, duration_s: float) -> list[dict[str, Any]]:
-    """`count` scenarios cycling through the knobs: each {name, seed, knob, model, settings, a, b}."""
+def whatif_scenarios(seed: int, count: int, duration_s: float, hidden: bool = False) -> list[dict[str, Any]]:
+    """`count` scenarios cycling through the knobs: each {name, seed, knob, model, settings, a, b, cost}. With
+    `hidden`, both runs' engines have cost parameters of their own (drawn per scenario) that the spans do not
+    carry: a replay must calibrate on the capture's steps to predict them."""
     out = []
     for i in range(count):
         knob = KNOBS[i % len(KNOBS)]
-        rng = random.Random(f"whatif-{seed}-{i}")
+        rng = random.Random(f"whatif-{seed}-{i}{'-hidden' if hidden else ''}")
         name = f"{i:03d}-{knob}"
-        a = _fleet(rng, name, duration_s)
+        cost = hidden_cost(rng) if hidden else None
+        a = _fleet(rng, name, duration_s, cost)
         b, settings = _variant(rng, a, knob)
         out.append({"name": name, "seed": seed * 1000 + i, "knob": knob, "model": a.models[0].name,
-                    "settings": settings, "a": a, "b": b, "duration_s": duration_s})
+                    "settings": settings, "a": a, "b": b, "duration_s": duration_s, "cost": cost})
     return out
+
+
+def _without_cost(fleet: FleetSpec) -> FleetSpec:
+    """The fleet as a fleet file can say it (cost parameters are recorded apart)."""
+    return replace(fleet, models=tuple(replace(m, engine={k: v for k, v in m.engine.items() if k != "cost"})
+                                       for m in fleet.models))
 
 
 def _run(fleet: FleetSpec, duration_s: float, seed: int, path: Path) -> dict[str, Any]:
@@ -152,15 +175,19 @@ def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path) -> dict
     actual = _run(s["b"], s["duration_s"], s["seed"], out / "actual" / "traces.jsonl.gz")
     doc = {"schema": WHATIF_SCHEMA, "name": s["name"], "seed": s["seed"], "knob": s["knob"], "model": s["model"],
            "settings": [f"{k}={v}" for k, v in s["settings"]], "duration_s": s["duration_s"],
-           "capture": {"traces": "capture/traces.jsonl.gz", "summary": capture, "fleet": fleet_to_toml(s["a"])},
-           "actual": {"traces": "actual/traces.jsonl.gz", "summary": actual, "fleet": fleet_to_toml(s["b"])}}
+           "capture": {"traces": "capture/traces.jsonl.gz", "summary": capture,
+                       "fleet": fleet_to_toml(_without_cost(s["a"]))},
+           "actual": {"traces": "actual/traces.jsonl.gz", "summary": actual,
+                      "fleet": fleet_to_toml(_without_cost(s["b"]))},
+           "hidden_cost": asdict(s["cost"]) if s["cost"] is not None else None}
     (out / WHATIF_FILE).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return doc
 
 
-def generate_whatif(seed: int, count: int, duration_s: float, out_dir: str | Path, jobs: int = 1) -> list[str]:
+def generate_whatif(seed: int, count: int, duration_s: float, out_dir: str | Path, jobs: int = 1,
+                    hidden_cost: bool = False) -> list[str]:
     """Write `count` what-if scenarios into out_dir; returns their names."""
-    scenarios = whatif_scenarios(seed, count, duration_s)
+    scenarios = whatif_scenarios(seed, count, duration_s, hidden_cost)
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
