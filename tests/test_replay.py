@@ -5,6 +5,7 @@ on the same requests."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -116,6 +117,8 @@ def test_settings_parse_into_a_variant_of_the_captured_deployment(two_models: Pa
 
 
 def test_a_replay_of_config_a_under_b_predicts_the_actual_run_of_b_on_the_same_requests(whatif_bank: Path) -> None:
+    """Replay and actual run share the simulator: this pins that the reconstruction from the store (arrivals,
+    routing times, lengths, prefix sharing, the captured config) loses nothing a prediction depends on."""
     section = evaluate_whatif(whatif_bank, replay_distribution)
     assert section["scenarios"] == 2
     assert {r["knob"] for r in section["per_scenario"]} == {"chunk", "policy"}
@@ -133,15 +136,22 @@ def test_evaluate_whatif_section_on_a_bank_without_whatif_scenarios_says_nothing
 
 
 @pytest.mark.slow
-def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hidden_cost", [False, True])
+def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(tmp_path: Path,
+                                                                                 hidden_cost: bool) -> None:
+    """With hidden costs the engines compute with parameters the spans do not carry: the uncalibrated baseline
+    misses (and says so), the replay calibrated on the capture's steps meets the criteria."""
+    from infertrace.cli.replay import calibrate_from_capture
     from reference_engine.api import WHATIF_KNOBS, generate_whatif
 
-    generate_whatif(seed=0, count=24, duration_s=120.0, out_dir=tmp_path, jobs=2)
-    section = evaluate_whatif(tmp_path, replay_distribution)
-    assert section["scenarios"] == 24
+    generate_whatif(seed=0, count=24, duration_s=120.0, out_dir=tmp_path, jobs=2, hidden_cost=hidden_cost)
+    section = evaluate_whatif(tmp_path, replay_distribution, calibrate_from_capture)
+    assert section["scenarios"] == 24 and section["calibrated"] == (24 if hidden_cost else 0)
     assert set(section["per_knob"]) == set(WHATIF_KNOBS)
     assert section["baseline_ok"] == 24, section
     assert section["prediction_ok"] == 24, [r for r in section["per_scenario"] if not r["prediction_ok"]]
+    if hidden_cost:
+        assert max(section["worst_uncalibrated_baseline_error"].values()) > 0.05
 
 
 def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so() -> None:
@@ -168,3 +178,13 @@ def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_re
     assert after["evidence"]["prediction"] == "replay" and after["evidence"]["calibrated"] is False
     assert f"A replay of {len(capture.requests)} captured requests under chunk={budget}" in after["because"]
     assert "uncalibrated roofline cost model" in after["because"]
+
+
+def test_replay_calibrate_fits_the_cost_model_to_the_captured_steps_and_says_the_replay_is_calibrated(
+        two_models: Path) -> None:
+    result = infertrace("replay", "--store", str(two_models), "--model", "llama-3-8b", "--calibrate", "--no-save",
+                        "--set", "chunk=512")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"cost model fitted to \d+ measured steps of llama-3-8b: median error prefill", result.stderr)
+    assert "(calibrated cost model)" in result.stdout
+    assert "reproduces the capture" in result.stdout
