@@ -36,10 +36,13 @@ def load_truth(scenario: Path) -> dict[str, Any]:
 
 
 def open_scenario_store(scenario: Path) -> Store:
-    """The scenario's store (`<scenario>/store`), ingesting its traces unless a finished ingest of them left
-    its marker there (re-ingesting adds nothing, so an interrupted one is simply run again)."""
-    store_dir = scenario / STORE_DIR
-    traces = scenario / load_truth(scenario).get("traces", "traces.jsonl.gz")
+    """The scenario's store (`<scenario>/store`), ingesting its traces the first time."""
+    return open_ingested_store(scenario / STORE_DIR, scenario / load_truth(scenario).get("traces", "traces.jsonl.gz"))
+
+
+def open_ingested_store(store_dir: Path, traces: Path) -> Store:
+    """The store of a traces file, ingesting it unless a finished ingest of it left its marker there
+    (re-ingesting adds nothing, so an interrupted one is simply run again)."""
     marker = store_dir / INGESTED_MARKER
     stamp = f"{traces.name} {traces.stat().st_size}\n"
     if not marker.is_file() or marker.read_text(encoding="utf-8") != stamp:

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infertrace.evaluation import open_ingested_store
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, read_capture
 from infertrace.replay.compare import relative_error
 from infertrace.replay.deployment import Deployment, apply_settings, parse_setting
 from infertrace.store.store import Store
 
 WHATIF_FILE = "whatif.json"
-INGESTED_MARKER = "INGESTED"
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 P50_TOLERANCE, P99_TOLERANCE, BASELINE_TOLERANCE, FLOOR_MS = 0.05, 0.10, 0.05, 0.2
 
@@ -41,15 +41,7 @@ def whatif_dirs(bank: str | Path) -> list[Path]:
 
 def _store(run_dir: Path) -> Store:
     """`<run>/store`, ingesting `<run>/traces.jsonl.gz` the first time."""
-    store_dir, traces = run_dir / "store", run_dir / "traces.jsonl.gz"
-    marker = store_dir / INGESTED_MARKER
-    stamp = f"{traces.name} {traces.stat().st_size}\n"
-    if not marker.is_file() or marker.read_text(encoding="utf-8") != stamp:
-        from infertrace.store.ingest import ingest_paths
-
-        ingest_paths(store_dir, [traces])
-        marker.write_text(stamp, encoding="utf-8")
-    return Store.open(store_dir)
+    return open_ingested_store(run_dir / "store", run_dir / "traces.jsonl.gz")
 
 
 def _errors(predicted: Distribution, observed: Distribution) -> dict[str, float | None]:
