@@ -38,6 +38,9 @@ class Trust:
             return "The baseline replay could not be compared with the capture: " + ", ".join(self.unchecked) + \
                 " missing."
         checked = ", ".join(f"{m.removesuffix('_ms').replace('_', ' ')} {e:+.1%}" for m, e in self.errors.items())
+        if self.unchecked:
+            checked += "; not checked, the capture lacks them: " + ", ".join(
+                m.removesuffix("_ms").replace("_", " ") for m in self.unchecked)
         if self.trustworthy:
             return (f"The baseline replay reproduces the capture within {TRUST_TOLERANCE:.0%} ({checked}): "
                     "variants are predictions of this model.")
