@@ -188,3 +188,17 @@ def test_replay_calibrate_fits_the_cost_model_to_the_captured_steps_and_says_the
     assert re.search(r"cost model fitted to \d+ measured steps of llama-3-8b: median error prefill", result.stderr)
     assert "(calibrated cost model)" in result.stdout
     assert "reproduces the capture" in result.stdout
+
+
+def test_a_capture_without_step_spans_is_checked_on_ttft_alone_and_the_sentence_says_what_was_not_checked() -> None:
+    import numpy as np
+
+    from infertrace.replay.capture import Distribution
+    from infertrace.replay.compare import trust
+
+    ttft = np.array([10_000_000, 20_000_000, 30_000_000])
+    observed = Distribution.from_arrays(ttft, np.zeros(0, np.int64), ttft * 10, 300, 10**9, None, None, 0)
+    replayed = Distribution.from_arrays(ttft, np.array([5_000_000] * 10), ttft * 10, 300, 10**9, (0.1, 0.2), 0, 0)
+    t = trust(observed, replayed)
+    assert t.trustworthy is True and set(t.errors) == {"ttft_p50_ms", "ttft_p99_ms"}
+    assert "not checked, the capture lacks them: itl p50, itl p99" in t.sentence()
