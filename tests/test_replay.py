@@ -154,12 +154,16 @@ def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(
         assert max(section["worst_uncalibrated_baseline_error"].values()) > 0.05
 
 
-def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so() -> None:
+def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so(
+        tmp_path: Path) -> None:
+    import shutil
+
     from infertrace.replay.saved import load_whatifs, save_whatif
     from infertrace.report import build_report
     from tests.incident_stores import sample_store
 
-    store_dir = sample_store("prefill_storm").store  # a fresh store of its own
+    store_dir = tmp_path / "store"  # a copy: the sample's store is shared by the session's tests
+    shutil.copytree(sample_store("prefill_storm").store, store_dir)
     with Store.open(store_dir) as store:
         before = [r for r in build_report(store)["recommendations"] if r["id"].startswith("chunked_prefill:")]
     assert before and all("replay" not in r["because"] for r in before)  # the analyzer's bound alone
