@@ -1,79 +1,190 @@
-"""Simulated seconds per wall second for one Llama-3-8B / H100 engine replaying the Azure conversation
-trace (one hour), with tracing to an OTLP JSON lines file and with tracing off, measured in one run; and
-the trace volume in bytes per generated token.
+"""Simulated seconds per wall second for one Llama-3-8B / H100 engine (prefill-first, 16384-token budget, prefix
+caching on) replaying the Azure conversation trace (one hour): with no observers, with tracing off (summary
+statistics), traced to an OTLP JSON lines file as `infertrace simulate` writes it (spans built and written by a
+child process), and traced with the writer in the simulator's own process. With `--blis PATH`, BLIS runs the same
+requests side by side and the ratios are printed.
 
-    .venv/bin/python benchmarks/bench_engine.py [--workload PATH] [--duration 3600] [--repeat 3]
+    .venv/bin/python benchmarks/bench_engine.py [--workload PATH] [--duration 3600] [--repeat 5] [--blis PATH]
+    .venv/bin/python benchmarks/bench_engine.py --baseline DIR   # also time another checkout, interleaved
 
-Peers measured on this kind of machine (DESIGN.md): BLIS (Go, roofline, no tracing) ≈ 390× real time;
-Vidur (Python) 24–38×. Targets: ≥ 400× with tracing; 100× at the very least.
+Every run is a fresh process; the modes (and BLIS) are interleaved, each repetition in a rotated order, and the
+medians are reported. "sim" is the simulation alone (workload read, sink closed: the file complete); "process" is
+the whole process, Python's start-up and reading the trace included, which is what BLIS's figure is.
+
+`--baseline DIR` runs the modes every checkout has (engine, untraced, traced-in-process; not the child-process
+writer, which older checkouts lack) on the code in DIR (e.g. `git archive main | tar -x -C DIR`) and on this
+checkout, as contenders of the same interleaved fresh-process runs, and prints each mode's medians for both, their
+ratio, and whether the two checkouts wrote byte-identical traces.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import hashlib
+import json
 import os
+import resource
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.simulate import simulate
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
-from reference_engine.workload import azure_requests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "azure_conv_2023.csv"
+from benchmarks import side_by_side
+
+MODES = ("engine", "untraced", "traced", "traced-in-process")
+BASELINE_MODES = ("engine", "untraced", "traced-in-process")  # what any checkout can run
+
+
+def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | None = None) -> dict[str, Any]:
+    """One run of `mode` in this (fresh) process; with `tree`, of the engine code in that checkout."""
+    if tree is not None:  # ahead of this checkout, and of the import hook of an editable install of it
+        sys.path.insert(0, str(tree))
+        sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+    import reference_engine
+    from reference_engine.engine.config import EngineConfig
+    from reference_engine.engine.llm_engine import LLMEngine
+    from reference_engine.simulate import simulate
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.workload import azure_requests
+
+    requests = azure_requests(workload, duration)
+    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM")
+    start, cpu = time.perf_counter(), time.process_time()
+    result: dict[str, Any] = {"mode": mode, "requests": len(requests),
+                              "engine_code": str(Path(reference_engine.__file__).resolve().parent)}
+    if mode == "engine":
+        engine = LLMEngine(config)
+        ended = engine.run(requests)
+        result["simulated_s"] = (max(s.finish_ns or 0 for s in ended) - requests[0].arrival_ns) / 1e9
+    else:
+        if mode == "traced":
+            from reference_engine.simulate import open_sink
+
+            sink = open_sink(out, None, background=True)
+        else:
+            sink = OtlpJsonLinesWriter(out) if mode == "traced-in-process" else None
+        summary = simulate(config, requests, sink)
+        result["simulated_s"] = summary.simulated_s
+        result["output_tokens"] = summary.output_tokens
+        if sink is not None:
+            result["spans"] = sink.spans_written  # type: ignore[attr-defined]
+            result["bytes"] = out.stat().st_size
+            result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
+    result["sim_wall_s"] = time.perf_counter() - start
+    result["sim_cpu_s"] = time.process_time() - cpu
+    result["child_cpu_s"] = sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime",
+                                                                                                  "ru_stime"))
+    return result
+
+
+def compare(args: argparse.Namespace) -> None:
+    """`--baseline DIR`: the modes of both checkouts as contenders of one interleaved run."""
+    trees = {"this": None, "baseline": args.baseline.resolve()}
+    contenders = [f"{name} {mode}" for mode in BASELINE_MODES for name in trees]
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(contender: str) -> dict[str, Any]:
+            name, mode = contender.split(" ", 1)
+            tree = trees[name]
+            return side_by_side.fresh_process(__file__, [
+                "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration),
+                "--out", str(Path(tmp) / f"{name}.jsonl"), *(["--tree", str(tree)] if tree else [])])
+
+        runs = side_by_side.interleaved(contenders, args.repeat, run)
+
+    def median(contender: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[contender])
+
+    print(f"medians of {args.repeat} fresh processes per contender, interleaved; load average before "
+          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print("| mode | baseline sim CPU s | this checkout sim CPU s | ratio | baseline sim wall s | this sim wall s "
+          "| ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for mode in BASELINE_MODES:
+        a, b = median(f"baseline {mode}", "sim_cpu_s"), median(f"this {mode}", "sim_cpu_s")
+        wa, wb = median(f"baseline {mode}", "sim_wall_s"), median(f"this {mode}", "sim_wall_s")
+        print(f"| {mode} | {a:.2f} | {b:.2f} | {b / a:.3f} | {wa:.2f} | {wb:.2f} | {wb / wa:.3f} |")
+    base, mine = runs["baseline traced-in-process"][-1], runs["this traced-in-process"][-1]
+    if not Path(base["engine_code"]).is_relative_to(trees["baseline"]):
+        raise SystemExit(f"--baseline {args.baseline}: its runs imported the engine from {base['engine_code']}, "
+                         "not from that checkout")
+    print(f"engine code: {base['engine_code']} against {mine['engine_code']}; traces "
+          f"{'byte-identical' if base['sha256'] == mine['sha256'] else 'DIFFERENT'} "
+          f"({mine['bytes']} bytes, sha256 {mine['sha256'][:16]}…)")
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1) + "\n")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
-    parser.add_argument("--duration", type=float, default=3600.0)
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; the best is reported")
+    parser = side_by_side.parser(__doc__, MODES, repeat=5)
+    parser.add_argument("--baseline", type=Path, help="another checkout to time against this one, interleaved")
+    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.workload, args.duration, args.out, args.tree)))
+        return
+    if args.baseline is not None:
+        compare(args)
+        return
 
-    t0 = time.perf_counter()
-    requests = azure_requests(args.workload, args.duration)
-    parse_s = time.perf_counter() - t0
-    simulated_s = (max(r.arrival_ns for r in requests) - requests[0].arrival_ns) / 1e9
-    config = EngineConfig(model="llama-3-8b", hardware="H100-SXM")
-    best = {"traced": float("inf"), "untraced": float("inf")}
-    best_cpu = {"traced": float("inf"), "untraced": float("inf")}
-    trace_bytes = output_tokens = spans = 0
+    contenders: list[str] = list(MODES) + (["blis"] if args.blis else [])
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.jsonl"
-        for _ in range(args.repeat):
-            for mode in ("untraced", "traced"):
-                gc.collect()
-                start, cpu_start = time.perf_counter(), time.process_time()
-                if mode == "traced":
-                    writer = OtlpJsonLinesWriter(path)
-                    summary = simulate(config, requests, writer)
-                    spans = writer.spans_written
-                else:
-                    summary = simulate(config, requests, None)
-                best[mode] = min(best[mode], time.perf_counter() - start)
-                best_cpu[mode] = min(best_cpu[mode], time.process_time() - cpu_start)
-                output_tokens = summary.output_tokens
-                simulated_s = summary.simulated_s
-        trace_bytes = os.path.getsize(path)
-        bare_start, bare_cpu_start = time.perf_counter(), time.process_time()
-        LLMEngine(config).run(requests)
-        bare, bare_cpu = time.perf_counter() - bare_start, time.process_time() - bare_cpu_start
+        out = Path(tmp) / "trace.jsonl"
+        if args.blis:
+            from benchmarks import blis
+            from reference_engine.workload import azure_requests
 
-    print(f"workload: {args.workload.name}, {len(requests)} requests, {simulated_s:.0f} simulated s "
-          f"(parsed in {parse_s:.2f} s); {output_tokens} generated tokens; best of {args.repeat}; "
-          f"load average {os.getloadavg()[0]:.1f} (CPU time is what an idle machine's wall time would be, roughly)")
-    print("| mode | wall s | simulated s per wall s | CPU s | simulated s per CPU s |")
-    print("|---|---|---|---|---|")
-    rows = [("engine only (no observers)", bare, bare_cpu),
-            ("tracing off (summary statistics on)", best["untraced"], best_cpu["untraced"]),
-            ("tracing to an OTLP JSON lines file", best["traced"], best_cpu["traced"])]
-    for name, wall, cpu in rows:
-        print(f"| {name} | {wall:.2f} | {simulated_s / wall:.0f}× | {cpu:.2f} | {simulated_s / cpu:.0f}× |")
-    print(f"tracing cost: {best['traced'] / best['untraced']:.2f}× the untraced wall time; "
-          f"{spans} spans, {trace_bytes / 1e6:.1f} MB, {trace_bytes / output_tokens:.1f} bytes per generated token")
+            header, data = blis.write_trace(azure_requests(args.workload, args.duration), Path(tmp) / "blis")
+
+        def run(contender: str) -> dict[str, Any]:
+            if contender == "blis":
+                result = blis.run(args.blis, header, data)
+                result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
+                return result
+            return side_by_side.fresh_process(__file__, ["--worker", contender, "--workload", str(args.workload),
+                                                         "--duration", str(args.duration), "--out", str(out)])
+
+        runs = side_by_side.interleaved(contenders, args.repeat, run)
+
+    def median(contender: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[contender])
+
+    simulated = median("traced", "simulated_s")
+    print(f"workload {args.workload.name}: {runs['traced'][0]['requests']} requests, {simulated:.0f} simulated s; "
+          f"medians of {args.repeat} fresh processes per contender, interleaved; load average before "
+          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f}")
+    blis_speed = median("blis", "simulated_s") / median("blis", "process_wall_s") if args.blis else None
+    blis_cpu_speed = median("blis", "simulated_s") / median("blis", "process_cpu_s") if args.blis else None
+    print("| run | sim wall s | simulated s / sim wall s | process wall s | simulated s / process wall s "
+          "| sim CPU s (+ writer process) | process CPU s, all processes |"
+          + (" vs BLIS: sim wall / process wall / process CPU |" if blis_speed else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
+    for contender in MODES:
+        sim, proc = median(contender, "sim_wall_s"), median(contender, "process_wall_s")
+        cpu, child = median(contender, "sim_cpu_s"), median(contender, "child_cpu_s")
+        proc_cpu = median(contender, "process_cpu_s")
+        row = (f"| {contender} | {sim:.2f} | {simulated / sim:.0f}× | {proc:.2f} | {simulated / proc:.0f}× | "
+               f"{cpu:.2f}" + (f" + {child:.2f}" if child > 0.05 else "") + f" | {proc_cpu:.2f} |")
+        if blis_speed and blis_cpu_speed:
+            row += (f" {simulated / sim / blis_speed:.2f} / {simulated / proc / blis_speed:.2f} / "
+                    f"{simulated / proc_cpu / blis_cpu_speed:.2f} |")
+        print(row)
+    if blis_speed:
+        wall, cpu = median("blis", "process_wall_s"), median("blis", "process_cpu_s")
+        print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | {cpu:.2f} | 1 |")
+    traced, untraced = median("traced", "sim_wall_s"), median("untraced", "sim_wall_s")
+    in_process = median("traced-in-process", "sim_wall_s")
+    spans, size = runs["traced"][0]["spans"], runs["traced"][0]["bytes"]
+    print(f"tracing cost: {traced / untraced:.2f}× the untraced sim wall time with the writer process, "
+          f"{in_process / untraced:.2f}× with the writer in-process; {spans} spans, {size / 1e6:.1f} MB, "
+          f"{size / runs['traced'][0]['output_tokens']:.1f} bytes per generated token")
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,14 @@ def store_dir() -> Path | None:
     return Path(env) if env else None
 
 
+def components_file() -> str | None:
+    """`--components FILE` after `--` on the streamlit command line: the kinds of a gateway's components."""
+    args = sys.argv[1:]
+    if "--components" in args and args.index("--components") + 1 < len(args):
+        return args[args.index("--components") + 1]
+    return None
+
+
 def snapshot(root: Path) -> tuple[str, ...]:
     return tuple(p.name for p in list_segments(root))
 
@@ -55,6 +63,10 @@ _LOCK = threading.Lock()
 def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
     store = Store.open(root)
     attach(store)  # the snapshot's materialised relations, when written
+    if (path := components_file()) is not None:  # results are then kept under a key of their own
+        from infertrace.sources.components import load_rules, register
+
+        register(store, load_rules(path))
     return store
 
 
@@ -104,3 +116,11 @@ def current() -> tuple[str, tuple[str, ...]]:
 def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
     with reader(root, snapshot) as store:
         return result(store, "prefix_cache")
+
+
+@st.cache_resource(max_entries=2, show_spinner="What the store can answer …")
+def coverage(root: str, snapshot: tuple[str, ...]) -> Any:
+    from infertrace.sources.capabilities import store_coverage
+
+    with reader(root, snapshot) as store:
+        return store_coverage(store)

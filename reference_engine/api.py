@@ -20,18 +20,20 @@ from reference_engine.fleet.config import load_fleet, parse_fleet
 from reference_engine.fleet.fleet import Fleet, FleetSummary
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.scenarios.bank import TRACES_FILE, TRUTH_FILE, bank, generate, run_scenario
-from reference_engine.scenarios.families import FAMILIES, Scenario, make_scenario
+from reference_engine.scenarios.families import ALL_FAMILIES, FAMILIES, Scenario, make_scenario
 from reference_engine.scenarios.whatif import KNOBS as WHATIF_KNOBS
 from reference_engine.scenarios.whatif import WHATIF_FILE, generate_whatif
 from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
 from reference_engine.stats import Summary
 from reference_engine.telemetry.otlp import SpanSink
+from reference_engine.telemetry.profiles import ENGINE_PROFILES, GATEWAY_PROFILES, TelemetrySpec
 from reference_engine.workload import SyntheticWorkload
 
-__all__ = ["FAMILIES", "TRACES_FILE", "TRUTH_FILE", "WHATIF_FILE", "WHATIF_KNOBS", "WORKLOAD_KINDS", "EngineRun",
-           "EngineSimulation", "FleetSimulation", "Scenario", "SyntheticWorkload", "bank", "calibration_report",
-           "cuda_hardware_name", "fit_cost_params", "generate", "generate_whatif", "make_scenario", "replay",
-           "run_scenario", "scenario_on_fleet", "table_calibration_report"]
+__all__ = ["ALL_FAMILIES", "ENGINE_PROFILES", "FAMILIES", "GATEWAY_PROFILES", "TRACES_FILE", "TRUTH_FILE",
+           "WHATIF_FILE", "WHATIF_KNOBS", "WORKLOAD_KINDS", "EngineRun", "EngineSimulation", "FleetSimulation",
+           "Scenario", "SyntheticWorkload", "TelemetrySpec", "bank", "calibration_report", "cuda_hardware_name",
+           "fit_cost_params", "generate", "generate_whatif", "make_scenario", "replay", "run_scenario",
+           "scenario_on_fleet", "table_calibration_report"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class EngineRun:
     prefix_caching: bool = True
     prefill_microbatch: int = 0
     offload_experts: bool = False
+    cpu_moe_layers: int | tuple[int, ...] = 0
+    cuda_graphs: bool = True
+    kv_host_tier_gb: float = 0.0
+    kv_remote_tier_gb: float = 0.0
+    kv_reuse_accounting: bool = False
     num_kv_blocks: int = 0
     cost_params: Path | None = None
     executor: str = "sim"  # sim or real
@@ -67,7 +74,7 @@ class EngineSimulation:
     so that a bad option fails before anything runs."""
 
     def __init__(self, run: EngineRun, duration_s: float, seed: int, out: Path | None,
-                 otlp_endpoint: str | None) -> None:
+                 otlp_endpoint: str | None, telemetry: TelemetrySpec | None = None) -> None:
         if run.executor not in ("sim", "real"):
             raise ValueError(f"--executor must be sim or real, got {run.executor!r}")
         real = run.executor == "real"
@@ -84,7 +91,10 @@ class EngineSimulation:
             max_num_batched_tokens=run.max_num_batched_tokens, max_num_seqs=run.max_num_seqs,
             chunked_prefill=run.chunked_prefill or run.policy == "decode_first",
             enable_prefix_caching=run.prefix_caching, prefill_microbatch=run.prefill_microbatch,
-            offload_experts=run.offload_experts, num_kv_blocks=run.num_kv_blocks or (2048 if real else 0), cost=cost)
+            offload_experts=run.offload_experts, cpu_moe_layers=run.cpu_moe_layers, cuda_graphs=run.cuda_graphs,
+            kv_host_tier_gb=run.kv_host_tier_gb, kv_remote_tier_gb=run.kv_remote_tier_gb,
+            kv_reuse_accounting=run.kv_reuse_accounting,
+            num_kv_blocks=run.num_kv_blocks or (2048 if real else 0), cost=cost)
         self.executor = None
         if real:
             from reference_engine.compute.real_executor import real_executor_for
@@ -96,21 +106,24 @@ class EngineSimulation:
         if not self.requests:
             raise ValueError("the workload produced no requests in that duration")
         self.seed = seed
-        self.sink: SpanSink | None = open_sink(out, otlp_endpoint)
+        self.telemetry = telemetry
+        # The real executor times steps by the wall clock: its spans are built in this process, not beside it.
+        self.sink: SpanSink | None = open_sink(out, otlp_endpoint, background=not real)
         self.start_ns = self.requests[0].arrival_ns
         self.arrivals_s = (max(r.arrival_ns for r in self.requests) - self.start_ns) / 1e9
 
     def run(self, on_progress: Callable[[float], None] | None = None) -> Summary:
         """Serve every request; `on_progress(simulated seconds since the first arrival)` after each step."""
         report = None if on_progress is None else (lambda _ended, now: on_progress((now - self.start_ns) / 1e9))
-        return simulate(self.config, self.requests, self.sink, self.seed, report, executor=self.executor)
+        return simulate(self.config, self.requests, self.sink, self.seed, report, executor=self.executor,
+                        telemetry=self.telemetry)
 
 
 class FleetSimulation:
     """A prepared fleet run from a fleet file (docs/fleet.md)."""
 
     def __init__(self, path: Path, duration_s: float, seed: int, out: Path | None,
-                 otlp_endpoint: str | None) -> None:
+                 otlp_endpoint: str | None, telemetry: TelemetrySpec | None = None) -> None:
         if duration_s <= 0:
             raise ValueError(f"--duration must be > 0 seconds, got {duration_s}")
         self.spec = load_fleet(path)
@@ -118,13 +131,14 @@ class FleetSimulation:
         if not self.requests:
             raise ValueError(f"{path}: the tenants sent no requests in {duration_s} s")
         self.seed = seed
+        self.telemetry = telemetry
         self.sink = open_sink(out, otlp_endpoint)
         self.start_ns = self.requests[0].arrival_ns
 
     def run(self, on_progress: Callable[[float], None] | None = None) -> FleetSummary:
         report = None if on_progress is None else (lambda now: on_progress((now - self.start_ns) / 1e9))
         try:
-            return Fleet(self.spec, self.sink, self.seed).run(self.requests, report)
+            return Fleet(self.spec, self.sink, self.seed, telemetry=self.telemetry).run(self.requests, report)
         finally:
             if self.sink is not None:
                 self.sink.close()
@@ -156,15 +170,14 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
     relative error per phase and overall)."""
     from dataclasses import asdict
 
-    from reference_engine.compute.calibration import calibrate
     from reference_engine.compute.real_executor import MeasuredStep
+    from reference_engine.compute.step_fit import fit_steps
     from reference_engine.engine.hardware import hardware as hardware_spec
     from reference_engine.engine.models import model as model_spec
 
     measured = [MeasuredStep(tuple(tuple(c) for c in chunks), decodes, ctx, sampled, ns)
                 for chunks, decodes, ctx, sampled, ns in steps]
-    result = calibrate(measured, model_spec(model), hardware_spec(hardware), tensor_parallel=tensor_parallel,
-                       microbatch=prefill_microbatch)
+    result = fit_steps(measured, model_spec(model), hardware_spec(hardware), tensor_parallel, prefill_microbatch)
     errors = {e.phase: e.median_error for e in result.phases}
     errors["all"] = result.median_error
     return asdict(result.params), errors

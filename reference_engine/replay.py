@@ -149,12 +149,14 @@ class _CapturedRouter(Router):
     """The router as captured: it decides when it took each request and hands it on after the time it took then
     (keyed by decision time and tenant); the choice itself follows its policy and the replayed loads."""
 
-    def __init__(self, spec: RouterSpec, latency: dict[tuple[int, str], int]) -> None:
-        super().__init__(spec, [], 0)
+    def __init__(self, router: Router, latency: dict[tuple[int, str], int]) -> None:
+        super().__init__(router.spec, [], 0)
+        self.emitter = router.emitter
         self.latency = latency
 
-    def route(self, t: int, tenant: str = "") -> tuple[int, int]:
-        return self.latency.get((t, tenant), 0), 200
+    def route(self, t: int, tenant: str = "", waiting_since: int | None = None) -> tuple[int, int, int]:
+        """(latency ns, wait ns, status): the captured time, its wait included, and 200."""
+        return self.latency.get((t, tenant), 0), 0, 200
 
 
 class _Observer:
@@ -217,13 +219,14 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured
     fleet = Fleet(spec, None, seed, epoch_ns=engine_reqs[0].arrival_ns, observers=observe)
     latency = {(_routed_ns(r), r.tenant): r.arrival_ns - _routed_ns(r) for r in requests}
-    router, emitter = fleet.gateway.router[deployment.model]
-    fleet.gateway.router[deployment.model] = (_CapturedRouter(router.spec, latency), emitter)
+    routers = fleet.gateway.router[deployment.model]
+    fleet.gateway.router[deployment.model] = [_CapturedRouter(r, latency) for r in routers]
     fleet.run(engine_reqs)
     served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
     ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
     e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
-    itl = np.concatenate([*(s.itl_ns() for s in collector.stats), np.asarray(collector.transfer_gaps, np.int64)])
+    itl = np.concatenate([*(np.repeat(*s.itl_counts()) for s in collector.stats),
+                          np.asarray(collector.transfer_gaps, np.int64)])
     kv = np.asarray(collector.kv)
     return ReplayRun(
         ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),

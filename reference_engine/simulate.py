@@ -11,7 +11,10 @@ from reference_engine.engine.executor import Executor, SimulatedExecutor
 from reference_engine.engine.llm_engine import EngineObserver, LLMEngine
 from reference_engine.engine.sequence import Request
 from reference_engine.stats import SimulationStats, Summary
+from reference_engine.telemetry.background import BackgroundSink
+from reference_engine.telemetry.background import available as background_available
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SdkExporterSink, SpanSink
+from reference_engine.telemetry.profiles import TelemetryRun, TelemetrySpec
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import SyntheticWorkload, azure_requests, mooncake_requests, synthetic_requests
 
@@ -39,26 +42,38 @@ class WorkloadSpec:
         raise ValueError(f"unknown workload {self.kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
 
 
-def open_sink(out: Path | None, otlp_endpoint: str | None) -> SpanSink | None:
+def open_sink(out: Path | None, otlp_endpoint: str | None, background: bool = True) -> SpanSink | None:
+    """The sink for `--out` or `--otlp-endpoint`; with `background` (and where a child process can be forked), it
+    builds, encodes and sends spans in a child process (telemetry/background.py): the same output, byte for byte."""
     if out is not None and otlp_endpoint is not None:
         raise ValueError("give either an output file or an OTLP endpoint, not both")
-    if out is not None:
-        return OtlpJsonLinesWriter(out)
-    if otlp_endpoint is not None:
+    if out is None and otlp_endpoint is None:
+        return None
+
+    def make_sink() -> SpanSink:
+        if out is not None:
+            return OtlpJsonLinesWriter(out)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         return SdkExporterSink(OTLPSpanExporter(endpoint=otlp_endpoint))
-    return None
+
+    return BackgroundSink(make_sink) if background and background_available() else make_sink()
 
 
 def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | None, seed: int = 0,
-             on_progress: Callable[[int, int], None] | None = None, executor: Executor | None = None) -> Summary:
-    """`executor`: e.g. a `RealExecutor` (wall-clock step times); by default the simulated one."""
+             on_progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
+             telemetry: TelemetrySpec | None = None) -> Summary:
+    """`executor`: e.g. a `RealExecutor` (wall-clock step times); by default the simulated one. `telemetry`: whose
+    spans the engine emits, and side files (reference_engine.telemetry.profiles); by default this project's."""
     stats = SimulationStats()
     observers: list[EngineObserver] = [stats]
     tracer = None
-    if sink is not None:
-        kind = "simulated" if executor is None or isinstance(executor, SimulatedExecutor) else "real"
+    kind = "simulated" if executor is None or isinstance(executor, SimulatedExecutor) else "real"
+    run = None if telemetry is None or telemetry.is_native else TelemetryRun(telemetry, sink, seed)
+    if run is not None:
+        run.expect(requests)
+        observers += run.engine_observers(config, seed, executor=kind)
+    elif sink is not None:
         tracer = EngineTracer(sink, engine_resource(config, executor=kind), seed=seed)
         observers.append(tracer)
     engine = LLMEngine(config, executor, observers=observers)
@@ -67,6 +82,8 @@ def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | Non
     finally:
         if tracer is not None:
             tracer.close()
+        if run is not None:
+            run.close()
         if sink is not None:
             sink.close()
     return stats.summary()

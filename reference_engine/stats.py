@@ -3,6 +3,7 @@ prefix-cache hit rate. An engine observer, like the tracer."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +40,32 @@ class Summary:
                 f"{self.preemptions} preemptions.")
 
 
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """`np.percentile(np.repeat(values, counts), q)` (its default, linear method) to the last bit, without
+    building the repeated array: the two order statistics around the quantile's position, then numpy's own
+    interpolation arithmetic."""
+    order = np.argsort(values, kind="stable")
+    ends = np.cumsum(counts[order])  # ends[i]: rank after the last copy of the i-th smallest value
+    n = int(ends[-1])
+    quantile = q / 100
+    position = (n - 1) * quantile  # numpy's virtual index, same operations
+    if position >= n - 1:
+        return float(values[order[-1]])
+    if position < 0:
+        return float(values[order[0]])
+    below = math.floor(position)
+    a, b = (float(values[order[np.searchsorted(ends, rank, side="right")]]) for rank in (below, below + 1))
+    gamma = position - below
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
 class SimulationStats:
     def __init__(self) -> None:
         self._last_token: dict[Sequence, int] = {}
         self._single_gaps: list[int] = []
-        self._run_gaps: list[tuple[np.ndarray, int]] = []  # (gaps after a run's first step, members)
+        self._run_gaps: list[np.ndarray] = []  # gaps after a run's first step, one array per run
+        self._run_members: list[int] = []  # sequences that got a token at each of those steps
         self._ttft: list[int] = []
         self.requests = self.rejected = self.prompt_tokens = self.cached = self.output_tokens = 0
         self.preemptions = self.steps = 0
@@ -60,7 +82,8 @@ class SimulationStats:
             gaps += [first_end - last[seq] for seq in decodes]
             last.update(dict.fromkeys(decodes, end))
             if len(durations) > 1:
-                self._run_gaps.append((durations[1:], len(decodes)))
+                self._run_gaps.append(durations[1:])
+                self._run_members.append(len(decodes))
         for seq, _ in report.batch.prefills:
             if not seq.is_prefilling:
                 previous = last.get(seq)
@@ -84,18 +107,25 @@ class SimulationStats:
         assert seq.first_token_ns is not None
         self._ttft.append(seq.first_token_ns - seq.request.arrival_ns)
 
-    def itl_ns(self) -> np.ndarray:
-        parts = [np.asarray(self._single_gaps, dtype=np.int64)]
-        parts += [np.repeat(gaps, members) for gaps, members in self._run_gaps]
-        return np.concatenate(parts)
+    def itl_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every inter-token gap (ns) with how many tokens had it: a run's later steps give each member one."""
+        runs = self._run_gaps
+        values = np.concatenate([np.asarray(self._single_gaps, dtype=np.int64), *runs])
+        counts = np.concatenate([np.ones(len(self._single_gaps), dtype=np.int64),
+                                 np.repeat(np.asarray(self._run_members, dtype=np.int64), [len(g) for g in runs])])
+        return values, counts
 
     def summary(self) -> Summary:
         ttft = np.asarray(self._ttft, dtype=np.float64) / 1e9
-        itl = self.itl_ns() / 1e9
+        values, counts = self.itl_counts()
+        itl = values / 1e9
 
         def pct(values: np.ndarray, q: float) -> float:
             return float(np.percentile(values, q)) if len(values) else float("nan")
 
+        def itl_pct(q: float) -> float:
+            return weighted_percentile(itl, counts, q) if len(itl) else float("nan")
+
         return Summary(self.requests, self.rejected, self.prompt_tokens, self.cached, self.output_tokens,
-                       pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99), self.preemptions, self.steps,
+                       pct(ttft, 50), pct(ttft, 99), itl_pct(50), itl_pct(99), self.preemptions, self.steps,
                        (self.last_ns - (self.first_ns or 0)) / 1e9)

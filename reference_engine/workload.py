@@ -9,6 +9,7 @@ become shared prompt segments).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,11 +98,16 @@ def synthetic_requests(workload: SyntheticWorkload, duration_s: float, seed: int
     return requests
 
 
+@functools.lru_cache(maxsize=4096)
+def _utc_seconds(whole: str) -> int:
+    """`2023-11-16 18:15:46` as seconds since the epoch (cached: a trace has several requests per second)."""
+    return int(datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp())
+
+
 def _azure_time_ns(text: str) -> int:
     """`2023-11-16 18:15:46.6805900`: 7 fractional digits, more than `%f` takes."""
     whole, _, fraction = text.strip().partition(".")
-    seconds = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
-    return int(seconds) * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
+    return _utc_seconds(whole) * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
 
 
 def azure_requests(path: str | Path, duration_s: float | None = None, speedup: float = 1.0,
@@ -167,3 +173,25 @@ def mooncake_requests(path: str | Path, duration_s: float | None = None, speedup
             requests.append(Request(rid, start_ns + offset, Prompt(tuple(segments)), out, max(max_tokens, out),
                                     tenant=tenant, model=model))
     return requests
+
+
+def mooncake_reusable_tokens(path: str | Path, count: int) -> tuple[int, int]:
+    """The trace's own infinite-cache bound over its first `count` records: the prompt tokens whose leading
+    512-token blocks an earlier record already had (an engine always computes a prompt's last token), and all
+    prompt tokens. Read from the hash ids alone, independently of any engine."""
+    seen: set[int] = set()
+    reusable = total = 0
+    with open(path) as f:
+        for line in (line for line in f if line.strip()):
+            if count <= 0:
+                break
+            count -= 1
+            row = json.loads(line)
+            hashes, length = row["hash_ids"], int(row["input_length"])
+            k = 0
+            while k < len(hashes) and hashes[k] in seen:
+                k += 1
+            reusable += min(k * MOONCAKE_BLOCK_TOKENS, length - 1)
+            total += length
+            seen.update(hashes)
+    return reusable, total

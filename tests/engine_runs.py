@@ -8,11 +8,8 @@ from pathlib import Path
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
 from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.cost_model import StepCostModel
 from reference_engine.engine.executor import SimulatedExecutor
-from reference_engine.engine.hardware import hardware
 from reference_engine.engine.llm_engine import LLMEngine, StepReport
-from reference_engine.engine.models import model
 from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
@@ -39,9 +36,7 @@ def run_to_store(tmp: Path, config: EngineConfig, requests: list[Request],
     writer = OtlpJsonLinesWriter(trace)
     tracer = EngineTracer(writer, engine_resource(config), seed=1)
     log = StepLog()
-    cost = StepCostModel(model(config.model), hardware(config.hardware), tensor_parallel=config.tensor_parallel,
-                         prefill_microbatch=config.prefill_microbatch, params=config.cost)
-    engine = LLMEngine(config, SimulatedExecutor(cost, pauses), observers=[log, tracer])
+    engine = LLMEngine(config, SimulatedExecutor(config.cost_model(), pauses), observers=[log, tracer])
     engine.run(requests)
     tracer.close()
     writer.close()

@@ -4,31 +4,33 @@ do not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from infertrace.analyzers.anomalies import (
     DetectionConfig,
-    change_point,
     detect_anomalies,
     load_requests,
     request_scores,
 )
+from infertrace.analyzers.changepoint import mean_shift
 from tests.test_analyzer_rca import EPOCH, THREE, Fault, HandFleet, hand_store
 
 
 def test_change_point_is_the_least_squares_mean_shift() -> None:
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.normal(0, 1, 70), rng.normal(3, 1, 30)])
-    assert change_point(values) == 70
-    assert change_point(values[::-1], rising=False) == 30
-    assert change_point(np.zeros(50)) is None  # no split raises the mean
+    assert mean_shift(values) == 70
+    assert mean_shift(values[::-1], rising=False) == 30
+    assert mean_shift(np.zeros(50)) is None  # no split raises the mean
 
 
 def test_a_shift_that_lowers_the_mean_is_not_an_onset() -> None:
     values = np.concatenate([np.full(40, 5.0), np.full(40, 1.0)])
-    assert change_point(values, rising=True) is None
-    assert change_point(values, rising=False) == 40
+    assert mean_shift(values, rising=True) is None
+    assert mean_shift(values, rising=False) == 40
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,19 @@ def test_requests_in_the_fault_are_anomalous_and_the_others_mostly_not(two_incid
     assert flags.loc[hit, "anomalous"].mean() > 0.95
     quiet = t < 90
     assert flags.loc[quiet, "anomalous"].mean() < 0.05
+
+
+def test_a_component_failing_a_few_percent_of_its_calls_is_found_on_its_own_calls(tmp_path: Path) -> None:
+    # router-0 carries six models' requests and fails 3% of them: one error per model every minute or two
+    engines = {f"model-{c}": [f"{c}-0"] for c in "abcdef"}
+    fleet = HandFleet(engines=engines, components={"router-0": ("router", list(engines))}, rate=0.7,
+                      duration_s=480.0, faults=[Fault("router-0", 200.0, 380.0, fail=0.03)])
+    with hand_store(tmp_path, fleet) as store:
+        report = detect_anomalies(store)
+    components = report.component_anomalies()
+    assert [a.key for a in components] == ["router-0"] and components[0].metric == "errors"
+    assert len(report.model_anomalies()) <= 2  # most models see too few errors to tell from chance
+    assert all(a.peak_score < components[0].peak_score for a in report.model_anomalies())
+    incident = report.incidents[0]
+    assert incident.component_anomalies == components
+    assert abs(incident.onset_ns - (EPOCH + 200e9)) < 30e9

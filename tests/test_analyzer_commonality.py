@@ -51,3 +51,15 @@ def test_a_tenant_that_is_over_represented_is_named() -> None:
     top = attribute_lift(requests, selected).top()
     assert top is not None and (top.attribute, top.value) == ("tenant", "globex")
     assert 2.5 < top.lift < 3.5  # one tenant in three: lift ≈ 3
+
+
+def test_requests_rejected_before_any_engine_have_no_system_prompt_value_not_none() -> None:
+    rng = np.random.default_rng(4)
+    requests = _requests(3000, rng)
+    rejected = rng.random(len(requests)) < 0.1  # answered 429 by the limiter: no engine ever saw them
+    requests["pre_engine_ns"] = pd.array(np.where(rejected, None, 5_000_000), dtype="Int64")
+    requests.loc[rejected, ["system_prompt_id", "cached_tokens", "assistant_prefill_tokens"]] = None
+    requests.loc[rejected, "route_target"] = None
+    result = attribute_lift(requests, rejected)
+    assert not any(x.attribute in ("system_prompt", "prefix_cache_hit", "assistant_prefill", "route_target")
+                   for x in result.over_represented), [x.sentence() for x in result.over_represented]

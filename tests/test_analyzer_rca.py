@@ -28,6 +28,7 @@ class Fault:
     end_s: float
     extra_ms: float = 0.0  # added to the component's latency
     reject: float = 0.0  # share of calls a rate limiter rejects with 429
+    fail: float = 0.0  # share of calls the component answers 503
     slowdown: float = 1.0  # engine: TTFT and decode time multiplied by this
     models: tuple[str, ...] = ()  # a component fault that only hits these models' requests (default: all)
 
@@ -81,6 +82,8 @@ class HandFleet:
                             latency += f.extra_ms * 1e6
                             if f.reject and rng.random() < f.reject:
                                 code, outcome = 429, "rejected"
+                            elif f.fail and rng.random() < f.fail:
+                                code, outcome = 503, "error"
                     sid = next(span_ids)
                     attrs = {**base, sc.HTTP_STATUS_CODE: code, sc.COMPONENT_OUTCOME: outcome}
                     engine = engines[n % len(engines)]

@@ -88,10 +88,13 @@ def test_the_roofline_figures_mirror_the_engines_specs() -> None:
     for name, shape in MODELS.items():
         spec = ENGINE_MODELS[name]
         assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim,
-                shape.intermediate_size, shape.vocab_size, shape.num_experts, shape.experts_per_token) == (
+                shape.intermediate_size, shape.vocab_size, shape.num_experts, shape.experts_per_token,
+                shape.weight_bits) == (
             spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-            spec.intermediate_size, spec.vocab_size, spec.num_experts, spec.experts_per_token)
+            spec.intermediate_size, spec.vocab_size, spec.num_experts, spec.experts_per_token, spec.weight_bits)
         assert shape.attention_params == spec.num_layers * spec.attention_params_per_layer
+        assert shape.expert_layer_bytes == spec.expert_layer_bytes
     for name, acc in HARDWARE.items():
-        assert (acc.peak_flops, acc.mem_bandwidth) == (ENGINE_HARDWARE[name].peak_flops,
-                                                       ENGINE_HARDWARE[name].mem_bandwidth)
+        hw = ENGINE_HARDWARE[name]
+        assert (acc.peak_flops, acc.mem_bandwidth, acc.host_flops, acc.host_mem_bandwidth, acc.host_link_bandwidth) == (
+            hw.peak_flops, hw.mem_bandwidth, hw.host_flops, hw.host_mem_bandwidth, hw.host_link_bandwidth)

@@ -324,10 +324,10 @@ def test_vllm_v1_llm_request_spans_are_stored_with_their_json_finish_reasons_con
     with Store.open(c.root) as store:
         rows = store.sql("SELECT request_id, finish_reason, input_tokens, output_tokens, ttft_ns, timing_source "
                          "FROM requests ORDER BY request_id").fetchall()
-        extra = store.sql("SELECT span_attributes['gen_ai.latency.time_in_model_inference'] FROM spans").fetchall()
+        extra = store.sql('SELECT "attr.gen_ai.latency.time_in_model_inference", span_attributes FROM spans').fetchall()
         notes = store.notes
     assert rows == [(f"cmpl-{i}", "stop", 812, 64, 85_000_000, "gen_ai.latency") for i in range(5)]
-    assert extra == [("1.238",)] * 5  # an undeclared key: kept in the span attribute map
+    assert extra == [(1.238, {})] * 5  # every key vLLM V1 sets is declared (infertrace.semconv), typed
     assert notes == {"converted": {"gen_ai.response.finish_reasons": 5}}
     lines = [r for r in caplog.records if r.name == "infertrace.collect"]
     assert len(lines) == 5 and all(r.levelno == logging.WARNING for r in lines)  # stored, with a conversion

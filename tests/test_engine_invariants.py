@@ -37,8 +37,9 @@ class InvariantChecker:
                 held[block] = held.get(block, 0) + 1
         for block in range(bm.num_blocks):
             assert bm.ref_counts[block] == held.get(block, 0), block
-        free = set(bm.empty_blocks) | set(bm.cached_free.values())
-        assert len(free) == bm.num_free_blocks, "no block is free twice"
+        free_list = bm.free_blocks()
+        free = set(free_list)
+        assert len(free) == len(free_list) == bm.num_free_blocks, "no block is free twice"
         assert not free & set(held), "no block is both free and held"
         assert len(held) + len(free) == bm.num_blocks
         for seq in self.engine.scheduler.waiting:

@@ -43,3 +43,32 @@ def test_a_small_generated_bank_is_scored(tmp_path: Path) -> None:
     assert section["negative_controls"]["total"] == 1
     assert "AC@1" in render_rca(json.loads(json.dumps(section)))
     assert section["ac@1"] == 1.0, result.scenarios
+
+
+@pytest.mark.slow
+def test_a_gateway_named_like_litellms_gets_the_same_rca_scores_from_evaluate_as_this_projects_gateway(
+        tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infertrace.cli import app
+    from tests.otlp_proto import spans
+
+    runner = CliRunner()
+    scored = {}
+    for gateway in ("infertrace", "litellm"):
+        bank = tmp_path / gateway
+        generated = runner.invoke(app, [
+            "scenarios", "generate", "--out", str(bank), "--seed", "3", "--count", "3", "--duration", "300",
+            "--family", "router_degradation", "--family", "rate_limiter_flapping", "--family", "auth_slowdown",
+            "--gateway-telemetry", gateway, "--no-progress"])
+        assert generated.exit_code == 0, generated.output
+        names = {p.span.name for p in spans(next(bank.glob("*/traces.jsonl.gz")))}
+        assert ({"gateway", "route", "rate_limit"} <= names) == (gateway == "infertrace"), sorted(names)
+        evaluated = runner.invoke(app, ["evaluate", str(bank), "--section", "rca", "--format", "json"])
+        assert evaluated.exit_code == 0, evaluated.output
+        scored[gateway] = json.loads(evaluated.stdout)["rca"]
+    native, litellm = scored["infertrace"], scored["litellm"]
+    assert native["cases"] == litellm["cases"] == 3
+    assert (litellm["ac@1"], litellm["ac@3"]) == (native["ac@1"], native["ac@3"])
+    assert [(s["scenario"], s["top"], s["hit@1"]) for s in litellm["scenarios"]] == \
+        [(s["scenario"], s["top"], s["hit@1"]) for s in native["scenarios"]]

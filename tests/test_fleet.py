@@ -208,8 +208,6 @@ def test_example_fleet_files_load_and_write_back_as_the_same_fleet(path: Path) -
 @pytest.mark.parametrize(("change", "message"), [
     (('name = "llama-3-8b"\nreplicas = 2', 'name = "gpt-9"\nreplicas = 2'), "unknown model 'gpt-9'"),
     (('policy = "round_robin"', 'policy = "random"'), "policy must be one of"),
-    (('models = ["qwen-2.5-1.5b"]\n\n[[router]]', 'models = ["llama-3-8b"]\n\n[[router]]'),
-     "at most one rate_limiter per model"),
     (("requests_per_s = 2.0", "requests_per_s = -2.0"), "rate_limiter[0].requests_per_s: must be > 0"),
     (("rate = 4.0", "rate = 4.0\ncolour = 3"), "tenant[0]: unknown key(s) ['colour']"),
     (('id = "router-0"', 'id = "auth-0"'), "component ids must be unique"),

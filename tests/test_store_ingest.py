@@ -487,3 +487,44 @@ def test_an_undeclared_key_with_a_scalar_in_one_span_and_an_empty_list_in_anothe
     with Store.open(tmp_path / "store") as store:
         assert store.sql("SELECT span_id, span_attributes['k'] FROM spans ORDER BY span_id").fetchall() == [
             (f"{1:016x}", "7"), (f"{2:016x}", "[]"), (f"{3:016x}", "[]")]
+
+
+def test_spans_without_events_take_the_columnar_path_and_match_the_record_path(trace_file: Path) -> None:
+    lines = []
+    for line in trace_file.read_text().splitlines():
+        data = json.loads(line)
+        for rs in data["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    span.pop("events", None)
+        lines.append(json.dumps(data))
+    fast, slow = _both_paths(lines)  # asserts that the columnar path took the block (no event times to read)
+    assert fast.equals(slow)
+    assert fast.column("events").null_count == fast.num_rows
+
+
+@pytest.mark.parametrize("chunk", [1, 37, 4096])
+def test_lines_cut_across_reads_keep_their_numbers_and_over_long_ones_are_quarantined(
+        trace_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    from infertrace.store import ingest
+
+    monkeypatch.setattr(ingest, "_READ_CHUNK", chunk)
+    good = trace_file.read_text().splitlines()[:6]
+    limit = max(map(len, good)) + 2
+    lines = [good[0], "x" * (limit + 1), "", "   ", good[1] + "\r", "{bad", *good[2:], "y" * (3 * limit)]
+    path = tmp_path / "lines.jsonl"
+    path.write_text("\n".join(lines))  # the last line has no newline
+    want = sum(len(ss["spans"]) for line in good for rs in json.loads(line)["resourceSpans"]
+               for ss in rs["scopeSpans"])
+    for block_bytes in (1, 1 << 20):
+        store = tmp_path / f"store-{block_bytes}"
+        summary = ingest_paths(store, [path], block_bytes=block_bytes, max_line_bytes=limit)
+        assert (summary.lines, summary.spans_read, summary.rejected_lines) == (len(lines), want, 3)
+        kept = {k["line"]: k for q in summary.quarantine for k in map(json.loads, q.read_text().splitlines())}
+        assert set(kept) == {2, 6, len(lines)}
+        assert f"line of {limit + 2} bytes is over the limit" in kept[2]["reason"]
+        assert kept[2]["record"].startswith("xxx") and len(kept[2]["record"]) < 1000
+        assert "not JSON" in kept[6]["reason"] and kept[6]["record"] == "{bad"
+        assert f"line of {3 * limit} bytes is over the limit" in kept[len(lines)]["reason"]
+        with Store.open(store) as opened:
+            assert opened.sql("SELECT count(*) FROM spans").fetchall() == [(want,)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ from reference_engine.workload import (
     SyntheticWorkload,
     azure_requests,
     mooncake_requests,
+    mooncake_reusable_tokens,
     synthetic_requests,
 )
 
@@ -71,16 +71,7 @@ def test_mooncake_block_hashes_become_shared_prefixes_that_hit_the_cache() -> No
     reqs = mooncake_requests(path, duration_s=300)
     assert all(r.prompt.num_tokens == sum(n for _, n in r.prompt.segments) for r in reqs)
     # What the trace itself says can be reused: each prompt's leading blocks already seen earlier.
-    seen: set[int] = set()
-    reusable = 0
-    for line in path.read_text().splitlines()[: len(reqs)]:
-        row = json.loads(line)
-        hashes, length = row["hash_ids"], row["input_length"]
-        k = 0
-        while k < len(hashes) and hashes[k] in seen:
-            k += 1
-        reusable += min(k * 512, length - 1)
-        seen.update(hashes)
+    reusable, _ = mooncake_reusable_tokens(path, len(reqs))
     # A cache large enough never to evict, and a budget that admits requests one at a time.
     config = EngineConfig(hardware="H200", chunked_prefill=True, max_num_batched_tokens=8192, max_num_seqs=4,
                           num_kv_blocks=2_000_000)

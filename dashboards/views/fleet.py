@@ -13,8 +13,16 @@ SEVERITY_COLOURS = {"ok": "#dcfce7", "warning": "#fef3c7", "critical": "#fde2e1"
 
 root, snap = results.current()
 summary = results.slo(root, snap)
+coverage = results.coverage(root, snap)
 
 st.title("Fleet overview")
+missing = [a for a in coverage.analyses if not a.supported]
+with st.expander("What this store can answer" + (f" ({len(missing)} analyses not possible)" if missing else ""),
+                 expanded=bool(missing)):
+    for line in coverage.sentences():
+        st.markdown(line)
+    for a in missing:
+        st.warning(f"{a.title}: {a.detail}")
 st.caption("TTFT and E2E from the gateway to the first / last token; ITL between consecutive tokens. "
            "Targets: " + ", ".join(f"{t.key} ≤ {t.threshold:g}" for t in summary.targets)
            + f"; critical at {summary.critical_ratio:g}× a target.")

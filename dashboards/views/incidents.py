@@ -14,6 +14,10 @@ report = results.rca(root, snap)
 anomalies = report.anomalies
 
 st.title("Incidents")
+coverage = results.coverage(root, snap)
+st.caption(coverage.analysis("incidents").detail)
+if not (components := coverage.analysis("rca_components")).supported:
+    st.info(components.detail)
 bucket_ns = round(anomalies.config.bucket_s * 1e9)
 cells = pd.DataFrame([{"time": charts.utc(b.bucket_start_ns), "end": charts.utc(b.bucket_start_ns + bucket_ns),
                        "model": b.key, "score": b.score, "metric": b.metric, "requests": b.requests}

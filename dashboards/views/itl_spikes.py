@@ -17,10 +17,13 @@ import streamlit as st
 from infertrace.report.model import iso
 
 root, snap = results.current()
+st.title("ITL spikes")
+if not (possible := results.coverage(root, snap).analysis("itl")).supported:
+    st.warning(possible.detail)
+    st.stop()
 analysis = results.itl(root, snap)
 extent = results.slo(root, snap)
 
-st.title("ITL spikes")
 models = sorted({e.model for e in analysis.engines if e.model})
 params = st.query_params
 wanted_engine, wanted_step = params.get("engine"), params.get("step")

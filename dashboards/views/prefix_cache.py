@@ -11,8 +11,11 @@ import streamlit as st
 from infertrace.report.model import iso
 
 root, snap = results.current()
-cache = results.prefix_cache(root, snap)
 st.title("Prefix cache")
+if not (possible := results.coverage(root, snap).analysis("prefix_cache")).supported:
+    st.warning(possible.detail)
+    st.stop()
+cache = results.prefix_cache(root, snap)
 
 b = cache.billing
 left, middle, right = st.columns(3)
@@ -52,3 +55,17 @@ left.subheader("By model")
 left.dataframe(groups(cache.by_model, "model"), hide_index=True, width="stretch")
 right.subheader("By system prompt")
 right.dataframe(groups(cache.by_system_prompt, "system prompt"), hide_index=True, width="stretch")
+
+if cache.by_tier:  # engines with a KV tier behind the GPU, or reuse accounting on
+    st.subheader("Hit rate by KV tier")
+    st.dataframe(pd.DataFrame([{
+        "engine": t.instance, "model": t.model, "requests": t.requests, "hit rate": t.hit_rate,
+        "GPU": t.device_hit_rate, "host tier": t.host_hit_rate, "remote tier": t.remote_hit_rate,
+        "host tier blocks": t.host_tier_blocks, "remote tier blocks": t.remote_tier_blocks, "copy s": t.load_s,
+        "evicted tokens recomputed": t.evicted_tokens} for t in cache.by_tier]), hide_index=True, width="stretch")
+    st.caption("What more KV capacity would buy (an LRU estimate from the evicted prompt tokens)")
+    st.dataframe(pd.DataFrame([{
+        "engine": c.instance, "extra blocks": "unbounded" if c.extra_blocks is None else str(c.extra_blocks),
+        "extra GB": c.extra_gb, "hit rate": c.hit_rate} for c in cache.capacity]), hide_index=True, width="stretch")
+    for note in cache.tiers_not_analysed:
+        st.warning(note)

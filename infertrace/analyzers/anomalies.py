@@ -2,12 +2,14 @@
 time per token, E2E latency, error rate, 429 rate and truncation rate; onset and end of each anomaly by
 change-point; anomalies on several models that overlap in time grouped into incidents.
 
-Scores are robust, as BARO's are: each series' buckets are compared with that series' own median and
-median absolute deviation (MAD) over the whole period, so a fault shorter than half the period cannot hide
-itself in the baseline (BARO's inter-quartile range breaks down when a fault covers a quarter of it).
+Scores are robust, as BARO's are: each series' bucket is compared with the median and median absolute deviation
+(MAD) of the series' normal buckets before it (the last 15 minutes of those that did not score as anomalous), so
+a fault that lasts most of the period, or a backlog that drains long after it, does not become its own baseline;
+the first minutes are compared with the whole series.
 Latencies are scored on the mean of their logarithms per bucket (a slowdown is a ratio); rates on the
-binomial upper tail of each bucket's count (alone, and pooled with the bucket before) under the series'
-baseline rate: exact for rare events. A bucket is anomalous when some metric scores
+binomial upper tail of each bucket's count (alone, and pooled with the 1, 3 and 7 buckets before) under the
+series' baseline rate: exact for rare events, and a failure of a few percent of calls shows once minutes of it
+are pooled. A bucket is anomalous when some metric scores
 at least `threshold`; an anomaly is a run of at least `min_buckets` anomalous buckets (gaps up to
 `merge_gap_s` merged, so a flapping fault stays one anomaly). Its onset and end are then located at
 request resolution by a single mean-shift change-point (least squares, as one step of binary segmentation)
@@ -23,7 +25,7 @@ outages stagger) form one incident; tenant anomalies overlapping it are attached
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -31,6 +33,9 @@ import pandas as pd
 from scipy.stats import binom, norm
 
 from infertrace.analyzers import query_text
+from infertrace.analyzers.changepoint import mean_shift
+from infertrace.analyzers.signals import ms_text
+from infertrace.analyzers.topology import ENGINE_KINDS, load_paths
 from infertrace.store.store import Store
 
 # metric -> (request_outcomes column, kind, what it is)
@@ -42,7 +47,20 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "rate_limited": ("rejected", "rate", "429 rate"),
     "truncated": ("truncated", "rate", "share of generations cut at max_tokens"),
 }
+# The same per component instance, from its own calls (request_paths): its service time (latency less any wait
+# for a worker; a global queue's whole hold), its failures (errors and timeouts) and its 429s. A component that
+# shares a model's requests with other instances, or fails a few percent of its calls, moves the model's series
+# by a fraction of what it moves its own.
+COMPONENT_METRICS: dict[str, tuple[str, str, str]] = {
+    "service": ("service_ns", "latency", "service time"),
+    "errors": ("failed", "rate", "error (5xx) and timeout rate"),
+    "rate_limited": ("rejected", "rate", "429 rate"),
+}
+ALL_METRICS = {**COMPONENT_METRICS, **METRICS}
 SCOPES = ("model", "tenant")
+POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
+TRAILING_BUCKETS = 45  # a bucket is scored against up to this many normal buckets before it (15 min) ...
+MIN_BASELINE = 9  # ... once there are this many (3 min); before, against the whole series
 
 
 @dataclass(frozen=True)
@@ -70,20 +88,20 @@ class MetricShift:
 
     @property
     def is_rate(self) -> bool:
-        return METRICS[self.metric][1] == "rate"
+        return ALL_METRICS[self.metric][1] == "rate"
 
     def phrase(self) -> str:
-        what = METRICS[self.metric][2]
+        what = ALL_METRICS[self.metric][2]
         if self.is_rate:
             return f"{what} {self.baseline:.1%} → {self.observed:.1%}"
-        return f"{what} {_ms(self.baseline)} → {_ms(self.observed)}"
+        return f"{what} {ms_text(self.baseline)} → {ms_text(self.observed)}"
 
 
 @dataclass(frozen=True)
 class SeriesAnomaly:
     """A model (or tenant) whose metrics departed from its own baseline between onset and end."""
 
-    scope: str  # "model" or "tenant"
+    scope: str  # "model", "tenant" or "component"
     key: str
     onset_ns: int
     end_ns: int
@@ -99,7 +117,8 @@ class SeriesAnomaly:
 
 @dataclass(frozen=True)
 class Incident:
-    """Model anomalies that overlap in time, with the tenants anomalous meanwhile."""
+    """Model (and component) anomalies that overlap in time, with the tenants anomalous meanwhile. An incident
+    found only on a component's own calls has the models the component serves."""
 
     id: int
     onset_ns: int
@@ -108,12 +127,14 @@ class Incident:
     tenants: tuple[str, ...]
     anomalies: tuple[SeriesAnomaly, ...]  # model anomalies, by onset
     tenant_anomalies: tuple[SeriesAnomaly, ...]
-    severity: float  # anomalous model-buckets, weighted by how far over the threshold they scored
+    severity: float  # anomalous model- and component-buckets, weighted by how far over the threshold they scored
+    component_anomalies: tuple[SeriesAnomaly, ...] = ()
 
     def sentence(self) -> str:
         models = ", ".join(self.models)
-        lead = min(self.anomalies, key=lambda a: a.onset_ns)
-        stagger = max(a.onset_ns for a in self.anomalies) - lead.onset_ns
+        members = self.anomalies or self.component_anomalies
+        lead = min(members, key=lambda a: a.onset_ns)
+        stagger = max(a.onset_ns for a in members) - lead.onset_ns
         onset = _clock(self.onset_ns)
         if stagger >= 1e9:
             onset += f" (onsets staggered over {stagger / 1e9:.0f} s)"
@@ -139,12 +160,15 @@ class AnomalyReport:
     end_ns: int
     config: DetectionConfig
     requests: int
-    anomalies: tuple[SeriesAnomaly, ...]  # model and tenant anomalies, by onset
+    anomalies: tuple[SeriesAnomaly, ...]  # model, tenant and component anomalies, by onset
     incidents: tuple[Incident, ...]  # by severity, worst first
     heatmap: tuple[BucketScore, ...] = field(repr=False)
 
     def model_anomalies(self) -> tuple[SeriesAnomaly, ...]:
         return tuple(a for a in self.anomalies if a.scope == "model")
+
+    def component_anomalies(self) -> tuple[SeriesAnomaly, ...]:
+        return tuple(a for a in self.anomalies if a.scope == "component")
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -158,13 +182,13 @@ def load_requests(store: Store) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------- scoring
 def _bucket_table(requests: pd.DataFrame, scope: str, start_ns: int, bucket_ns: int,
-                  config: DetectionConfig) -> pd.DataFrame:
-    """Per (key, bucket): request count and, per metric, the bucket statistic (mean log latency in ns, or
-    rate) and its robust score against the key's own buckets."""
+                  config: DetectionConfig, metrics: dict[str, tuple[str, str, str]] = METRICS) -> pd.DataFrame:
+    """Per (key, bucket): request (or call) count and, per metric, the bucket statistic (mean log latency in ns,
+    or rate) and its robust score against the key's own buckets."""
     frame = requests[[scope, "arrival_ns"]].copy()
     frame["bucket"] = (requests["arrival_ns"].to_numpy() - start_ns) // bucket_ns
     stats = {"n": (scope, "size")}
-    for metric, (column, kind, _) in METRICS.items():
+    for metric, (column, kind, _) in metrics.items():
         if kind == "latency":
             values = requests[column].to_numpy(dtype=float)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -176,46 +200,96 @@ def _bucket_table(requests: pd.DataFrame, scope: str, start_ns: int, bucket_ns: 
             frame[metric] = requests[column].to_numpy(dtype=float)
             stats[metric] = (metric, "mean")
     table = frame.dropna(subset=[scope]).groupby([scope, "bucket"], sort=True).agg(**stats).reset_index()
-    for metric in METRICS:
+    for metric in metrics:
         table[f"{metric}_score"] = np.nan
     for _, idx in table.groupby(scope).groups.items():
         part = table.loc[idx]
-        for metric, (_, kind, _) in METRICS.items():
+        n = part["n"].to_numpy(dtype=float)
+        for metric, (_, kind, _) in metrics.items():
+            values = part[metric].to_numpy(dtype=float)
             if kind == "latency":
-                ok = part[f"{metric}_n"] >= config.min_requests
-                values = part.loc[ok, metric]
-                if len(values) < 4:
+                usable = part[f"{metric}_n"].to_numpy() >= config.min_requests
+                values = np.where(usable, values, np.nan)
+                if usable.sum() < 4:
                     continue
-                median = float(np.median(values))
-                scale = max(_mad(values.to_numpy() - median), config.latency_scale_floor)
-                table.loc[values.index, f"{metric}_score"] = (values - median) / scale
-            else:
-                rates = part[metric]
-                if len(rates) < 4:
-                    continue
-                table.loc[part.index, f"{metric}_score"] = _rate_scores(rates.to_numpy(dtype=float),
-                                                                        part["n"].to_numpy(dtype=float), config)
+            elif len(values) < 4:
+                continue
+            table.loc[part.index, f"{metric}_score"] = _trailing_scores(values, n, kind, config)
     return table
 
 
-def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> np.ndarray:
-    """Per bucket, the binomial upper tail of its count under the series' baseline rate, as a normal score
-    (exact for the small counts that a rare event gives). The baseline rate is the larger of the median
-    bucket rate and the pooled rate of the buckets at or below it, smoothed by one event in the pooled
-    count (so a series that never failed still has a finite, small rate)."""
-    counts = np.round(rates * n)
+def _latency_scores(values: np.ndarray, baseline: np.ndarray, config: DetectionConfig) -> np.ndarray:
+    median = float(np.median(baseline))
+    scale = max(_mad(baseline - median), config.latency_scale_floor)
+    return (values - median) / scale
+
+
+def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: DetectionConfig) -> np.ndarray:
+    """Each bucket's score against the series' normal buckets before it (the last TRAILING_BUCKETS of those that
+    did not score as anomalous): a fault that lasts most of the period, or drains long after, does not become
+    its own baseline. The first buckets, with fewer than MIN_BASELINE normal ones before them, are scored against
+    the whole series (median and MAD; a rate's baseline the same way)."""
+    finite = np.isfinite(values)
+    latency = kind == "latency"
+    whole = _latency_scores(values, values[finite], config) if latency else _rate_scores(values, n, config)
+    scores = np.full(len(values), np.nan)
+    normal: list[int] = []
+    for i in range(len(values)):
+        base = normal[-TRAILING_BUCKETS:]
+        if not finite[i]:
+            continue
+        if len(base) < MIN_BASELINE:
+            scores[i] = whole[i]
+        elif latency:
+            scores[i] = _latency_scores(values[i:i + 1], values[base], config)[0]
+        else:
+            scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config))
+        if not scores[i] >= config.threshold:
+            normal.append(i)
+    return scores
+
+
+def _baseline_rate(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> float:
+    """The larger of the median bucket rate and the pooled rate of the buckets at or below it, smoothed by one
+    event in the pooled count (so a series that never failed still has a finite, small rate)."""
     median = float(np.median(rates))
     low = rates <= median
-    pooled = (counts[low].sum() + 1.0) / (n[low].sum() + 2.0)
-    p = min(max(median, pooled, config.rate_floor), 0.5)
+    pooled = (np.round(rates * n)[low].sum() + 1.0) / (n[low].sum() + 2.0)
+    return min(max(median, pooled, config.rate_floor), 0.5)
 
-    def score(k: np.ndarray, m: np.ndarray) -> np.ndarray:
-        tail = binom.sf(k - 1, m, p)  # P(K >= k)
-        return np.where(k > m * p, np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0), 0.0)
 
-    # A rare event spread thinly over a long fault shows in two buckets pooled before it shows in one.
-    pair_k, pair_n = counts + np.concatenate([[0.0], counts[:-1]]), n + np.concatenate([[0.0], n[:-1]])
-    return np.maximum(score(counts, n), score(pair_k, pair_n))
+def _tail_score(k: np.ndarray, m: np.ndarray, p: float) -> np.ndarray:
+    """The binomial upper tail P(K ≥ k) of counts k out of m at rate p, as a normal score (0 at or below m·p)."""
+    above = k > m * p
+    out = np.zeros(len(k))
+    if above.any():
+        tail = binom.sf(k[above] - 1, m[above], p)
+        out[above] = np.minimum(norm.isf(np.clip(tail, 1e-300, 1.0)), 40.0)
+    return out
+
+
+def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> np.ndarray:
+    """Per bucket, the binomial upper tail of its count under the series' baseline rate (`_baseline_rate`), as
+    a normal score (exact for the small counts that a rare event gives). A rare event spread thinly over a long
+    fault (a component failing a few percent of its calls) shows in buckets pooled over a few minutes before it
+    shows in one: the bucket alone, and with the 1, 3 and 7 before."""
+    counts = np.round(rates * n)
+    p = _baseline_rate(rates, n, config)
+    best = _tail_score(counts, n, p)
+    for width in POOLED_BUCKETS:
+        pooled_k = np.convolve(counts, np.ones(width))[:len(counts)]
+        pooled_n = np.convolve(n, np.ones(width))[:len(n)]
+        best = np.maximum(best, _tail_score(pooled_k, pooled_n, p))
+    return best
+
+
+def _rate_score_at(rates: np.ndarray, n: np.ndarray, i: int, p: float) -> float:
+    """`_rate_scores` of bucket i alone, at baseline rate p."""
+    counts = np.round(rates * n)
+    widths = (1, *POOLED_BUCKETS)
+    k = np.array([counts[max(0, i - w + 1):i + 1].sum() for w in widths])
+    m = np.array([n[max(0, i - w + 1):i + 1].sum() for w in widths])
+    return float(_tail_score(k, m, p).max())
 
 
 def _mad(deviations: np.ndarray) -> float:
@@ -224,10 +298,11 @@ def _mad(deviations: np.ndarray) -> float:
     return float(np.median(np.abs(deviations)) * 1.4826)
 
 
-def _baselines(table: pd.DataFrame, scope: str, key: str) -> dict[str, float]:
+def _baselines(table: pd.DataFrame, scope: str, key: str,
+               metrics: dict[str, tuple[str, str, str]] = METRICS) -> dict[str, float]:
     part = table[table[scope] == key]
     out = {}
-    for metric, (_, kind, _) in METRICS.items():
+    for metric, (_, kind, _) in metrics.items():
         if kind == "latency":
             values = part.loc[part[f"{metric}_n"] >= 1, metric]
             out[metric] = float(np.exp(np.median(values)) / 1e6) if len(values) else float("nan")
@@ -236,26 +311,9 @@ def _baselines(table: pd.DataFrame, scope: str, key: str) -> dict[str, float]:
     return out
 
 
-def change_point(values: np.ndarray, rising: bool = True) -> int | None:
-    """Index of the first value after the single least-squares mean shift in `values` (one step of binary
-    segmentation); None when no split raises (rising) or lowers (not rising) the mean."""
-    n = len(values)
-    if n < 2:
-        return None
-    cumulative = np.cumsum(values)
-    total = cumulative[-1]
-    k = np.arange(1, n)
-    left_mean = cumulative[:-1] / k
-    right_mean = (total - cumulative[:-1]) / (n - k)
-    gain = k * (n - k) / n * (left_mean - right_mean) ** 2
-    direction = right_mean > left_mean if rising else right_mean < left_mean
-    gain = np.where(direction, gain, -1.0)
-    best = int(np.argmax(gain))
-    return best + 1 if gain[best] > 0 else None
-
-
-def _request_values(requests: pd.DataFrame, metric: str) -> np.ndarray:
-    column, kind, _ = METRICS[metric]
+def _request_values(requests: pd.DataFrame, metric: str,
+                    metrics: dict[str, tuple[str, str, str]] = METRICS) -> np.ndarray:
+    column, kind, _ = metrics[metric]
     values = requests[column].to_numpy(dtype=float)
     if kind == "latency":
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -263,13 +321,14 @@ def _request_values(requests: pd.DataFrame, metric: str) -> np.ndarray:
     return values
 
 
-def _refine(rows: pd.DataFrame, metric: str, lo_ns: int, hi_ns: int, rising: bool) -> int | None:
+def _refine(rows: pd.DataFrame, metric: str, lo_ns: int, hi_ns: int, rising: bool,
+            metrics: dict[str, tuple[str, str, str]] = METRICS) -> int | None:
     """Arrival time of the first request after the change-point in [lo_ns, hi_ns)."""
     window = rows[(rows["arrival_ns"] >= lo_ns) & (rows["arrival_ns"] < hi_ns)]
-    values = _request_values(window, metric)
+    values = _request_values(window, metric, metrics)
     keep = np.isfinite(values)
     times = window["arrival_ns"].to_numpy()[keep]
-    at = change_point(values[keep], rising)
+    at = mean_shift(values[keep], rising)
     return None if at is None else int(times[at])
 
 
@@ -286,8 +345,9 @@ def _runs(buckets: np.ndarray, gap: int, min_buckets: int) -> list[tuple[int, in
 
 
 def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, start_ns: int, bucket_ns: int,
-                      config: DetectionConfig) -> list[SeriesAnomaly]:
-    score_columns = [f"{m}_score" for m in METRICS]
+                      config: DetectionConfig,
+                      metrics: dict[str, tuple[str, str, str]] = METRICS) -> list[SeriesAnomaly]:
+    score_columns = [f"{m}_score" for m in metrics]
     scores = table[score_columns].to_numpy(dtype=float)
     worst = np.nanmax(np.where(np.isfinite(scores), scores, -np.inf), axis=1)
     table = table.assign(worst=worst)
@@ -298,31 +358,43 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
         if hot.empty:
             continue
         rows = requests[requests[scope] == key]
-        baselines = _baselines(table, scope, str(key))
+        baselines = _baselines(table, scope, str(key), metrics)
         for first, last, count in _runs(hot["bucket"].to_numpy(), gap, config.min_buckets):
             run = part[(part["bucket"] >= first) & (part["bucket"] <= last)]
             totals = {m: float(np.nansum(np.clip(run[f"{m}_score"].to_numpy(dtype=float) - config.threshold, 0, None)))
-                      for m in METRICS}
+                      for m in metrics}
             dominant = max(totals, key=lambda m: totals[m])
+            if metrics[dominant][1] == "rate":
+                # a rate pooled over the buckets before stays high after its events stopped: the anomaly ends
+                # with the last bucket that had more of them than the baseline rate
+                excess = run.loc[run[dominant].to_numpy(dtype=float) > baselines[dominant], "bucket"]
+                if len(excess):
+                    last = int(excess.max())
+                # ... and begins with the first of the contiguous buckets above the baseline rate that the pooled
+                # window which fired covered (a rare event shows in a pooled window a few buckets after it began)
+                rates = part.set_index("bucket")[dominant]
+                earliest = first - max(POOLED_BUCKETS) + 1
+                while first - 1 >= earliest and first - 1 in rates.index and rates[first - 1] > baselines[dominant]:
+                    first -= 1
             onset = start_ns + first * bucket_ns
             end = start_ns + (last + 1) * bucket_ns
-            refined = _refine(rows, dominant, onset - 2 * bucket_ns, onset + bucket_ns, rising=True)
+            refined = _refine(rows, dominant, onset - 2 * bucket_ns, onset + bucket_ns, True, metrics)
             if refined is not None:
                 onset = refined
-            refined = _refine(rows, dominant, end - bucket_ns, end + 2 * bucket_ns, rising=False)
+            refined = _refine(rows, dominant, end - bucket_ns, end + 2 * bucket_ns, False, metrics)
             if refined is not None and refined > onset + bucket_ns:
                 end = refined
             inside = rows[(rows["arrival_ns"] >= onset) & (rows["arrival_ns"] < end)]
             shifts = []
-            for metric in sorted(METRICS, key=lambda m: -totals[m]):
+            for metric in sorted(metrics, key=lambda m: -totals[m]):
                 peak = float(np.nanmax(run[f"{metric}_score"].to_numpy(dtype=float), initial=-np.inf))
                 if peak < config.threshold:
                     continue
-                values = _request_values(inside, metric)
+                values = _request_values(inside, metric, metrics)
                 values = values[np.isfinite(values)]
                 if not len(values):
                     continue
-                latency = METRICS[metric][1] == "latency"
+                latency = metrics[metric][1] == "latency"
                 observed = float(np.exp(values.mean()) / 1e6) if latency else float(values.mean())
                 shifts.append(MetricShift(metric, baselines[metric], observed, peak))
             if not shifts:
@@ -332,9 +404,11 @@ def _series_anomalies(requests: pd.DataFrame, table: pd.DataFrame, scope: str, s
     return anomalies
 
 
-def _group(models: list[SeriesAnomaly], tenants: list[SeriesAnomaly], config: DetectionConfig) -> list[Incident]:
-    """Union of model anomalies that overlap in time with onsets within `stagger_s`."""
-    ordered = sorted(models, key=lambda a: a.onset_ns)
+def _group(models: list[SeriesAnomaly], tenants: list[SeriesAnomaly], components: list[SeriesAnomaly],
+           served: dict[str, tuple[str, ...]], config: DetectionConfig) -> list[Incident]:
+    """Union of model and component anomalies that overlap in time with onsets within `stagger_s`. An incident's
+    models are its model anomalies', or when it has none, those its components serve."""
+    ordered = sorted(models + components, key=lambda a: a.onset_ns)
     parent = list(range(len(ordered)))
 
     def find(i: int) -> int:
@@ -360,59 +434,96 @@ def _group(models: list[SeriesAnomaly], tenants: list[SeriesAnomaly], config: De
         end = max(a.end_ns for a in members)
         severity = sum(a.anomalous_buckets * np.log1p(a.peak_score / config.threshold) for a in members)
         attached = tuple(t for t in tenants if t.onset_ns < end and onset < t.end_ns)
-        incidents.append(Incident(0, onset, end, tuple(sorted({a.key for a in members})),
-                                  tuple(sorted({t.key for t in attached})), tuple(members), attached,
-                                  float(severity)))
+        on_models = tuple(a for a in members if a.scope == "model")
+        on_components = tuple(a for a in members if a.scope == "component")
+        keys = {a.key for a in on_models} or {m for a in on_components for m in served.get(a.key, ())}
+        if not keys:
+            continue
+        incidents.append(Incident(0, onset, end, tuple(sorted(keys)), tuple(sorted({t.key for t in attached})),
+                                  on_models, attached, float(severity), on_components))
     incidents.sort(key=lambda i: (-i.severity, i.onset_ns))
-    return [Incident(k + 1, *(getattr(i, f) for f in ("onset_ns", "end_ns", "models", "tenants", "anomalies",
-                                                      "tenant_anomalies", "severity")))
-            for k, i in enumerate(incidents)]
+    return [replace(i, id=k + 1) for k, i in enumerate(incidents)]
 
 
-def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = None) -> AnomalyReport:
-    """Anomalies and incidents in `request_outcomes` rows (see `load_requests`)."""
+def calls_by_component(paths: pd.DataFrame) -> pd.DataFrame:
+    """Per call to a component instance (a `request_paths` row that is not an engine's): its arrival, its service
+    time (latency less any wait for a worker; a global queue's whole hold), whether it failed and whether it
+    rejected the request."""
+    calls = paths[~paths["kind"].isin(ENGINE_KINDS)]
+    latency = calls["latency_ns"].to_numpy(dtype=float)
+    queue = calls["queue_ns"].to_numpy(dtype=float, na_value=np.nan) if "queue_ns" in calls else np.zeros(len(calls))
+    outcome = calls["outcome"].to_numpy(dtype=object)
+    return pd.DataFrame({"component": calls["instance"].to_numpy(dtype=object),
+                         "arrival_ns": calls["start_ns"].to_numpy(),
+                         "service_ns": latency - np.where(np.isfinite(queue), queue, 0.0),
+                         "failed": np.isin(outcome, ["error", "timeout"]),
+                         "rejected": outcome == "rejected"})
+
+
+def _heatmap(table: pd.DataFrame, scope: str, start_ns: int, bucket_ns: int,
+             metrics: dict[str, tuple[str, str, str]]) -> list[BucketScore]:
+    scores = table[[f"{m}_score" for m in metrics]].to_numpy(dtype=float)
+    filled = np.where(np.isfinite(scores), scores, -np.inf)
+    best = np.argmax(filled, axis=1)
+    names = list(metrics)
+    cells = []
+    for (key, bucket, n), b, row in zip(table[[scope, "bucket", "n"]].itertuples(index=False), best, filled,
+                                        strict=True):
+        value = row[b]
+        cells.append(BucketScore(scope, str(key), start_ns + int(bucket) * bucket_ns,
+                                 float(value) if np.isfinite(value) else 0.0, names[b], int(n)))
+    return cells
+
+
+def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = None,
+                       paths: pd.DataFrame | None = None) -> AnomalyReport:
+    """Anomalies and incidents in `request_outcomes` rows (see `load_requests`), and, given `request_paths` rows,
+    in each component instance's own calls."""
     config = config or DetectionConfig()
     bucket_ns = int(config.bucket_s * 1e9)
     if requests.empty:
         return AnomalyReport(0, 0, config, 0, (), (), ())
     start_ns = int(requests["arrival_ns"].min())
     end_ns = int(requests["end_ns"].max())
-    found: dict[str, list[SeriesAnomaly]] = {}
+    found: dict[str, list[SeriesAnomaly]] = {"component": []}
     heatmap: list[BucketScore] = []
-    for scope in SCOPES:
-        table = _bucket_table(requests, scope, start_ns, bucket_ns, config)
-        found[scope] = _series_anomalies(requests, table, scope, start_ns, bucket_ns, config)
-        score_columns = [f"{m}_score" for m in METRICS]
-        scores = table[score_columns].to_numpy(dtype=float)
-        filled = np.where(np.isfinite(scores), scores, -np.inf)
-        best = np.argmax(filled, axis=1)
-        names = list(METRICS)
-        for (key, bucket, n), b, row in zip(table[[scope, "bucket", "n"]].itertuples(index=False), best, filled,
-                                            strict=True):
-            value = row[b]
-            heatmap.append(BucketScore(scope, str(key), start_ns + int(bucket) * bucket_ns,
-                                       float(value) if np.isfinite(value) else 0.0, names[b], int(n)))
-    incidents = _group(found["model"], found["tenant"], config)
-    anomalies = tuple(sorted(found["model"] + found["tenant"], key=lambda a: (a.onset_ns, a.scope, a.key)))
+    series = [(scope, requests, METRICS) for scope in SCOPES]
+    served: dict[str, tuple[str, ...]] = {}
+    if paths is not None and len(paths):
+        calls = calls_by_component(paths)
+        series.append(("component", calls, COMPONENT_METRICS))
+        known = paths.dropna(subset=["instance", "model"])
+        served = {str(i): tuple(sorted(part.unique())) for i, part in known.groupby("instance")["model"]}
+    for scope, rows, metrics in series:
+        table = _bucket_table(rows, scope, start_ns, bucket_ns, config, metrics)
+        found[scope] = _series_anomalies(rows, table, scope, start_ns, bucket_ns, config, metrics)
+        heatmap += _heatmap(table, scope, start_ns, bucket_ns, metrics)
+    incidents = _group(found["model"], found["tenant"], found["component"], served, config)
+    anomalies = tuple(sorted(found["model"] + found["tenant"] + found["component"],
+                             key=lambda a: (a.onset_ns, a.scope, a.key)))
     return AnomalyReport(start_ns, end_ns, config, len(requests), anomalies, tuple(incidents), tuple(heatmap))
 
 
 def detect_anomalies(store: Store, config: DetectionConfig | None = None) -> AnomalyReport:
-    """Anomalies per model and tenant, and the incidents they form, over everything in the store."""
-    return detect_in_requests(load_requests(store), config)
+    """Anomalies per model, tenant and component instance, and the incidents they form, over everything in the
+    store."""
+    return detect_in_requests(load_requests(store), config, load_paths(store))
 
 
 # ------------------------------------------------------------------------------ request-level flags
 def request_scores(requests: pd.DataFrame, windows: list[tuple[int, int]],
-                   config: DetectionConfig | None = None) -> pd.DataFrame:
+                   config: DetectionConfig | None = None, baseline: np.ndarray | None = None) -> pd.DataFrame:
     """Per request: whether it is anomalous and why. Failed, rate-limited and truncated requests are; so is a
     request whose TTFT or decode time per token scores at least `request_threshold` against its model's
-    requests outside every window in `windows` (the baseline). Columns: anomalous, reason, score."""
+    baseline requests: those marked in `baseline`, else those outside every window in `windows`. Columns:
+    anomalous, reason, score (the largest robust latency score), slowest (its metric: ttft or tpot)."""
     config = config or DetectionConfig()
     arrival = requests["arrival_ns"].to_numpy()
     outside = np.ones(len(requests), dtype=bool)
     for lo, hi in windows:
         outside &= ~((arrival >= lo) & (arrival < hi))
+    if baseline is not None:
+        outside = baseline
     score = np.zeros(len(requests))
     reason = np.full(len(requests), "", dtype=object)
     models = requests["model"].to_numpy()
@@ -432,23 +543,17 @@ def request_scores(requests: pd.DataFrame, windows: list[tuple[int, int]],
         better = np.isfinite(z) & (z > score)
         score = np.where(better, z, score)
         reason = np.where(better, metric, reason)
+    slowest = reason.copy()  # the latency metric that scored highest, anomalous or not
     anomalous = score >= config.request_threshold
     for flag, why in (("truncated", "truncated"), ("rejected", "rate_limited"), ("failed", "error")):
         hit = requests[flag].to_numpy(dtype=bool)
         anomalous |= hit
         reason = np.where(hit, why, reason)
     reason = np.where(anomalous, reason, "")
-    return pd.DataFrame({"anomalous": anomalous, "reason": reason, "score": score}, index=requests.index)
+    return pd.DataFrame({"anomalous": anomalous, "reason": reason, "score": score, "slowest": slowest},
+                        index=requests.index)
 
 
 # ----------------------------------------------------------------------------------------- wording
 def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%H:%M:%S")
-
-
-def _ms(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    if value >= 10:
-        return f"{value:.0f} ms"
-    return f"{value:.2f} ms"

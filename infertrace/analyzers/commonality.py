@@ -3,7 +3,9 @@ requests against all requests, with lift and a significance test.
 
 For every value of every attribute (tenant, model, prompt-length bucket, prefix-cache hit, assistant
 prefill, route target, system prompt), the share among the selected requests is compared with the share
-among all requests: lift = share(selected) / share(all). Fisher's exact test (one-sided, scipy) on the 2×2
+among all requests: lift = share(selected) / share(all). What only an engine records (system prompt, prefix
+hit, assistant prefill, route target) is unknown for a request rejected before reaching one, and such a
+request has no value of it (an unknown is not "none"). Fisher's exact test (one-sided, scipy) on the 2×2
 table selected-vs-rest × has-value-vs-not gives a p-value, Bonferroni-corrected for the number of values
 tested. A value is reported when it is significant and present in at least `min_support` of the selection.
 
@@ -35,21 +37,34 @@ def _prompt_bucket(tokens: pd.Series) -> pd.Series:
     return pd.Series(labels, index=tokens.index)
 
 
-def _yes_no(mask: pd.Series) -> pd.Series:
-    return pd.Series(np.where(mask.to_numpy(dtype=bool), "yes", "no"), index=mask.index)
+def _reached_engine(requests: pd.DataFrame) -> np.ndarray:
+    """Whether each request reached an engine: what only an engine records (its system prompt, its prefix-cache
+    hit, its assistant prefill) is unknown for the others (rejected before any engine), not "none"."""
+    if "pre_engine_ns" not in requests:
+        return np.ones(len(requests), dtype=bool)
+    return requests["pre_engine_ns"].notna().to_numpy()
 
 
-# attribute -> (how to read it from request_outcomes rows, how a sentence names a value)
+def _engine_value(requests: pd.DataFrame, values: np.ndarray) -> pd.Series:
+    return pd.Series(np.where(_reached_engine(requests), values, None), index=requests.index, dtype=object)
+
+
+def _yes_no(requests: pd.DataFrame, mask: pd.Series) -> pd.Series:
+    return _engine_value(requests, np.where(mask.to_numpy(dtype=bool), "yes", "no"))
+
+
+# attribute -> (how to read it from request_outcomes rows, None where unknown; how a sentence names a value)
 ATTRIBUTES: dict[str, tuple[Callable[[pd.DataFrame], pd.Series], Callable[[str], str]]] = {
-    "assistant_prefill": (lambda r: _yes_no(r["assistant_prefill_tokens"].fillna(0) > 0),
+    "assistant_prefill": (lambda r: _yes_no(r, r["assistant_prefill_tokens"].fillna(0) > 0),
                           lambda v: "an assistant prefill" if v == "yes" else "no assistant prefill"),
-    "prefix_cache_hit": (lambda r: _yes_no(r["cached_tokens"].fillna(0) > 0),
+    "prefix_cache_hit": (lambda r: _yes_no(r, r["cached_tokens"].fillna(0) > 0),
                          lambda v: "a prefix-cache hit" if v == "yes" else "no prefix-cache hit"),
     "prompt_tokens": (lambda r: _prompt_bucket(r["input_tokens"]), lambda v: f"a prompt of {v} tokens"),
     "tenant": (lambda r: r["tenant"].fillna("unknown").astype(str), lambda v: f"tenant {v}"),
     "model": (lambda r: r["model"].fillna("unknown").astype(str), lambda v: f"model {v}"),
     "route_target": (lambda r: r["route_target"].astype(object), lambda v: f"route target {v}"),
-    "system_prompt": (lambda r: r["system_prompt_id"].fillna("none").astype(str), lambda v: f"system prompt {v}"),
+    "system_prompt": (lambda r: _engine_value(r, r["system_prompt_id"].fillna("none").astype(str).to_numpy()),
+                      lambda v: f"system prompt {v}"),
 }
 
 
@@ -106,7 +121,7 @@ def attribute_lift(requests: pd.DataFrame, selected: np.ndarray | pd.Series, alp
         values = ATTRIBUTES[attribute][0](requests).to_numpy()
         for value in pd.unique(values):
             if value is None or (isinstance(value, float) and np.isnan(value)):
-                continue  # not routed (rejected before the router): a consequence, not a common trait
+                continue  # unknown (rejected before the router or any engine): a consequence, not a common trait
             has = values == value
             if has.all():
                 continue  # a value every request has says nothing

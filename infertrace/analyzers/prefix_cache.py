@@ -6,6 +6,15 @@ cache when its requests carry a shared system prompt of at least one whole KV bl
 prompt before, and yet most of them read fewer cached tokens than the prompt's whole blocks: the prompts
 share text but not whole leading blocks (e.g. a per-request timestamp placed before the system prompt).
 Savings price cached input tokens at a discount: `PriceTable` per model, in dollars per million tokens.
+
+KV tiers: an engine with a host-memory (or remote) KV tier behind its GPU, or with reuse accounting on, says on
+each prefill span where the prompt's cached tokens came from and how many it recomputed because they had been
+evicted from every tier (`infertrace.prefill.kv_*`). `by_tier` gives each such engine's hit rate per tier and the
+time its steps spent copying KV back; `capacity` what more capacity would buy: the prompt tokens that would have
+hit had the cache held that many more blocks (an evicted run is kept when the evictions since it left are at
+most the extra blocks: LRU's stack-distance rule), for +½, +1, +2, +4 and +8 times the engine's KV capacity (GPU
+and tiers) and without limit. It is an estimate: hits that more capacity adds do not change later evictions here.
+Engines that do not report these attributes are listed in `tiers_not_analysed`, with the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from infertrace.analyzers import query_text
+from infertrace.analyzers.roofline import MODELS
 from infertrace.store.store import Store
 
 
@@ -68,6 +79,39 @@ class Billing:
 
 
 @dataclass(frozen=True)
+class TierHits:
+    """One engine's prefix hits by where they were found, over its requests' first scheduling."""
+
+    instance: str
+    model: str
+    requests: int
+    input_tokens: int
+    device_tokens: int
+    host_tokens: int
+    remote_tokens: int
+    hit_rate: float  # all tiers
+    device_hit_rate: float
+    host_hit_rate: float
+    remote_hit_rate: float
+    gpu_blocks: int
+    host_tier_blocks: int  # 0: none
+    remote_tier_blocks: int
+    load_s: float  # steps' time copying KV back from the tiers
+    evicted_tokens: int  # recomputed for lack of capacity
+
+
+@dataclass(frozen=True)
+class CapacityWhatIf:
+    """Prompt tokens an engine would have read from its cache with more capacity (an LRU estimate)."""
+
+    instance: str
+    extra_blocks: int | None  # None: without limit
+    extra_gb: float | None  # None: unknown model, or without limit
+    added_hit_tokens: int
+    hit_rate: float  # with that capacity
+
+
+@dataclass(frozen=True)
 class PrefixCacheAnalysis:
     by_tenant: tuple[CacheGroup, ...]
     by_model: tuple[CacheGroup, ...]
@@ -75,6 +119,9 @@ class PrefixCacheAnalysis:
     busting: tuple[CacheBusting, ...]
     billing: Billing
     block_size: int
+    by_tier: tuple[TierHits, ...] = ()
+    capacity: tuple[CapacityWhatIf, ...] = ()
+    tiers_not_analysed: tuple[str, ...] = ()  # engines without tier attributes, and why
 
 
 def _groups(df: pd.DataFrame, column: str) -> tuple[CacheGroup, ...]:
@@ -136,5 +183,38 @@ def analyze_prefix_cache(store: Store, prices: PriceTable | None = None, block_s
                 (run[-1] + 1) * width, len(hit), int(hit["full_hit"].sum()), round(float(hit["full_hit"].mean()), 4),
                 None if other_rate is None else round(other_rate, 4), lost,
                 round(lost * (price.input_per_mtok - price.cached_input_per_mtok) / 1e6, 6)))
+    by_tier, capacity = _tiers(store)
+    silent = sorted(set(df["instance"].dropna()) - {t.instance for t in by_tier})
+    notes = tuple(f"{i}: no KV tier and no reuse accounting; hits by tier and what capacity would buy are not "
+                  f"reported (infertrace.prefill.kv_* attributes)" for i in silent)
     return PrefixCacheAnalysis(_groups(df, "tenant"), _groups(df, "model"), _groups(df, "system_prompt_id"),
-                               tuple(busting), billing, block_size)
+                               tuple(busting), billing, block_size, by_tier, capacity, notes)
+
+
+def _rate(part: float, whole: float) -> float:
+    return float(round(part / whole, 4)) if whole else 0.0
+
+
+def _tiers(store: Store) -> tuple[tuple[TierHits, ...], tuple[CapacityWhatIf, ...]]:
+    rows = store.sql(query_text("prefix_cache_tiers")).df()
+    by_tier, capacity = [], []
+    for instance, r in rows.groupby("instance", sort=True):
+        e = r.iloc[0]
+        model, block_size = str(e["model"]), int(e["block_size"] or 16)
+        inputs = int(r["input_tokens"].sum())
+        device, host, remote = (int(r[c].sum()) for c in ("device_tokens", "host_tokens", "remote_tokens"))
+        hits = device + host + remote
+        blocks = [int(e[c] or 0) for c in ("gpu_blocks", "host_tier_blocks", "remote_tier_blocks")]
+        by_tier.append(TierHits(str(instance), model, len(r), inputs, device, host, remote, _rate(hits, inputs),
+                                _rate(device, inputs), _rate(host, inputs), _rate(remote, inputs), *blocks,
+                                float(e["load_ns"]) / 1e9, int(r["evicted_tokens"].sum())))
+        shape = MODELS.get(model)
+        block_gb = shape.kv_bytes_per_token * block_size / 1e9 if shape else None
+        total = sum(blocks)
+        reuse, evicted = r["evicted_reuse_blocks"].to_numpy(), r["evicted_tokens"].to_numpy()
+        for extra in [*(round(total * f) for f in (0.5, 1, 2, 4, 8)), None]:
+            kept = evicted if extra is None else evicted[(reuse > 0) & (reuse <= extra)]
+            added = int(kept.sum())
+            capacity.append(CapacityWhatIf(str(instance), extra, None if extra is None or block_gb is None
+                                           else round(extra * block_gb, 3), added, _rate(hits + added, inputs)))
+    return tuple(by_tier), tuple(capacity)

@@ -1,23 +1,23 @@
-"""Root-cause ranking for multi-model incidents: which shared component instance (auth, rate limiter,
-router, global queue, KV link), or which model's engines, most likely caused an incident, with evidence.
+"""Root-cause ranking for multi-model incidents: which shared component instance (auth, rate limiter, router,
+global queue, KV link), which model's engines, or which tenant's traffic (load) most likely caused an
+incident, with evidence. docs/rca.md explains every signal with a worked example.
 
-Candidates are every component instance in the traces' topology and, per model, its engines. Each is
-scored as
+For each incident that `anomalies.detect_in_requests` finds:
 
-    score = Ochiai coverage × own anomaly
-
-- Ochiai coverage, over the requests that arrived during the incident: e_f anomalous requests passed through
-  the candidate, n_f anomalous requests did not, e_p normal requests did;
-  ochiai = e_f / sqrt((e_f + n_f)(e_f + e_p)). A request is anomalous when it failed, was rate limited, was
-  cut at max_tokens, or its TTFT or decode time per token scored robustly high against its model's requests
-  outside the incident (`anomalies.request_scores`). One anomalous model: its engines cover exactly the
-  anomalous requests; several: the shared component that serves exactly them does.
-- Own anomaly, from the candidate's own spans: the rise, from outside the incident to inside it, in the
-  share of its calls slower than its own normal range (route, auth, rate-limit, queue and KV-transfer spans;
-  for engines their own TTFT from arrival at the engine, and decode time per token), of its errors and of
-  its rejections (429). It lies in [0, 1]: 0.97 reads "97% more of its calls were slow than before". A
-  component that merely carries the anomalous requests (an auth in front of a broken router) covers them as
-  well as the culprit but has no anomaly of its own.
+1. **Baseline before the first deviation.** Every candidate's own signals (`signals.py`) are measured, window
+   against the time before the incident. A candidate that changed significantly gets its own onset, fitted on
+   the trend of its main signal (`changepoint.trend_onset`): a component that slowed over five minutes started
+   minutes before the models' anomaly crossed a threshold. The baseline is then taken again, before the first
+   of those onsets, and the window starts there.
+2. **Blame along the call path** (`blame.py`). Each anomalous request is blamed on the hop where it went wrong,
+   then passed on from effect to cause: waits to what made them wait, a limiter's 429s to the extra traffic or
+   the retries behind them.
+3. **Split by cause.** A candidate that explains a good part of the anomalous requests on its own (its own
+   change significant) forms its own incident: two unrelated culprits whose onsets lie close together, or another
+   model's engines slowing meanwhile, are not one incident.
+4. **Rank.** Within each incident, candidates by their blame share (blamed requests over the incident's
+   anomalous requests), then by their own anomaly. Ochiai coverage (e_f anomalous requests through it, n_f not,
+   e_p normal ones through it) is reported as evidence.
 
     report = analyze_incidents(store)
     for d in report.diagnoses: print(d.causes[0].sentence())
@@ -25,93 +25,48 @@ scored as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from infertrace.analyzers import materialize_once, query_text
 from infertrace.analyzers.anomalies import (
     AnomalyReport,
     DetectionConfig,
     Incident,
     _clock,
-    _ms,
     detect_in_requests,
-    load_requests,
     request_scores,
 )
-from infertrace.analyzers.commonality import Commonality, attribute_lift
-from infertrace.analyzers.topology import (
-    SHARED_KINDS,
-    Topology,
-    load_paths,
-    topology_from_paths,
+from infertrace.analyzers.blame import BlameContext, Blamed, blame_requests, soft_weight
+from infertrace.analyzers.candidates import (
+    Candidate,
+    OwnAnomaly,
+    RcaInputs,
+    Window,
+    candidates,
+    first_attempts,
+    own_onset,
+    own_signals,
 )
+from infertrace.analyzers.commonality import Commonality, attribute_lift
+from infertrace.analyzers.topology import Topology
 from infertrace.store.store import Store
 
-# What a component's own spans are called in sentences.
-SPAN_WORDS = {"auth": "auth", "rate_limiter": "rate-limit", "router": "route", "scheduler": "global-queue",
-              "link": "KV-transfer"}
-LATENCY_FLOOR_NS = 500_000  # a component call must be this much slower than its normal range to count as slow
-# A call (or step) is slow when its log latency (or log step-time ratio) lies more than SLOW_Z robust standard
-# deviations (1.4826 × MAD, at least LOG_SCALE_FLOOR) above the baseline median. Median and MAD, not a high
-# quantile: a p99 breaks down when 1% of the baseline is itself anomalous (a blip elsewhere in the period, or
-# the first minute of the fault when the onset is estimated late); the MAD holds up to half.
-SLOW_Z = 3.5
-LOG_SCALE_FLOOR = 0.05
+__all__ = ["Candidate", "IncidentDiagnosis", "OwnAnomaly", "RankedCause", "RcaInputs", "RcaReport",
+           "analyze_incidents", "analyze_inputs", "candidates", "describe", "diagnose", "ochiai"]
 
-
-@dataclass(frozen=True)
-class Candidate:
-    id: str  # the instance (service.instance.id, or the link's name), or "<model> engines"
-    kind: str  # auth, rate_limiter, router, scheduler, link, or engines
-    instances: tuple[str, ...]
-    models: tuple[str, ...]
-
-    @property
-    def shared(self) -> bool:
-        """A shared gateway component, as opposed to a model's own data path (engines, KV link)."""
-        return self.kind in SHARED_KINDS
-
-
-@dataclass(frozen=True)
-class OwnAnomaly:
-    """How the candidate's own spans changed: the signal with the largest rise."""
-
-    score: float  # in [0, 1]
-    signal: str  # "latency", "step_time", "errors", "rejections" or "none"
-    what: str  # e.g. "route latency", "engine step time for its work"
-    share_before: float  # share of calls (steps) slow, failed or rejected outside the incident
-    share_during: float
-    median_before: float  # latency in ms, or step time over the baseline fit's prediction (×)
-    median_during: float
-    threshold: float  # what a slow call exceeds: the top of its normal range, in the same unit
-    calls_before: int
-    calls_during: int
-
-    def phrase(self) -> str:
-        if self.signal == "latency":
-            return (f"{self.what} median {_ms(self.median_before)} → {_ms(self.median_during)}; "
-                    f"{self.share_during:.0%} of its {self.calls_during} calls during the incident exceeded its "
-                    f"normal range ({_ms(self.threshold)}), against {self.share_before:.0%} before")
-        if self.signal == "step_time":
-            return (f"its steps took {self.median_during:.2f}× the time its own baseline predicts for the same work "
-                    f"(prefill, decode and context tokens), against {self.median_before:.2f}× before; "
-                    f"{self.share_during:.0%} of its {self.calls_during} steps during the incident exceeded the "
-                    f"normal range ({self.threshold:.2f}×), against {self.share_before:.0%} before")
-        if self.signal in ("errors", "rejections"):
-            word = "failed" if self.signal == "errors" else "were rejected (429)"
-            return (f"{self.share_during:.1%} of its {self.calls_during} calls during the incident {word}, "
-                    f"against {self.share_before:.1%} before")
-        return "no change in its own spans"
+PASS1_MARGIN_S = 300.0  # before onsets are known, the baseline ends this long (at most half of it) before detection
+SPLIT_SHARE = 0.02  # a candidate explaining this share of an incident's anomalous requests ...
+SPLIT_REQUESTS = 10  # ... and at least this many, with a significant change of its own, is an incident of its own
 
 
 @dataclass(frozen=True)
 class RankedCause:
     rank: int
     candidate: Candidate
-    score: float
+    score: float  # blame share: anomalous requests blamed on it over the incident's anomalous requests
     ochiai: float
     e_f: int  # anomalous requests through the candidate
     n_f: int  # anomalous requests not through it
@@ -119,16 +74,43 @@ class RankedCause:
     own: OwnAnomaly
     anomalous_models: tuple[str, ...]  # the incident's models the candidate serves
     other_models: tuple[str, ...]  # models it serves that were not anomalous
+    blamed: float = 0.0  # troubled requests blamed on it, by weight (blame.py)
+    troubled: float = 0.0  # the incident's troubled requests, by weight
+    received: tuple[tuple[str, float], ...] = ()  # blame that reached it from effects elsewhere: (how, requests)
+    passed_on: tuple[tuple[str, float], ...] = ()  # where its own symptoms' blame went: (candidate, requests)
+
+    def label(self) -> str:
+        c = self.candidate
+        if c.kind == "load":
+            main = self.own.main
+            factor = ""
+            if main is not None and main.name == "traffic" and main.significant:
+                factor = f" (×{main.factor:.1f} traffic" + (f" to {main.about})" if main.about else ")")
+            return f"load: tenant {c.tenant}{factor}"
+        return f"{c.id} ({c.kind})"
 
     def evidence(self) -> tuple[str, ...]:
         c = self.candidate
-        served = ", ".join(c.models) or "no model"
-        cover = (f"it serves {served}; {self.e_f} of the {self.e_f + self.n_f} anomalous requests passed through "
-                 f"it, and {self.e_p} normal ones (Ochiai {self.ochiai:.2f})")
-        if self.other_models:
-            cover += f"; it also serves {', '.join(self.other_models)}, which stayed normal"
-        return (f"{c.id} ({c.kind}): {cover}.", f"Its own spans: {self.own.phrase()}.",
-                f"Score {self.score:.2f} = Ochiai {self.ochiai:.2f} × own anomaly {self.own.score:.2f}.")
+        lines = []
+        if c.kind == "load":
+            reached = ", ".join(self.anomalous_models) or "no anomalous model"
+            lines.append(f"{self.label()}: its traffic reached {reached}.")
+        else:
+            served = ", ".join(c.models) or "no model"
+            cover = (f"it serves {served}; {self.e_f} of the {self.e_f + self.n_f} anomalous requests passed through "
+                     f"it, and {self.e_p} normal ones (Ochiai {self.ochiai:.2f})")
+            if self.other_models:
+                cover += f"; it also serves {', '.join(self.other_models)}, which stayed normal"
+            lines.append(f"{c.id} ({c.kind}): {cover}.")
+        lines.append(f"Its own spans: {self.own.phrase()}.")
+        lines.append(f"Blamed for {self.blamed:.0f} of the incident's {self.troubled:.0f} troubled requests (weighted; "
+                     f"share {self.score:.2f}).")
+        if self.received:
+            lines.append("Including " + "; ".join(f"{n:.0f} through {how}" for how, n in self.received[:3]) + ".")
+        if self.passed_on:
+            lines.append("Its own symptoms followed from elsewhere: " + "; ".join(
+                f"{n:.0f} requests' to {target}" for target, n in self.passed_on[:3]) + ".")
+        return tuple(lines)
 
     def sentence(self) -> str:
         """One line to paste into an incident channel."""
@@ -136,26 +118,42 @@ class RankedCause:
         serves = ", ".join(self.anomalous_models) or "none of the anomalous models"
         if self.other_models:
             serves += f" (and {', '.join(self.other_models)}, not anomalous)"
+        via = ""
+        if self.received:
+            how, n = self.received[0]
+            via = f", {n:.0f} of them through {how}"
+        symptom = ""
+        if self.passed_on and self.blamed < sum(n for _, n in self.passed_on):
+            target, n = self.passed_on[0]
+            symptom = f"; a symptom: {n:.0f} requests' trouble at it traces to {target}"
+        if c.kind == "load":
+            return (f"#{self.rank} {self.label()}, score {self.score:.2f}: reaches {serves}; "
+                    f"{self.blamed:.0f} of {self.troubled:.0f} troubled requests follow from it{via}; "
+                    f"{self.own.phrase()}.")
         return (f"#{self.rank} {c.id} ({c.kind}, score {self.score:.2f}): serves {serves}; "
-                f"{self.e_f}/{self.e_f + self.n_f} anomalous requests passed through it (Ochiai {self.ochiai:.2f}); "
-                f"{self.own.phrase()}.")
+                f"{self.blamed:.0f} of {self.troubled:.0f} troubled requests blamed on it{via} "
+                f"({self.e_f} of {self.e_f + self.n_f} anomalous ones passed through it, Ochiai {self.ochiai:.2f}); "
+                f"{self.own.phrase()}{symptom}.")
 
 
 @dataclass(frozen=True)
 class IncidentDiagnosis:
     incident: Incident
-    window_ns: tuple[int, int]  # the window the ranking used (the incident's, unless shifted)
+    window_ns: tuple[int, int]  # the window the ranking used
     requests: int  # requests that arrived in the window
     anomalous_requests: int
     causes: tuple[RankedCause, ...]  # best first
     commonality: Commonality | None
+    baseline_end_ns: int = 0  # the baseline ended here (before the first deviation)
+    detected: Incident | None = None  # the incident as detection found it (this may be a part of it)
 
     def summary(self) -> str:
         lines = [self.incident.sentence()]
         if self.causes:
             top = self.causes[0]
-            kind = "a shared component" if top.candidate.shared else "the models' own data path"
-            lines.append(f"Most likely cause: {top.candidate.id} ({kind}). " + " ".join(top.evidence()))
+            kind = ("load, not a component" if top.candidate.kind == "load"
+                    else "a shared component" if top.candidate.shared else "the models' own data path")
+            lines.append(f"Most likely cause: {top.label()} ({kind}). " + " ".join(top.evidence()))
         if self.commonality is not None and self.commonality.top() is not None:
             lines.append(self.commonality.top().sentence())  # type: ignore[union-attr]
         return "\n".join(lines)
@@ -165,38 +163,8 @@ class IncidentDiagnosis:
 class RcaReport:
     anomalies: AnomalyReport
     topology: Topology
-    diagnoses: tuple[IncidentDiagnosis, ...]  # one per incident, in the anomaly report's order
-
-
-@dataclass
-class RcaInputs:
-    """What the ranking reads from the store, loaded once (an incident can then be ranked under several
-    windows without going back to the store)."""
-
-    requests: pd.DataFrame  # request_outcomes
-    paths: pd.DataFrame  # request_paths
-    engines: pd.DataFrame  # engine_requests
-    steps: pd.DataFrame  # engine_steps
-    topology: Topology
-
-    @classmethod
-    def load(cls, store: Store) -> RcaInputs:
-        materialize_once(store, ("requests", "component_calls"))  # each read by several of the queries below
-        paths = load_paths(store)
-        engines = store.sql(query_text("engine_requests")).df()
-        steps = store.sql(query_text("engine_steps")).df()
-        return cls(load_requests(store), paths, engines, steps, topology_from_paths(paths))
-
-
-# ------------------------------------------------------------------------------------ candidates
-def candidates(topology: Topology) -> list[Candidate]:
-    """Every component instance, and every model's engines."""
-    out = [Candidate(n.instance, n.kind, (n.instance,), n.models) for n in topology.components()]
-    for model in topology.models:
-        engines = topology.engines(model)
-        if engines:
-            out.append(Candidate(f"{model} engines", "engines", engines, (model,)))
-    return out
+    diagnoses: tuple[IncidentDiagnosis, ...]  # one per incident (several when one detected incident had several
+    # causes), by severity
 
 
 def ochiai(e_f: int, n_f: int, e_p: int) -> float:
@@ -205,181 +173,381 @@ def ochiai(e_f: int, n_f: int, e_p: int) -> float:
     return float(e_f / denominator) if denominator > 0 else 0.0
 
 
-def _slow_log_threshold(logs: np.ndarray) -> float:
-    """Top of the normal range of log values: median + SLOW_Z robust standard deviations."""
-    median = float(np.median(logs))
-    scale = max(float(np.median(np.abs(logs - median))) * 1.4826, LOG_SCALE_FLOOR)
-    return median + SLOW_Z * scale
+# ------------------------------------------------------------------------------------ ranking
+def _baseline_medians(inputs: RcaInputs, w: Window) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Per instance, baseline medians of service time, wait (a global queue's hold), and engine TTFT."""
+    paths = inputs.paths
+    base = paths[w.before(paths["start_ns"].to_numpy()) & (paths["kind"] != "engine")]
+    queue = base["queue_ns"].to_numpy(dtype=float)
+    latency = base["latency_ns"].to_numpy(dtype=float)
+    scheduler = (base["kind"] == "scheduler").to_numpy()
+    frame = pd.DataFrame({"instance": base["instance"].to_numpy(),
+                          "service": np.where(scheduler, 0.0, latency - np.where(np.isfinite(queue), queue, 0.0)),
+                          "wait": np.where(scheduler, latency, np.where(np.isfinite(queue), queue, 0.0))})
+    medians = frame.groupby("instance")[["service", "wait"]].median()
+    engines = inputs.engines
+    engine_base = engines[w.before(engines["arrival_ns"].to_numpy())].groupby("instance")["engine_ttft_ns"].median()
+    return medians["service"].to_dict(), medians["wait"].to_dict(), engine_base.to_dict()
 
 
-def _latency_change(before: np.ndarray, during: np.ndarray, what: str, floor_ns: float) -> OwnAnomaly | None:
-    before, during = before[np.isfinite(before)], during[np.isfinite(during)]
-    if len(before) < 10 or not len(during):
-        return None
-    threshold = np.exp(_slow_log_threshold(np.log(np.maximum(before, 1.0)))) + floor_ns
-    share_before = float((before > threshold).mean())
-    share_during = float((during > threshold).mean())
-    return OwnAnomaly(max(share_during - share_before, 0.0), "latency", what, share_before, share_during,
-                      float(np.median(before)) / 1e6, float(np.median(during)) / 1e6, float(threshold) / 1e6,
-                      len(before), len(during))
+@dataclass
+class _Ranked:
+    """One incident's candidates with their own signals, the blame, and the troubled requests."""
+
+    window: Window
+    own: dict[str, OwnAnomaly]
+    cands: list[Candidate]
+    blamed: Blamed
+    troubled: pd.DataFrame  # req, model, tenant, reason, http_status, weight, flagged
+    inside: np.ndarray  # requests arriving in the window
+    models: tuple[str, ...]  # the detected incident's models
 
 
-def _rate_change(before: np.ndarray, during: np.ndarray, signal: str, what: str) -> OwnAnomaly | None:
-    if not len(before) or not len(during):
-        return None
-    share_before, share_during = float(before.mean()), float(during.mean())
-    return OwnAnomaly(max(share_during - share_before, 0.0), signal, what, share_before, share_during,
-                      float("nan"), float("nan"), float("nan"), len(before), len(during))
+def _rejection_router(inputs: RcaInputs, w: Window, loads: dict[str, float],
+                      triggers: dict[str, list[tuple[str, float]]]) -> Callable[[str, str], list[tuple[str, float]]]:
+    """Where a limiter's 429s for a tenant go. Its rejections of first attempts are explained, as far as they go,
+    by the tenant's extra first attempts (load), then by retries after its requests' failures elsewhere
+    (whatever those were blamed on); the rest are the limiter's own. A rejected retry is the same request again:
+    its 429 goes where the first attempts' did."""
+    requests = inputs.requests
+    t = requests["arrival_ns"].to_numpy()
+    during = w.during(t)
+    tenants = requests["tenant"].to_numpy(dtype=object)
+    first = first_attempts(requests)
+    paths = inputs.paths
+    rejected = paths[(paths["kind"] == "rate_limiter") & (paths["outcome"] == "rejected")
+                     & w.during(paths["start_ns"].to_numpy())]
+    rejected_first = rejected[first[rejected["req"].to_numpy()]]
+    counts = rejected_first.groupby(["instance", "tenant"]).size().to_dict()
+    failed = requests["failed"].to_numpy(dtype=bool)
+    before = w.before(t)
+    scale = (w.hi - w.lo) / 1e9 / max(w.baseline_s, 1e-9)
+    cache: dict[tuple[str, str], list[tuple[str, float]]] = {}
+
+    def route(limiter: str, tenant: str) -> list[tuple[str, float]]:
+        key = (limiter, tenant)
+        if key not in cache:
+            k = float(counts.get(key, 0))
+            load_id = f"load: {tenant}"
+            x_load = min(k, loads.get(load_id, 0.0))
+            mine = tenants == tenant
+            elsewhere = float((during & mine & failed).sum())  # each may be retried once
+            usual = float((before & mine & first).sum()) * scale  # first attempts expected in the window
+            # retries can empty a bucket with headroom only when they add half the tenant's usual traffic or more
+            x_retry = min(k - x_load, elsewhere) if triggers.get(tenant) and elsewhere >= 0.5 * usual else 0.0
+            own_part = max(k - x_load - x_retry, 0.0)
+            out = [(load_id, x_load / k)] if k and x_load else []
+            out += [(target, x_retry / k * share) for target, share in triggers.get(tenant, ()) if k and x_retry]
+            out += [(limiter, own_part / k)] if k and own_part else []
+            cache[key] = out or [(limiter, 1.0)]
+        return cache[key]
+
+    return route
 
 
-_NONE = OwnAnomaly(0.0, "none", "", 0.0, 0.0, float("nan"), float("nan"), float("nan"), 0, 0)
+def _troubled(inputs: RcaInputs, w: Window, config: DetectionConfig, models: tuple[str, ...],
+              elsewhere: frozenset[str]) -> pd.DataFrame:
+    """The window's troubled requests with their weight (`blame.soft_weight`): failed, rejected, cut at max_tokens
+    (weight 1), or slow, of the incident's models and of every model no other incident claims (`elsewhere`): a
+    component failing a few percent of its calls shows on models too quiet to be detected on their own.
+    Columns: req, model, tenant, reason, http_status, weight, flagged (anomalous on its own)."""
+    requests = inputs.requests
+    t = requests["arrival_ns"].to_numpy()
+    before, during = w.before(t), w.during(t)
+    flags = request_scores(requests, [], config, baseline=before)
+    flagged = flags["anomalous"].to_numpy()
+    weight = np.where(flagged, 1.0, soft_weight(flags["score"].to_numpy(dtype=float)))
+    reason = np.where(flags["reason"].to_numpy(dtype=object) != "", flags["reason"].to_numpy(dtype=object),
+                      flags["slowest"].to_numpy(dtype=object))
+    # a failure counts by how far its kind's rate on its model rose: a model that always truncates or fails a
+    # request now and then still does, and those are not the incident's
+    model = requests["model"].to_numpy(dtype=object)
+    for why in ("error", "rate_limited", "truncated"):
+        hit = reason == why
+        for m in pd.unique(model[hit & during]):
+            mine = model == m
+            rate_before = (hit & mine & before).sum() / max((mine & before).sum(), 1)
+            rate_during = (hit & mine & during).sum() / max((mine & during).sum(), 1)
+            weight[hit & mine] = max(0.0, 1.0 - rate_before / rate_during) if rate_during > 0 else 0.0
+    claimed = requests["model"].isin(elsewhere - set(models)).to_numpy()
+    reqs = np.flatnonzero(during & ~claimed & (weight > 0))
+    return pd.DataFrame({"req": reqs, "model": requests["model"].to_numpy(dtype=object)[reqs],
+                         "tenant": requests["tenant"].to_numpy(dtype=object)[reqs], "reason": reason[reqs],
+                         "http_status": requests["http_status"].to_numpy(dtype=object)[reqs],
+                         "weight": weight[reqs], "flagged": flagged[reqs]})
 
 
-def _work(steps: pd.DataFrame) -> np.ndarray:
-    """Features of a step's work: a constant, prefill tokens (linear and quadratic: attention), decode
-    tokens, decode context, and whether it prefills at all."""
-    prefill = steps["prefill_tokens"].to_numpy(dtype=float)
-    return np.column_stack([np.ones(len(steps)), prefill, prefill ** 2 / 1e4,
-                            steps["decode_tokens"].to_numpy(dtype=float),
-                            steps["context_tokens"].to_numpy(dtype=float) / 1e3, prefill > 0])
-
-
-def _step_time_change(steps: pd.DataFrame, before: np.ndarray, during: np.ndarray) -> OwnAnomaly | None:
-    """Per engine instance, least-squares fit of step time to its work outside the incident; then the share
-    of steps (weighted by the steps in each span) slower than the normal range of the ratio of step time to
-    the fit, before and during."""
-    ratios_before, ratios_during, weights_before, weights_during, thresholds = [], [], [], [], []
-    for _, idx in steps.groupby("instance", sort=True).groups.items():
-        rows = steps.index.get_indexer(idx)
-        base, now = rows[before[rows]], rows[during[rows]]
-        if len(base) < 20 or not len(now):
+def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: list[Candidate],
+             hops: pd.DataFrame) -> BlameContext:
+    """What the blame rules need: which candidates changed, what load there is and where it went, how much each
+    component's service time rose, which routers each global queue releases to."""
+    requests, paths = inputs.requests, inputs.paths
+    significant = {c.id: own[c.id].cause_effect for c in cands if own[c.id].cause_effect > 0 and c.kind != "load"}
+    changed = {c.id for c in cands if own[c.id].significant and c.kind != "load"}
+    window_paths = paths[w.during(paths["start_ns"].to_numpy()) & (paths["kind"] != "engine")]
+    calls_through = window_paths.groupby("instance").size().to_dict()
+    first = first_attempts(requests)
+    inside = w.during(requests["arrival_ns"].to_numpy())
+    loads: dict[str, float] = {}
+    load_models: dict[str, set[str]] = {}
+    load_through: dict[str, dict[str, float]] = {}
+    for c in cands:
+        main = own[c.id].main
+        if c.kind != "load" or main is None or not main.significant:
             continue
-        x, y = _work(steps), steps["step_ns"].to_numpy(dtype=float)
-        w = np.sqrt(steps["steps"].to_numpy(dtype=float))
-        coef, *_ = np.linalg.lstsq(x[base] * w[base, None], y[base] * w[base], rcond=None)
-        ratio = y / np.maximum(x @ coef, 1.0)
-        threshold = float(np.exp(_slow_log_threshold(np.log(np.maximum(ratio[base], 1e-9)))))
-        ratios_before.append(ratio[base] / threshold)
-        ratios_during.append(ratio[now] / threshold)
-        weights_before.append(w[base] ** 2)
-        weights_during.append(w[now] ** 2)
-        thresholds.append(threshold)
-    if not thresholds:
-        return None
-    rb, rd = np.concatenate(ratios_before), np.concatenate(ratios_during)
-    wb, wd = np.concatenate(weights_before), np.concatenate(weights_during)
-    share_before = float(np.average(rb > 1.0, weights=wb))
-    share_during = float(np.average(rd > 1.0, weights=wd))
-    scale = float(np.median(thresholds))
-    return OwnAnomaly(max(share_during - share_before, 0.0), "step_time", "engine step time for its work",
-                      share_before, share_during, float(np.median(rb)) * scale, float(np.median(rd)) * scale, scale,
-                      int(wb.sum()), int(wd.sum()))
+        loads[c.id] = main.calls_during * (1.0 - 1.0 / main.factor)  # its first attempts beyond the usual
+        load_models[c.id] = {s.about for s in own[c.id].signals if s.about and s.significant}
+        mine = np.flatnonzero(inside & first & (requests["tenant"] == c.tenant).to_numpy())
+        through = window_paths[np.isin(window_paths["req"].to_numpy(), mine)].groupby("instance").size()
+        for instance, n in through.items():
+            extra = n * (1.0 - 1.0 / main.factor)
+            rest = max(calls_through.get(instance, 0) - extra, 1.0)
+            load_through.setdefault(str(instance), {})[c.id] = float(np.log1p(extra / rest))
+    service_rise = {}
+    for c in cands:
+        service = next((s for s in own[c.id].signals if s.name == "service" and s.significant), None)
+        if service is not None and service.before > 0:
+            service_rise[c.id] = float(max(np.log(service.during / service.before), 0.0))
+    router_rows = hops[hops["kind"] == "router"]
+    kinds = window_paths["kind"].to_numpy(dtype=object)
+    pairs = window_paths[kinds == "scheduler"][["req", "instance"]].merge(
+        window_paths[kinds == "router"][["req", "instance"]], on="req", suffixes=("_queue", "_router"))
+    released_to = {str(q): set(part.astype(str)) for q, part in pairs.groupby("instance_queue")["instance_router"]}
+    return BlameContext({m: f"{m} engines" for m in inputs.topology.models}, significant, changed, loads,
+                        load_models, dict(zip(router_rows["req"].tolist(), router_rows["instance"].tolist(),
+                                              strict=True)), released_to, service_rise, load_through)
 
 
-def own_anomaly(inputs: RcaInputs, candidate: Candidate, window: tuple[int, int],
-                baseline_mask: dict[str, np.ndarray]) -> OwnAnomaly:
-    """The largest rise, from the baseline to the window, in the candidate's own slow, failed or rejected
-    calls. An engine is slow when its steps take longer than its own work model predicts (so a burst of
-    requests, which makes steps larger but not slower for their size, is not the engine's anomaly); without
-    step spans (e.g. vLLM's request spans only), when its own TTFT or decode time per token rose."""
-    lo, hi = window
-    changes: list[OwnAnomaly | None] = []
-    if candidate.kind == "engines":
-        rows = inputs.engines
-        mine = rows["instance"].isin(candidate.instances).to_numpy()
-        t = rows["arrival_ns"].to_numpy()
-        during, before = mine & (t >= lo) & (t < hi), mine & baseline_mask["engines"]
-        steps = inputs.steps
-        in_steps = steps["instance"].isin(candidate.instances).to_numpy()
-        step_change = None
-        if in_steps.any():
-            ts = steps["start_ns"].to_numpy()
-            mine_steps = steps[in_steps].reset_index(drop=True)
-            ts = ts[in_steps]
-            step_change = _step_time_change(mine_steps, baseline_mask["steps"][in_steps], (ts >= lo) & (ts < hi))
-            changes.append(step_change)
-        if step_change is None:
-            for column, what in (("engine_ttft_ns", "engine TTFT"), ("tpot_ns", "engine decode time per token")):
-                values = rows[column].to_numpy(dtype=float)
-                changes.append(_latency_change(values[before], values[during], what, 0.0))
-        failed = rows["failed"].fillna(False).to_numpy(dtype=bool)
-        changes.append(_rate_change(failed[before], failed[during], "errors", "engine errors"))
-    else:
-        rows = inputs.paths
-        mine = (rows["instance"] == candidate.id).to_numpy() & (rows["kind"] == candidate.kind).to_numpy()
-        t = rows["start_ns"].to_numpy()
-        during, before = mine & (t >= lo) & (t < hi), mine & baseline_mask["paths"]
-        word = SPAN_WORDS.get(candidate.kind, candidate.kind)
-        latency = rows["latency_ns"].to_numpy(dtype=float)
-        changes.append(_latency_change(latency[before], latency[during], f"{word} latency", LATENCY_FLOOR_NS))
-        outcome = rows["outcome"].to_numpy()
-        for value, signal in (("error", "errors"), ("rejected", "rejections")):
-            hit = outcome == value
-            changes.append(_rate_change(hit[before], hit[during], signal, f"{word} {signal}"))
-    found = [c for c in changes if c is not None]
-    return max(found, key=lambda c: c.score) if found else _NONE
+def _local_own(inputs: RcaInputs, w: Window, c: Candidate, reqs: np.ndarray, weights: np.ndarray,
+               config: DetectionConfig) -> OwnAnomaly | None:
+    """A candidate's own signals over the part of the window where the requests it could be blamed for arrived
+    (weighted 5th to 95th percentile, padded by a bucket): a short slowdown of one model's engines, diluted over
+    a long incident, is significant over its own minute."""
+    arrivals = inputs.requests["arrival_ns"].to_numpy()[reqs]
+    order = np.argsort(arrivals)
+    cumulative = np.cumsum(weights[order]) / weights.sum()
+    lo = int(arrivals[order][np.searchsorted(cumulative, 0.05)])
+    hi = int(arrivals[order][min(np.searchsorted(cumulative, 0.95), len(order) - 1)])
+    pad = int(config.bucket_s * 1e9)
+    local = Window(max(lo - pad, w.lo), min(hi + pad, w.hi), w.baseline_end, w.others, w.start)
+    own = OwnAnomaly(tuple(own_signals(inputs, c, local)), window_ns=(local.lo, local.hi))
+    return own if own.significant else None
 
 
-def _baseline_masks(inputs: RcaInputs, windows: list[tuple[int, int]]) -> dict[str, np.ndarray]:
-    masks = {}
-    for name, frame, column in (("engines", inputs.engines, "arrival_ns"), ("paths", inputs.paths, "start_ns"),
-                                ("steps", inputs.steps, "start_ns")):
-        t = frame[column].to_numpy()
-        outside = np.ones(len(frame), dtype=bool)
-        for lo, hi in windows:
-            outside &= ~((t >= lo) & (t < hi))
-        masks[name] = outside
-    return masks
+LOCAL_MIN_WEIGHT = 5.0  # a candidate that could be blamed for this much is tested over its own part of the window
 
 
-def rank_causes(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int]],
-                config: DetectionConfig | None = None, shift_ns: int = 0,
-                flags: pd.DataFrame | None = None) -> IncidentDiagnosis:
-    """Candidates for one incident ranked by Ochiai × own anomaly. `windows` are every incident's windows
-    (kept out of the baselines); `shift_ns` moves the incident's onset (to measure how much the ranking
-    depends on it)."""
+def _rank(inputs: RcaInputs, models: tuple[str, ...], w: Window, config: DetectionConfig,
+          elsewhere: frozenset[str] = frozenset()) -> _Ranked:
+    """Own signals, troubled requests and blame for a window (module docstring, blame.py)."""
+    requests = inputs.requests
+    cands = candidates(inputs.topology, requests)
+    own = {c.id: OwnAnomaly(tuple(own_signals(inputs, c, w))) for c in cands}
+    troubled = _troubled(inputs, w, config, models, elsewhere)
+    reqs = troubled["req"].to_numpy()
+    paths = inputs.paths
+    hops = paths[np.isin(paths["req"].to_numpy(), reqs)]
+    engines = inputs.engines[np.isin(inputs.engines["req"].to_numpy(), reqs)]
+    service_base, wait_base, engine_base = _baseline_medians(inputs, w)
+
+    def blame(ctx: BlameContext, rejections: Callable[[str, str], list[tuple[str, float]]]) -> Blamed:
+        return blame_requests(troubled, hops, engines, service_base, wait_base, engine_base, rejections, ctx)
+
+    def no_rejections(limiter: str, tenant: str) -> list[tuple[str, float]]:
+        return [(limiter, 1.0)]
+
+    # where trouble could come from, taking every hop at its word; test those candidates over their own part
+    ctx = replace(_context(inputs, w, own, cands, hops), strict=False)
+    potential = blame(ctx, no_rejections).rows
+    by_id = {c.id: c for c in cands}
+    rejected = troubled[troubled["reason"] == "rate_limited"]
+    for tenant, part in rejected.groupby("tenant"):  # did the tenant's rejections come with extra traffic?
+        c = by_id.get(f"load: {tenant}")
+        if c is not None and not own[c.id].significant and part["weight"].sum() >= LOCAL_MIN_WEIGHT:
+            local = _local_own(inputs, w, c, part["req"].to_numpy(), part["weight"].to_numpy(dtype=float), config)
+            if local is not None:
+                own[c.id] = local
+    for target, part in potential.groupby("target"):
+        c = by_id.get(str(target))
+        if c is None or c.kind == "load" or own[c.id].significant or part["weight"].sum() < LOCAL_MIN_WEIGHT:
+            continue
+        grouped = part.groupby("req")["weight"].sum()
+        local = _local_own(inputs, w, c, grouped.index.to_numpy(), grouped.to_numpy(), config)
+        if local is not None:
+            own[c.id] = local
+    ctx = _context(inputs, w, own, cands, hops)
+    first_pass = blame(ctx, no_rejections)
+    triggers: dict[str, list[tuple[str, float]]] = {}
+    failed_rows = first_pass.rows.merge(troubled[troubled["reason"] == "error"][["req", "tenant"]], on="req")
+    for tenant, part in failed_rows.groupby("tenant"):
+        mass = part.groupby("target")["weight"].sum()
+        triggers[str(tenant)] = [(str(k), float(v / mass.sum())) for k, v in mass.items() if v > 0]
+    blamed = blame(ctx, _rejection_router(inputs, w, ctx.loads, triggers))
+    return _Ranked(w, own, cands, blamed, troubled, w.during(requests["arrival_ns"].to_numpy()), models)
+
+
+def _causes(ranked: _Ranked, inputs: RcaInputs, reqs: np.ndarray, models: tuple[str, ...]) -> tuple[RankedCause, ...]:
+    """The candidates ranked over the troubled requests `reqs` (rows of `requests`; a subset of the ranked
+    incident's): by blame share, then own anomaly, then Ochiai coverage over the anomalous ones."""
+    rows = ranked.blamed.rows[np.isin(ranked.blamed.rows["req"].to_numpy(), reqs)]
+    mass = rows.groupby("target")["weight"].sum().to_dict()
+    troubled = ranked.troubled[np.isin(ranked.troubled["req"].to_numpy(), reqs)]
+    total = max(float(troubled["weight"].sum()), 1e-9)
+    flagged = troubled.loc[troubled["flagged"].to_numpy(dtype=bool), "req"].to_numpy()
+    requests = inputs.requests
+    inside = np.flatnonzero(ranked.inside)
+    normal = np.setdiff1d(inside, ranked.troubled.loc[ranked.troubled["flagged"].to_numpy(dtype=bool), "req"])
+    paths = inputs.paths
+    window_paths = paths[np.isin(paths["req"].to_numpy(), inside)]
+    touched = {str(i): np.unique(part.to_numpy()) for i, part in window_paths.groupby("instance", sort=False)["req"]}
+    tenants = requests["tenant"].to_numpy(dtype=object)
+    empty = np.zeros(0, dtype=int)
+    scored = []
+    for c in ranked.cands:
+        if c.kind == "load":
+            through = inside[tenants[inside] == c.tenant]
+        else:
+            through = np.unique(np.concatenate([touched.get(i, empty) for i in c.instances] or [empty]))
+        e_f = int(np.isin(flagged, through).sum())
+        e_p = int(np.isin(normal, through).sum())
+        n_f = len(flagged) - e_f
+        blamed = float(mass.get(c.id, 0.0))
+        part = rows[rows["target"] == c.id]
+        received = tuple((str(k), float(v)) for k, v in part[part["how"] != "own"].groupby("how")["weight"].sum()
+                         .sort_values(ascending=False).items())
+        sent = rows[(rows["source"] == c.id) & (rows["target"] != c.id)]
+        passed = tuple((str(k), float(v)) for k, v in sent.groupby("target")["weight"].sum()
+                       .sort_values(ascending=False).items())
+        own = ranked.own[c.id]
+        scored.append((blamed / total, own.score, ochiai(e_f, n_f, e_p), c, e_f, n_f, e_p, blamed, received, passed))
+    scored.sort(key=lambda s: (-s[0], -s[1], -s[2], s[3].id))
+    incident_models = set(models)
+    return tuple(
+        RankedCause(k + 1, c, float(score), float(coverage), e_f, n_f, e_p, ranked.own[c.id],
+                    tuple(m for m in c.models if m in incident_models),
+                    tuple(m for m in c.models if m not in incident_models), blamed, total, received, passed)
+        for k, (score, _, coverage, c, e_f, n_f, e_p, blamed, received, passed) in enumerate(scored))
+
+
+def _split(ranked: _Ranked) -> list[np.ndarray]:
+    """The incident's troubled requests grouped by cause: each candidate that explains at least SPLIT_SHARE
+    of their weight (and SPLIT_REQUESTS), with a significant change of its own, takes the requests it explains
+    most of; the rest of the incident's models' go with the largest group (other models' only where a cause
+    explains them). Largest group first."""
+    rows = ranked.blamed.rows
+    troubled = ranked.troubled
+    everything = troubled["req"].to_numpy()
+    mine = everything[troubled["model"].isin(ranked.models).to_numpy()]
+    if not len(rows):
+        return [mine]
+    mass = rows.groupby("target")["weight"].sum().sort_values(ascending=False)
+    majors = [str(c) for c, m in mass.items() if m >= max(SPLIT_SHARE * ranked.blamed.weight, SPLIT_REQUESTS)
+              and ranked.own.get(str(c)) is not None and ranked.own[str(c)].significant]
+    best = rows[rows["target"].isin(majors)].sort_values("weight", ascending=False, kind="stable")
+    best = best.drop_duplicates("req")
+    if len(majors) <= 1:
+        return [np.union1d(mine, best["req"].to_numpy())]
+    groups = {m: list(best.loc[best["target"] == m, "req"]) for m in majors}
+    groups[majors[0]] += list(np.setdiff1d(mine, best["req"].to_numpy()))
+    weight = dict(zip(troubled["req"], troubled["weight"], strict=True))
+    return [np.sort(np.array(g, dtype=int)) for g in sorted(groups.values(), key=lambda g: -sum(weight[r] for r in g))
+            if g]
+
+
+def _sub_incident(incident: Incident, reqs: np.ndarray, troubled: pd.DataFrame, onset: int, end: int,
+                  share: float) -> Incident:
+    """The part of a detected incident whose troubled requests are `reqs`: its models (those with a fifth of
+    their trouble in it, by weight), their anomalies, and its share of the severity."""
+    mine = troubled[np.isin(troubled["req"].to_numpy(), reqs)]
+    per_model = troubled.groupby("model")["weight"].sum()
+    counts = mine.groupby("model")["weight"].sum()
+    models = tuple(sorted(m for m, n in counts.items() if n >= 0.2 * per_model.get(m, 0) and n >= 3)) \
+        or tuple(sorted(counts.sort_values(ascending=False).index[:1]))
+    members = tuple(a for a in incident.anomalies if a.key in models) or incident.anomalies
+    return replace(incident, onset_ns=onset, end_ns=end, models=models, anomalies=members,
+                   severity=incident.severity * share)
+
+
+def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int]],
+             config: DetectionConfig | None = None, shift_ns: int = 0,
+             claims: tuple[Incident, ...] = ()) -> list[IncidentDiagnosis]:
+    """Rank the candidate causes of one detected incident, splitting it by cause (module docstring).
+    `windows` are every incident's windows (kept out of the baselines); `shift_ns` moves its detected onset
+    (to measure how much the ranking depends on it: then the onset is not re-estimated); `claims` are every
+    detected incident (the models another one claims are left to it)."""
     config = config or DetectionConfig()
+    start = int(inputs.requests["arrival_ns"].min()) if len(inputs.requests) else 0
     lo, hi = incident.onset_ns + shift_ns, incident.end_ns
     if hi <= lo:
         hi = lo + int(config.bucket_s * 1e9)
+    others = tuple(win for win in windows if win != (incident.onset_ns, incident.end_ns))
+    elsewhere = frozenset(m for i in claims if i.onset_ns < hi and lo < i.end_ns and i is not incident
+                          for m in i.models)
+    # first pass: a baseline that ends well before the detected onset (a slow start is not yet a deviation)
+    w = Window(lo, hi, lo - min(int(PASS1_MARGIN_S * 1e9), (lo - start) // 2), others, start)
+    ranked = _rank(inputs, incident.models, w, config, elsewhere=elsewhere)
+    onsets: dict[str, int] = {}
+    if not shift_ns:
+        # each cause's own onset; the baseline then ends before the first of them, and the window starts there
+        for c in _part_tops(ranked):
+            onset = own_onset(inputs, c, ranked.own[c.id], lo, hi, start)
+            if onset is not None:
+                onsets[c.id] = onset
+        first = min([lo, *onsets.values()])
+        w = Window(first, hi, first, others, start)
+        ranked = _rank(inputs, incident.models, w, config, elsewhere=elsewhere)
+        for cid, onset in onsets.items():
+            ranked.own[cid] = replace(ranked.own[cid], onset_ns=onset)
     requests = inputs.requests
-    if flags is None:
-        flags = request_scores(requests, windows, config)
     arrival = requests["arrival_ns"].to_numpy()
-    inside = (arrival >= lo) & (arrival < hi)
-    anomalous = flags["anomalous"].to_numpy() & inside
-    traces = requests["trace_id"].to_numpy()
-    anomalous_traces = set(traces[anomalous])
-    normal_traces = set(traces[inside & ~anomalous])
-    total_anomalous = len(anomalous_traces)
-    paths = inputs.paths
-    touched_by: dict[str, set[str]] = {}
-    for instance, part in paths.groupby("instance", sort=False)["trace_id"]:
-        touched_by[str(instance)] = set(part.to_numpy())
-    masks = _baseline_masks(inputs, [w for w in windows if w != (incident.onset_ns, incident.end_ns)] + [(lo, hi)])
-    incident_models = set(incident.models)
-    scored = []
-    for candidate in candidates(inputs.topology):
-        touched: set[str] = set()
-        for instance in candidate.instances:
-            touched |= touched_by.get(instance, set())
-        e_f = len(touched & anomalous_traces)
-        e_p = len(touched & normal_traces)
-        n_f = total_anomalous - e_f
-        coverage = ochiai(e_f, n_f, e_p)
-        own = own_anomaly(inputs, candidate, (lo, hi), masks)
-        scored.append((coverage * own.score, coverage, own, candidate, e_f, n_f, e_p))
-    scored.sort(key=lambda s: (-s[0], -s[1], -s[2].score, s[3].id))
-    causes = tuple(
-        RankedCause(k + 1, c, float(score), float(coverage), e_f, n_f, e_p, own,
-                    tuple(m for m in c.models if m in incident_models),
-                    tuple(m for m in c.models if m not in incident_models))
-        for k, (score, coverage, own, c, e_f, n_f, e_p) in enumerate(scored))
-    return IncidentDiagnosis(incident, (lo, hi), int(inside.sum()), int(anomalous.sum()), causes,
-                             _incident_commonality(requests, flags, incident, (lo, hi)))
+    weight = dict(zip(ranked.troubled["req"], ranked.troubled["weight"], strict=True))
+    total = max(sum(weight.values()), 1e-9)
+    parts = _split(ranked)
+    out = []
+    for reqs in parts:
+        mine = ranked.troubled[np.isin(ranked.troubled["req"].to_numpy(), reqs)]
+        causes = _causes(ranked, inputs, reqs, tuple(sorted(mine["model"].unique())))
+        top = causes[0] if causes else None
+        # when it started: its top cause's own onset, else the models' detected onset
+        onset = top.own.onset_ns if top is not None and top.own.onset_ns is not None else lo
+        part = ranked
+        if len(parts) > 1:  # each part's own signals over its own window, from the same baseline
+            rows = ranked.blamed.rows
+            core = rows.loc[rows["target"] == top.candidate.id, "req"].to_numpy() if top is not None else reqs
+            times = arrival[np.intersect1d(core, reqs) if len(np.intersect1d(core, reqs)) else reqs]
+            if top is None or top.own.onset_ns is None:
+                onset = max(int(times.min()), w.lo)
+            part_window = Window(onset, min(int(times.max()) + int(config.bucket_s * 1e9), hi), w.baseline_end,
+                                 others, start)
+            own = {c.id: OwnAnomaly(tuple(own_signals(inputs, c, part_window)), ranked.own[c.id].onset_ns)
+                   for c in ranked.cands}
+            part = replace(ranked, window=part_window, own=own, inside=part_window.during(arrival))
+        share = sum(weight[r] for r in reqs) / total
+        sub = _sub_incident(incident, reqs, ranked.troubled, onset, part.window.hi, share)
+        causes = _causes(part, inputs, reqs, sub.models)
+        window = (part.window.lo, part.window.hi)
+        flagged = int(mine["flagged"].sum())
+        out.append(IncidentDiagnosis(sub, window, int(part.inside.sum()), flagged, causes,
+                                     _incident_commonality(requests, ranked.troubled, reqs, sub, window),
+                                     w.baseline_end, incident))
+    return out
 
 
-def _incident_commonality(requests: pd.DataFrame, flags: pd.DataFrame, incident: Incident,
+def _part_tops(ranked: _Ranked, most: int = 3) -> list[Candidate]:
+    """The candidate blamed most in each part of the incident (`_split`), if its own change is significant."""
+    rows = ranked.blamed.rows
+    by_id = {c.id: c for c in ranked.cands}
+    tops = []
+    for reqs in _split(ranked)[:most]:
+        mass = rows[np.isin(rows["req"].to_numpy(), reqs)].groupby("target")["weight"].sum()
+        if len(mass):
+            top = by_id.get(str(mass.idxmax()))
+            if top is not None and ranked.own[top.id].significant:
+                tops.append(top)
+    return tops
+
+
+def _incident_commonality(requests: pd.DataFrame, troubled: pd.DataFrame, reqs: np.ndarray, incident: Incident,
                           window: tuple[int, int]) -> Commonality | None:
     """What the requests showing the incident's main symptom have in common, against all requests to the
     incident's models (the population the selection is drawn from: the model the selection is restricted to is
@@ -387,13 +555,17 @@ def _incident_commonality(requests: pd.DataFrame, flags: pd.DataFrame, incident:
     lo, hi = window
     arrival = requests["arrival_ns"].to_numpy()
     scope = requests["model"].isin(incident.models).to_numpy()
-    inside = (arrival >= lo) & (arrival < hi) & scope
-    symptoms = [a.metric for a in incident.anomalies]
+    symptoms = [a.metric for a in incident.anomalies] or ["ttft"]  # found on a component alone: its slowness
     symptom = max(set(symptoms), key=symptoms.count)
-    reason = flags["reason"].to_numpy()
-    selected = inside & flags["anomalous"].to_numpy() & (reason == ("error" if symptom == "errors" else symptom))
+    anomalous = troubled[troubled["flagged"].to_numpy(dtype=bool)]
+    reason = np.full(len(requests), "", dtype=object)
+    reason[anomalous["req"].to_numpy()] = anomalous["reason"].to_numpy(dtype=object)
+    mine = np.zeros(len(requests), dtype=bool)
+    mine[np.intersect1d(reqs, anomalous["req"].to_numpy())] = True
+    mine &= scope & (arrival >= lo) & (arrival < hi)
+    selected = mine & (reason == ("error" if symptom == "errors" else symptom))
     if selected.sum() < 5:
-        selected = inside & flags["anomalous"].to_numpy()
+        selected = mine
     if selected.sum() < 5:
         return None
     return attribute_lift(requests[scope], selected[scope],
@@ -407,11 +579,13 @@ def analyze_incidents(store: Store, config: DetectionConfig | None = None) -> Rc
 
 def analyze_inputs(inputs: RcaInputs, config: DetectionConfig | None = None) -> RcaReport:
     config = config or DetectionConfig()
-    report = detect_in_requests(inputs.requests, config)
+    report = detect_in_requests(inputs.requests, config, inputs.paths)
     windows = [(i.onset_ns, i.end_ns) for i in report.incidents]
-    flags = request_scores(inputs.requests, windows, config)
-    diagnoses = tuple(rank_causes(inputs, incident, windows, config, flags=flags) for incident in report.incidents)
-    return RcaReport(report, inputs.topology, diagnoses)
+    diagnoses = [d for incident in report.incidents
+                 for d in diagnose(inputs, incident, windows, config, claims=report.incidents)]
+    diagnoses.sort(key=lambda d: (-d.incident.severity, d.incident.onset_ns))
+    numbered = tuple(replace(d, incident=replace(d.incident, id=k + 1)) for k, d in enumerate(diagnoses))
+    return RcaReport(report, inputs.topology, numbered)
 
 
 def describe(report: RcaReport, top: int = 3) -> list[str]:

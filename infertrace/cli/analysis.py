@@ -144,6 +144,8 @@ def report(
         help="SLO target KEY=VALUE (repeatable): ttft|itl|e2e_p50|p95|p99_ms, error_rate, rejected_rate")] = None,
     section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable)")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the report to this file instead of stdout")] = None,
+    components: Annotated[Path | None, typer.Option(
+        help="TOML naming the kinds of a gateway's components (docs/sources.md)")] = None,
 ) -> None:
     """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
     recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error.
@@ -155,7 +157,8 @@ def report(
     """
     from infertrace.analyzers.slo import parse_target, with_targets
     from infertrace.report import FORMATS, SEVERITIES, ReportOptions, build_report, render, severity_at_least
-    from infertrace.report.model import SECTIONS
+    from infertrace.report.model import SECTIONS, check_selection
+    from infertrace.sources.components import load_rules, register
 
     check_choice("--format", fmt, FORMATS)
     if fail_on not in (*SEVERITIES[1:], "never"):
@@ -173,7 +176,12 @@ def report(
         raise fail(f"--since {since} is not before --until {until}")
     options = ReportOptions(since_ns=since_ns, until_ns=until_ns, model=model, tenant=tenant, targets=targets,
                             sections=tuple(section) if section else SECTIONS)
-    doc = _materialized_report(store) if options == ReportOptions() else None
+    try:
+        rules = load_rules(components) if components is not None else ()
+    except ValueError as e:
+        raise fail(str(e)) from None
+    # The materialised report is the one without --components rules (they rename the components RCA ranks).
+    doc = _materialized_report(store) if options == ReportOptions() and not rules else None
     if doc is None:
         from infertrace.results.materialized import save_report
         from infertrace.store.store import Store
@@ -182,9 +190,12 @@ def report(
             with Store.open(store) as opened:
                 if not opened.segments:
                     raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+                if (problem := check_selection(opened, options)) is not None:
+                    raise fail(problem)
+                register(opened, rules)
                 with err.status("Analysing the store …"):
                     doc = build_report(opened, options, **materialized_results(opened, options))
-                if options == ReportOptions():
+                if options == ReportOptions() and not rules:
                     with contextlib.suppress(OSError):  # a read-only store: the report is right, only not kept
                         save_report(opened, doc)
         except FileNotFoundError as e:

@@ -33,7 +33,22 @@ def simulate(
         help="Chunked prefill (decode_first turns it on)")] = False,
     prefix_caching: bool = True,
     prefill_microbatch: Annotated[int, typer.Option(help="Prefill micro-batch tokens (0: none)")] = 0,
-    offload_experts: Annotated[bool, typer.Option(help="MoE experts run on the host CPU")] = False,
+    offload_experts: Annotated[bool, typer.Option(
+        help="Every MoE layer keeps its experts in host memory (llama.cpp's --cpu-moe)")] = False,
+    cpu_moe_layers: Annotated[str, typer.Option(
+        help="MoE layers whose experts stay in host memory: N (the first N, llama.cpp's --n-cpu-moe) or a "
+             "comma-separated list of layer indices; streamed to the GPU per prefill micro-batch or computed on "
+             "the host, whichever is faster (docs/cost_model.md)")] = "0",
+    cuda_graphs: Annotated[bool, typer.Option(
+        help="CUDA graphs (off: every layer pays its kernel launches, vLLM's --enforce-eager)")] = True,
+    kv_host_tier_gb: Annotated[float, typer.Option(
+        help="Host-memory KV tier behind the GPU, in GB: evicted prefix blocks move there and are copied back on a "
+             "hit over the host link (0: none)")] = 0.0,
+    kv_remote_tier_gb: Annotated[float, typer.Option(
+        help="Remote (pooled) KV tier behind the host tier, in GB (0: none)")] = 0.0,
+    kv_reuse_accounting: Annotated[bool, typer.Option(
+        help="Prefill spans count prompt tokens evicted before their reuse: what more KV capacity would buy "
+             "(on with any tier)")] = False,
     workload: Annotated[str, typer.Option(help="synthetic, azure or mooncake")] = "synthetic",
     workload_file: Annotated[Path | None, typer.Option(help="Trace to replay (azure CSV, mooncake JSONL)")] = None,
     speedup: Annotated[float, typer.Option(help="Replay: compress arrivals by this factor")] = 1.0,
@@ -64,6 +79,23 @@ def simulate(
         help="KV blocks (0: from device memory; the real executor allocates 2048 by default)")] = 0,
     cost_params: Annotated[Path | None, typer.Option(
         help="Simulated executor: cost parameters from `infertrace calibrate --out`")] = None,
+    telemetry: Annotated[str, typer.Option(
+        help="Whose spans the engines emit: infertrace (this project's: step and phase spans), or exactly what "
+             "vllm-v1, vllm-v0, sglang or tgi export (docs/sources.md)")] = "infertrace",
+    gateway_telemetry: Annotated[str, typer.Option(
+        help="Fleets: whose spans the gateway emits: infertrace, litellm (LiteLLM proxy's span names, HTTP "
+             "attributes), or none")] = "infertrace",
+    instance_ids: Annotated[bool, typer.Option(
+        help="Emulated engines: the deployment sets service.instance.id (OTEL_RESOURCE_ATTRIBUTES); real "
+             "engines set none by themselves")] = False,
+    iteration_logs: Annotated[Path | None, typer.Option(
+        help="With --telemetry vllm-v1: write vLLM's --enable-logging-iteration-details lines, one "
+             "<instance>.log per engine, into this directory")] = None,
+    client_tokens: Annotated[Path | None, typer.Option(
+        help="Write each token's arrival time at a streaming client, one JSON line per request "
+             "(docs/sources.md)")] = None,
+    client_delay_ms: Annotated[float, typer.Option(help="Client token times: network delay")] = 2.0,
+    client_jitter_ms: Annotated[float, typer.Option(help="Client token times: jitter per token, up to")] = 1.0,
 ) -> None:
     """Run the reference engine on a simulated GPU clock (or a real small transformer) and write its traces.
     Without --out or --otlp-endpoint, the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variable names the
@@ -73,22 +105,28 @@ def simulate(
       infertrace simulate --duration 60 --rate 4 --seed 1 --out trace.jsonl.gz
       infertrace simulate --fleet examples/fleets/four_models.toml --duration 300 --out fleet.jsonl.gz
       OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 infertrace simulate --duration 60
+      infertrace simulate --fleet fleet.toml --telemetry vllm-v1 --gateway-telemetry none --out vllm.jsonl
     """
     from reference_engine import api
 
     otlp_endpoint = trace_destination(out, otlp_endpoint)
 
     try:
+        spec = api.TelemetrySpec(telemetry, gateway_telemetry, instance_ids, iteration_logs, client_tokens,
+                                 client_delay_ms, client_jitter_ms)
         if fleet is not None:
             simulation: api.EngineSimulation | api.FleetSimulation = api.FleetSimulation(
-                fleet, duration, seed, out, otlp_endpoint)
+                fleet, duration, seed, out, otlp_endpoint, spec)
             total, label = duration, "simulating fleet"
         else:
             run = api.EngineRun(
                 model=model, hardware=hardware, tensor_parallel=tensor_parallel, policy=policy,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 chunked_prefill=chunked_prefill, prefix_caching=prefix_caching,
-                prefill_microbatch=prefill_microbatch, offload_experts=offload_experts, num_kv_blocks=num_kv_blocks,
+                prefill_microbatch=prefill_microbatch, offload_experts=offload_experts,
+                cpu_moe_layers=_layers(cpu_moe_layers), cuda_graphs=cuda_graphs, kv_host_tier_gb=kv_host_tier_gb,
+                kv_remote_tier_gb=kv_remote_tier_gb, kv_reuse_accounting=kv_reuse_accounting,
+                num_kv_blocks=num_kv_blocks,
                 cost_params=cost_params, executor=executor, backend=backend, device=device, dtype=dtype,
                 threads=threads, temperature=temperature, workload=workload, workload_file=workload_file,
                 speedup=speedup, synthetic=api.SyntheticWorkload(
@@ -96,7 +134,9 @@ def simulate(
                     output_mean=output_mean, max_tokens=max_tokens, system_prompt_tokens=system_prompt_tokens,
                     system_prompt_fraction=system_prompt_fraction,
                     assistant_prefill_fraction=assistant_prefill_fraction))
-            simulation = api.EngineSimulation(run, duration, seed, out, otlp_endpoint)
+            if gateway_telemetry != "infertrace":
+                raise ValueError("--gateway-telemetry needs --fleet: a single engine has no gateway")
+            simulation = api.EngineSimulation(run, duration, seed, out, otlp_endpoint, spec)
             total, label = max(simulation.arrivals_s, 1e-9), "simulating"
     except (ValueError, OSError, ImportError, TypeError) as e:
         raise fail(str(e)) from None
@@ -107,6 +147,20 @@ def simulate(
     err.print(summary.paragraph())
     if out is not None:
         err.print(f"{summary.spans} spans written to {out}" if fleet is not None else f"Traces written to {out}")
+    if iteration_logs is not None:
+        err.print(f"vLLM iteration logs written to {iteration_logs}/")
+    if client_tokens is not None:
+        err.print(f"Client token times written to {client_tokens}")
+
+
+def _layers(text: str) -> int | tuple[int, ...]:
+    """`--cpu-moe-layers`: a count, or a comma-separated list of layer indices."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--cpu-moe-layers must be a layer count or a comma-separated list of layer indices, "
+                         f"got {text!r}") from None
+    return values[0] if "," not in text else tuple(values)
 
 
 def _run_with_progress(simulation, label: str, total: float, progress: bool):  # type: ignore[no-untyped-def]

@@ -15,12 +15,15 @@ def dashboard(
     store: Annotated[Path, typer.Option(help="Store directory")],
     port: Annotated[int, typer.Option(help="Port to serve on")] = 8501,
     address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    components: Annotated[Path | None, typer.Option(
+        help="TOML naming the kinds of a gateway's components (docs/sources.md)")] = None,
 ) -> None:
     """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook,
     request waterfall).
 
     Example:
       infertrace dashboard --store traces/ --port 8501
+      infertrace dashboard --store traces/ --components components.toml
     """
     import os
     import sys
@@ -30,9 +33,18 @@ def dashboard(
         raise fail(f"{app_path}: the dashboard app is missing (run from a clone of the repository)")
     if not store.is_dir():
         raise fail(f"--store {store}: no such store directory")
+    extra = []
+    if components is not None:
+        from infertrace.sources.components import load_rules
+
+        try:
+            load_rules(components)
+        except ValueError as e:
+            raise fail(str(e)) from None
+        extra = ["--components", str(components.resolve())]
     command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
                "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
-               "--", "--store", str(store.resolve())]
+               "--", "--store", str(store.resolve()), *extra]
     print(f"infertrace dashboard: http://{address}:{port}/ on store {store}", flush=True)
     # Become the Streamlit server (same process id), so a signal to this command stops the server.
     try:

@@ -167,6 +167,21 @@ def _prefix_cache(section: dict[str, Any]) -> list[Block]:
                                    x["lost_cached_tokens"], x["lost_savings"]) for x in section["busting"])))
     else:
         blocks.append(Paragraph("No cache busting detected."))
+    if "kv_tiers" in section:
+        blocks.append(Paragraph("Hit rate by KV tier (where each request's cached prefix was found when it was "
+                                "first scheduled):"))
+        blocks.append(Table(("engine", "model", "requests", "hit rate", "GPU", "host tier", "remote tier",
+                             "host tier blocks", "remote tier blocks", "copy s", "evicted tokens recomputed"),
+                            tuple((t["instance"], t["model"], t["requests"], t["hit_rate"], t["gpu_hit_rate"],
+                                   t["host_hit_rate"], t["remote_hit_rate"], t["host_tier_blocks"],
+                                   t["remote_tier_blocks"], t["copy_s"], t["evicted_tokens"])
+                                  for t in section["kv_tiers"])))
+        blocks.append(Paragraph("What more KV capacity would buy (an LRU estimate from the evicted prompt tokens):"))
+        blocks.append(Table(("engine", "extra blocks", "extra GB", "hit rate"),
+                            tuple((t["instance"], "unbounded" if c["extra_blocks"] is None else c["extra_blocks"],
+                                   c["extra_gb"], c["hit_rate"]) for t in section["kv_tiers"]
+                                  for c in t["more_capacity"])))
+        blocks += [Paragraph(note, "warning") for note in section["kv_tiers_not_analysed"]]
     return blocks
 
 
@@ -183,8 +198,18 @@ RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl, "ttft": _ttft, "
              "prefill_throughput": _prefill_throughput}
 
 
+def _coverage(coverage: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = [Heading("What this store can answer", 2)]
+    blocks += [Paragraph(line) for line in coverage["summary"]]
+    blocks += [Paragraph(f"{a['title']}: {'yes' if a['supported'] else 'NO'}. {a['detail']}")
+               for a in coverage["analyses"]]
+    return blocks
+
+
 def layout(doc: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [Heading(f"infertrace report: {doc['severity']}", 1), Paragraph(_selection(doc))]
+    if "coverage" in doc:
+        blocks += _coverage(doc["coverage"])
     if doc["findings"]:
         blocks.append(Heading("Findings", 2))
         blocks += [Paragraph(f["title"], f["severity"]) for f in doc["findings"]]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from infertrace.analyzers.rca import RcaReport
     from infertrace.analyzers.roofline import RooflineAnalysis
     from infertrace.analyzers.ttft import TtftAnalysis
+    from infertrace.sources.capabilities import StoreCoverage
     from infertrace.store.store import Store
 
 SCHEMA_ID = "infertrace.report/1"
@@ -216,6 +217,18 @@ def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> 
                 if not tenant_keyed or options.tenant is None or g.key == options.tenant]
 
     b = cache.billing
+    tiers: dict[str, Any] = {}
+    if cache.by_tier:  # only engines with a KV tier or reuse accounting say where their hits came from
+        tiers["kv_tiers"] = [{
+            "instance": t.instance, "model": t.model, "requests": t.requests, "input_tokens": t.input_tokens,
+            "hit_rate": _r(t.hit_rate, 4), "gpu_hit_rate": _r(t.device_hit_rate, 4),
+            "host_hit_rate": _r(t.host_hit_rate, 4), "remote_hit_rate": _r(t.remote_hit_rate, 4),
+            "gpu_blocks": t.gpu_blocks, "host_tier_blocks": t.host_tier_blocks,
+            "remote_tier_blocks": t.remote_tier_blocks, "copy_s": _r(t.load_s, 4), "evicted_tokens": t.evicted_tokens,
+            "more_capacity": [{"extra_blocks": c.extra_blocks, "extra_gb": _r(c.extra_gb, 3),
+                               "hit_rate": _r(c.hit_rate, 4)} for c in cache.capacity if c.instance == t.instance],
+        } for t in cache.by_tier]
+        tiers["kv_tiers_not_analysed"] = list(cache.tiers_not_analysed)
     return {
         "status": "ok",
         "block_size": cache.block_size,
@@ -231,6 +244,7 @@ def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> 
         "billing": {"input_tokens": b.input_tokens, "cached_tokens": b.cached_tokens,
                     "output_tokens": b.output_tokens, "cost": _r(b.cost, 4),
                     "cost_without_cache": _r(b.cost_without_cache, 4), "savings": _r(b.savings, 4)},
+        **tiers,
     }
 
 
@@ -305,15 +319,64 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
+def check_selection(store: Store, options: ReportOptions) -> str | None:
+    """Why `--model`/`--tenant` select nothing (naming the known values and the closest ones), or None."""
+    import difflib
+
+    from infertrace.analyzers import query_text
+
+    known: dict[str, list[str]] = {"model": [], "tenant": []}
+    for what, value in store.sql(query_text("selection_values")).fetchall():
+        known[what].append(str(value))
+    for what, wanted in (("model", options.model), ("tenant", options.tenant)):
+        if wanted is None or wanted in known[what]:
+            continue
+        values = known[what]
+        close = difflib.get_close_matches(wanted, values, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        listed = ", ".join(values[:20]) + (f" (and {len(values) - 20} more)" if len(values) > 20 else "")
+        return (f"--{what} {wanted!r} matches no request in the store.{hint} Known {what}s: "
+                f"{listed or 'none (no span names one)'}.")
+    return None
+
+
+def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
+    """What the store holds and which analyses it supports (infertrace.sources.capabilities)."""
+    q = coverage.quarantine
+    return {
+        "sources": dict(coverage.sources),
+        "gateway_requests": coverage.entry_requests,
+        "component_calls": coverage.component_calls,
+        "step_spans": coverage.step_spans,
+        "summary": coverage.sentences(),
+        "analyses": [{"key": a.key, "title": a.title, "supported": a.supported, "detail": a.detail}
+                     for a in coverage.analyses],
+        "quarantine": {"records": q.records, "reasons": [{"reason": r, "count": n} for r, n in q.reasons]},
+        "stored_with_changes": coverage.stored_with_changes,
+        "unreadable_segments": coverage.unreadable_segments,
+    }
+
+
+def _unavailable(coverage: StoreCoverage, key: str) -> dict[str, Any] | None:
+    """The section as unavailable, with the reason, when the store cannot support its analysis."""
+    analysis = coverage.analysis(key)
+    return None if analysis.supported else {"status": "unavailable", "reason": analysis.detail.rstrip(".")}
+
+
 # ------------------------------------------------------------------------------------------ building
 def build_report(store: Store, options: ReportOptions | None = None, *, rca: RcaReport | None = None,
                  itl: ItlAnalysis | None = None, ttft: TtftAnalysis | None = None,
                  cache: PrefixCacheAnalysis | None = None, roofline: RooflineAnalysis | None = None,
-                 slo: SloSummary | None = None) -> dict[str, Any]:
+                 coverage: StoreCoverage | None = None, slo: SloSummary | None = None) -> dict[str, Any]:
     """The report document for the store. Analyzer results may be passed in when already computed (tests,
     the dashboard, materialised results); otherwise the analyzers run here. `slo` must be the summary for
-    the options' window, model, tenant and targets."""
+    the options' window, model, tenant and targets. An analysis the store cannot support (infertrace.sources.
+    capabilities: no step spans for ITL attribution, no cached-token counts for the prefix cache) is reported
+    unavailable with the reason, never as an empty result."""
+    from infertrace.sources.capabilities import store_coverage
+
     o = options or ReportOptions()
+    coverage = coverage or store_coverage(store)
     sections: dict[str, Any] = {}
     if "slo" in o.sections:
         sections["slo"] = slo_section(slo or slo_summary(
@@ -325,7 +388,9 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
 
             rca = analyze_incidents(store)
         sections["incidents"] = incidents_section(rca, o)
-    if "itl" in o.sections:
+    if "itl" in o.sections and (unavailable := _unavailable(coverage, "itl")) is not None:
+        sections["itl"] = unavailable
+    elif "itl" in o.sections:
         if itl is None:
             from infertrace.analyzers.itl import analyze_itl
 
@@ -336,11 +401,15 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
         from infertrace.analyzers.ttft import analyze_ttft
 
         sections["ttft"] = ttft_section(ttft or analyze_ttft(store), o)
-    if "prefix_cache" in o.sections:
+    if "prefix_cache" in o.sections and (unavailable := _unavailable(coverage, "prefix_cache")) is not None:
+        sections["prefix_cache"] = unavailable
+    elif "prefix_cache" in o.sections:
         from infertrace.analyzers.prefix_cache import analyze_prefix_cache
 
         sections["prefix_cache"] = prefix_cache_section(cache or analyze_prefix_cache(store), o)
-    if "prefill_throughput" in o.sections:
+    if "prefill_throughput" in o.sections and (unavailable := _unavailable(coverage, "prefill_throughput")):
+        sections["prefill_throughput"] = unavailable
+    elif "prefill_throughput" in o.sections:
         from infertrace.analyzers.roofline import analyze_prefill_roofline
 
         sections["prefill_throughput"] = prefill_throughput_section(roofline or analyze_prefill_roofline(store), o)
@@ -350,6 +419,7 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
         "store": {"segments": len(store.segments), "spans": int(extent[2]), "first_span": iso(extent[0]),
                   "last_span": iso(extent[1])},
         "selection": {"since": iso(o.since_ns), "until": iso(o.until_ns), "model": o.model, "tenant": o.tenant},
+        "coverage": coverage_section(coverage),
         "sections": sections,
     }
     doc["findings"] = findings(doc)

@@ -70,14 +70,15 @@ ANALYSES: dict[str, Callable[[Store], Any]] = {
 _CODE = {  # what each kind of derived data depends on
     "relations": (("infertrace.store", "relations/*.sql"),),
     "results": (("infertrace.analyzers", "*.py"), ("infertrace.analyzers", "sql/*.sql"),
-                ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py")),
+                ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py"),
+                ("infertrace.sources", "*.py")),
 }
 
 
 @functools.cache
 def code_version(kind: str = "results") -> str:
     """A hash of the code that derived data depends on: for results, the analyzers (Python and SQL), the
-    relations' SQL and this package; for relations, their SQL."""
+    relations' SQL, this package and the source profiles (`infertrace.sources`); for relations, their SQL."""
     digest = hashlib.sha256()
     for package, pattern in _CODE[kind]:
         folder = Path(str(resources.files(package)))
@@ -88,13 +89,22 @@ def code_version(kind: str = "results") -> str:
 
 def snapshot_key(store: Store, kind: str = "results") -> str:
     """The key of the store's current snapshot: its segments' names and the version of the code `kind` of
-    derived data (results, relations) depends on."""
-    return segments_key([p.name for p in store.segments], kind)
+    derived data (results, relations) depends on; for results also the `--components` rules registered on the
+    store's connection (they name the components RCA ranks), so results under other rules are never read."""
+    rules = ""
+    if kind == "results":
+        from infertrace.sources.components import registered
+
+        rules = repr(registered(store))
+    return segments_key([p.name for p in store.segments], kind, rules)
 
 
-def segments_key(names: Iterable[str], kind: str = "results") -> str:
-    """`snapshot_key` from the segments' names alone (no store opened)."""
+def segments_key(names: Iterable[str], kind: str = "results", rules: str = "") -> str:
+    """`snapshot_key` from the segments' names alone (no store opened); `rules` as `snapshot_key` gives them
+    (empty: none registered)."""
     digest = hashlib.sha256(code_version(kind).encode())
+    if rules and rules != "()":
+        digest.update(b"\0rules\0" + rules.encode())
     for name in sorted(names):
         digest.update(b"\n" + name.encode())
     return digest.hexdigest()[:24]

@@ -66,7 +66,6 @@ OTLP_SCHEMA = pa.schema([("resourceSpans", pa.list_(pa.struct([
                                        ("spans", pa.list_(_SPAN))]))),
 ])))])
 _PARSE = pj.ParseOptions(explicit_schema=OTLP_SCHEMA, unexpected_field_behavior="ignore")
-_INT64_MAX = str((1 << 63) - 1)
 _KIND_OF_FIELD = {"stringValue": "string", "intValue": "int", "doubleValue": "double", "boolValue": "bool"}
 
 
@@ -108,27 +107,52 @@ def _flatten(lists: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
     return array.flatten(), pc.list_parent_indices(array).to_numpy()
 
 
+_HEX_DIGIT = np.zeros(256, dtype=bool)
+_HEX_DIGIT[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = True
+
+
+def _all_lower_hex(ids: pa.Array, digits: int) -> bool:
+    """Whether every id (no nulls) is exactly `digits` lowercase hex digits."""
+    if not len(ids):
+        return True
+    lengths = pc.binary_length(ids)
+    if pc.min(lengths).as_py() != digits or pc.max(lengths).as_py() != digits:
+        return False
+    offsets, data = ids.buffers()[1:3]
+    first = int(np.frombuffer(offsets, dtype=np.int32, count=1, offset=4 * ids.offset)[0])
+    return bool(_HEX_DIGIT[np.frombuffer(data, dtype=np.uint8, count=digits * len(ids), offset=first)].all())
+
+
 def _hex(ids: pa.Array, digits: int, required: bool) -> pa.Array:
-    valid = pc.match_substring_regex(ids, f"^[0-9a-f]{{{digits}}}$")
-    zero = pc.equal(ids, "0" * digits)
+    zero = "0" * digits
     if required:
-        if ids.null_count or not pc.all(valid).as_py() or pc.any(zero).as_py():
+        if ids.null_count or not _all_lower_hex(ids, digits) or pc.any(pc.equal(ids, zero)).as_py():
             raise _Fallback
         return ids
-    empty = pc.equal(ids, "")
-    ok = pc.or_kleene(valid, empty)
-    if not pc.all(pc.fill_null(ok, True)).as_py() or pc.any(pc.fill_null(zero, False)).as_py():
+    empty = pc.fill_null(pc.equal(ids, ""), False)
+    ids = pc.if_else(empty, pa.scalar(None, pa.string()), ids)  # proto3 JSON: "" is no parent
+    present = ids.drop_null() if ids.null_count else ids
+    if not _all_lower_hex(present, digits) or pc.any(pc.equal(present, zero)).as_py():
         raise _Fallback
-    return pc.if_else(pc.fill_null(empty, False), pa.scalar(None, pa.string()), ids)
+    return ids
+
+
+def _decimal(strings: pa.Array) -> pa.Array:
+    """Decimal integer strings as int64 (null stays null); _Fallback (or ArrowInvalid: not an integer, or
+    beyond 64 bits) for any string Python's int() reads otherwise: Arrow's cast also reads `0x10`."""
+    if len(strings) and pc.any(pc.match_substring(strings, "x", ignore_case=True)).as_py():
+        raise _Fallback
+    return pc.cast(strings, pa.int64())
 
 
 def _nanos(values: pa.Array) -> pa.Array:
-    values = pc.fill_null(values, "0")
-    digits = pc.match_substring_regex(values, r"^[0-9]{1,19}$")
-    too_big = pc.and_(pc.equal(pc.utf8_length(values), 19), pc.greater(values, _INT64_MAX))
-    if not pc.all(digits).as_py() or pc.any(too_big).as_py():
+    """Nanosecond times (a missing one is 0); _Fallback for a negative one (quarantined by the record path)."""
+    nanos = _decimal(values)
+    if nanos.null_count:
+        nanos = pc.fill_null(nanos, 0)
+    if len(nanos) and pc.min(nanos).as_py() < 0:
         raise _Fallback
-    return pc.cast(values, pa.int64())
+    return nanos
 
 
 def _longest(strings: pa.Array) -> int:
@@ -269,7 +293,7 @@ def _integer_events(events: pa.Array) -> pa.Array | None:
     flat = events.flatten()  # the events of every span, in order (a null list contributes none)
     if flat.null_count:
         return None
-    times = pc.if_else(pc.equal(pc.fill_null(flat.field("timeUnixNano"), ""), ""), "0", flat.field("timeUnixNano"))
+    times = flat.field("timeUnixNano")
     attributes = flat.field("attributes")
     if attributes.null_count:
         attributes = pc.fill_null(attributes, pa.scalar([], type=attributes.type))
@@ -315,8 +339,8 @@ def _events_in_python(events: pa.Array) -> pa.Array:
     for row, span_events in zip(with_events.tolist(), events.take(pa.array(with_events)).to_pylist(), strict=True):
         built = []
         for event in span_events:
-            time = event["timeUnixNano"] or "0"
-            if not time.isdigit() or int(time) > (1 << 63) - 1:
+            time = "0" if event["timeUnixNano"] is None else event["timeUnixNano"]
+            if not time.isdigit() or not time.isascii() or int(time) > (1 << 63) - 1:
                 raise _Fallback
             built.append({"time_ns": int(time), "name": event["name"] or "",
                           "attributes": _event_attributes(event["attributes"])})
@@ -325,6 +349,8 @@ def _events_in_python(events: pa.Array) -> pa.Array:
 
 
 _VALUE_FIELDS = ("stringValue", "intValue", "doubleValue", "boolValue", "arrayValue", "kvlistValue", "bytesValue")
+_SCALAR_FIELDS = _VALUE_FIELDS[:4]
+_ARRAY = 4  # index of arrayValue in _VALUE_FIELDS
 
 
 def _value_kind(values: pa.StructArray, fields: tuple[str, ...] = _VALUE_FIELDS) -> str:
@@ -336,33 +362,110 @@ def _value_kind(values: pa.StructArray, fields: tuple[str, ...] = _VALUE_FIELDS)
     return kinds[0]
 
 
-def _scalar(values: pa.StructArray, field: str) -> pa.Array:
-    column = values.field(field)
-    if field == "intValue":
-        digits = pc.match_substring_regex(column, r"^-?[0-9]{1,19}$")
-        if not pc.all(digits).as_py():
-            raise _Fallback
-        return pc.cast(column, pa.int64())  # raises ArrowInvalid on overflow: the caller falls back
-    return column
+def _kinds(values: pa.StructArray, fields: tuple[str, ...], refused: tuple[str, ...] = ()) -> np.ndarray:
+    """For each AnyValue, the index in `fields` of the one field it sets; _Fallback when one sets none or
+    several, or a `refused` field."""
+    if values.null_count or any(values.field(name).null_count != len(values) for name in refused):
+        raise _Fallback  # bytes or a key-value list: kept as JSON text by the record-by-record path
+    kind = np.zeros(len(values), dtype=np.int8)
+    count = np.zeros(len(values), dtype=np.int8)
+    for i, name in enumerate(fields):
+        child = values.field(name)
+        if child.null_count == len(child):
+            continue
+        present = np.ones(len(child), dtype=bool) if not child.null_count else \
+            child.is_valid().to_numpy(zero_copy_only=False)
+        kind[present] = i
+        count += present
+    if len(count) and (count.min() != 1 or count.max() != 1):
+        raise _Fallback  # an empty value, or one with two fields: the record-by-record path decides
+    return kind
 
 
-def _typed(values: pa.StructArray) -> tuple[str, pa.Array]:
-    kind = _value_kind(values)
-    if kind in _KIND_OF_FIELD:
-        return _KIND_OF_FIELD[kind], _scalar(values, kind)
-    if kind != "arrayValue":
-        raise _Fallback
-    lists = values.field("arrayValue").field("values")
-    if lists.null_count:  # `"arrayValue": {}`: proto3 JSON omits an empty list
-        lists = pc.fill_null(lists, pa.scalar([], type=lists.type))
-    items = lists.flatten()
-    offsets = pc.subtract(lists.offsets, lists.offsets[0])
-    if len(items) == 0:
-        return "[]", pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
-    item_kind = _value_kind(items, tuple(_KIND_OF_FIELD))
-    rebuilt = pa.ListArray.from_arrays(offsets, _scalar(items, item_kind))
-    rebuilt.validate(full=True)  # offsets and items must agree before anything reads them
-    return _KIND_OF_FIELD[item_kind] + "[]", rebuilt
+def _integers(strings: pa.Array) -> np.ndarray:
+    """Integer strings (nulls allowed) as int64, 0 where null."""
+    return pc.fill_null(_decimal(strings), 0).to_numpy()
+
+
+class _Values:
+    """Every attribute value of a block (`AnyValue`s), each kind decoded once for all keys; `column()` picks
+    the values of one key."""
+
+    def __init__(self, values: pa.StructArray) -> None:
+        self.kind = _kinds(values, _VALUE_FIELDS[:_ARRAY + 1], _VALUE_FIELDS[_ARRAY + 1:])
+        self.strings: pa.Array = values.field("stringValue")
+        self._fields = values
+        self._numbers: dict[str, np.ndarray] = {}
+        lists = values.field("arrayValue").field("values")
+        offsets = lists.offsets.to_numpy()
+        self.starts = offsets[:-1].astype(np.int64)
+        ends = offsets[1:] if not lists.null_count else np.where(  # `"arrayValue": {}` is an empty list
+            lists.is_valid().to_numpy(zero_copy_only=False), offsets[1:], offsets[:-1])
+        self.ends = ends.astype(np.int64)
+        self.items: pa.StructArray = lists.values
+        self._item_kind: np.ndarray | None = None
+
+    def numbers(self, field: str, of_items: bool = False) -> np.ndarray:
+        """intValue, doubleValue or boolValue of every value (or list item) as numpy, 0 where absent."""
+        name = ("items." if of_items else "") + field
+        if name not in self._numbers:
+            column = (self.items if of_items else self._fields).field(field)
+            if field == "intValue":
+                self._numbers[name] = _integers(column)
+            else:
+                self._numbers[name] = pc.fill_null(column, False if field == "boolValue" else 0.0).to_numpy(
+                    zero_copy_only=False)
+        return self._numbers[name]
+
+    def item_kind(self, positions: np.ndarray) -> str:
+        """The one scalar kind of every list item of the values at `positions`: `int[]`, ..., or `[]` when
+        they hold no item; _Fallback when they mix kinds."""
+        if self._item_kind is None:
+            self._item_kind = _kinds(self.items, _SCALAR_FIELDS)
+        lengths = self.ends[positions] - self.starts[positions]
+        kinds = np.unique(self._item_kind[_ranges(self.starts[positions], lengths)])
+        if len(kinds) == 0:
+            return "[]"
+        if len(kinds) > 1:
+            raise _Fallback  # a list of mixed kinds (JSON text, by the record-by-record path)
+        return _KIND_OF_FIELD[_SCALAR_FIELDS[kinds[0]]] + "[]"
+
+    def column(self, kind: str, index: np.ndarray) -> pa.Array:
+        """The values at positions `index` (-1: null) as an Arrow array of `kind`."""
+        absent = index < 0
+        mask = absent if absent.any() else None
+        safe = np.where(absent, 0, index) if mask is not None else index
+        if kind == "string":
+            return self.strings.take(pa.array(index, mask=mask))
+        if kind in ("int", "double", "bool"):
+            return pa.array(self.numbers(_FIELD_OF_KIND[kind])[safe], mask=mask)
+        lengths = self.ends[safe] - self.starts[safe]
+        if mask is not None:
+            lengths[mask] = 0
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        picked = _ranges(self.starts[safe], lengths)
+        item = kind[:-2]
+        if item == "":  # only empty lists
+            items: pa.Array = pa.array([], pa.string())
+        elif item == "string":
+            items = self.items.field("stringValue").take(pa.array(picked))
+        else:
+            items = pa.array(self.numbers(_FIELD_OF_KIND[item], of_items=True)[picked])
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), items,
+                                        mask=None if mask is None else pa.array(mask))
+
+
+_FIELD_OF_KIND = {kind: field for field, kind in _KIND_OF_FIELD.items()}
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenated ranges [start, start + length)."""
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.arange(total, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)
 
 
 def _texts(kind: str, typed: pa.Array) -> pa.Array:
@@ -371,6 +474,8 @@ def _texts(kind: str, typed: pa.Array) -> pa.Array:
         return typed
     if kind == "int":
         return pc.cast(typed, pa.string())
+    if kind == "bool":
+        return pc.if_else(typed, "true", "false")
     return pa.array([as_text(kind, v) for v in typed.to_pylist()], type=pa.string())
 
 
@@ -388,8 +493,17 @@ def _converted(kind: str, typed: pa.Array, declared: str) -> pa.Array:
         raise _Fallback from None  # kept as text in the map, by the record-by-record path
 
 
+def _too_long(strings: pa.Array) -> bool:
+    """Whether a string is over MAX_VALUE_CHARS characters (bytes first: a UTF-8 character is ≥ 1 byte)."""
+    if not len(strings) or (pc.max(pc.binary_length(strings)).as_py() or 0) <= MAX_VALUE_CHARS:
+        return False
+    return _longest(strings) > MAX_VALUE_CHARS
+
+
 def _attribute_columns(attributes: pa.Array, n: int, notes: Notes) -> dict[str, pa.Array]:
-    """The typed columns of declared keys and the span attribute map; conversions noted in `notes`."""
+    """The typed columns of declared keys and the span attribute map; conversions noted in `notes`.
+
+    Every value is decoded once per block (`_Values`); a key's values are then picked by position."""
     key_values, owner = _flatten(attributes)
     if key_values.null_count or key_values.field("key").null_count:
         raise _Fallback
@@ -400,52 +514,78 @@ def _attribute_columns(attributes: pa.Array, n: int, notes: Notes) -> dict[str, 
     keys = encoded.dictionary.to_pylist()
     if any(len(key) > MAX_KEY_CHARS for key in keys):
         raise _Fallback
-    order = np.argsort(codes, kind="stable")
+    values = _Values(key_values.field("value"))
+    order = np.argsort(codes.astype(np.int16) if len(keys) < 1 << 15 else codes, kind="stable")  # int16: radix
+    sorted_codes, sorted_owner = codes[order], owner[order]
+    if bool(np.any((sorted_codes[1:] == sorted_codes[:-1]) & (sorted_owner[1:] == sorted_owner[:-1]))):
+        raise _Fallback  # a key repeated within one span
     bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(keys)))])
-    values = key_values.field("value")
+    kinds_of_key = np.zeros((len(keys), _ARRAY + 1), dtype=bool)
+    for k in range(_ARRAY + 1):
+        kinds_of_key[:, k] = np.bincount(codes[values.kind == k], minlength=len(keys)) > 0
+    if len(keys) and kinds_of_key.sum(axis=1).max() > 1:
+        raise _Fallback  # one key with values of different kinds: the record-by-record path decides
+    long_strings = _too_long(values.strings)
     out: dict[str, pa.Array] = {}
-    in_map: list[tuple[np.ndarray, np.ndarray, pa.Array]] = []  # (flat positions, key codes, texts)
+    in_map: list[tuple[np.ndarray, pa.Array]] = []  # (flat positions, texts) of undeclared keys
+    strings_in_map = np.zeros(len(keys), dtype=bool)  # undeclared keys of string values
     for code, key in enumerate(keys):
         picked = order[bounds[code]:bounds[code + 1]]
         rows = owner[picked]
-        if len(rows) > 1 and bool(np.any(rows[1:] == rows[:-1])):  # rows ascend within a key (stable sort)
-            raise _Fallback  # a key repeated within one span
-        kind, typed = _typed(values.take(pa.array(picked)))
+        field = _VALUE_FIELDS[int(np.argmax(kinds_of_key[code]))]
+        kind = values.item_kind(picked) if field == "arrayValue" else _KIND_OF_FIELD[field]
         declared = DECLARED_ATTRIBUTES.get(key)
         if declared is None:
-            texts = _texts(kind, typed)
-            if _longest(texts) > MAX_VALUE_CHARS:
+            if kind == "string":
+                strings_in_map[code] = True
+                continue
+            texts = _texts(kind, values.column(kind, picked))
+            if kind.endswith("[]") and _too_long(texts):
                 raise _Fallback
-            in_map.append((picked, np.full(len(picked), code, dtype=np.int32), texts))
+            in_map.append((picked, texts))
             continue
-        if kind != declared:
-            typed = _converted(kind, typed, declared)
-            if kind != "[]":
-                notes.add(rows, CONVERTED, key)
-        if declared == "string" and _longest(typed) > MAX_VALUE_CHARS:
+        if kind == declared:
+            index = np.full(n, -1, dtype=np.int64)
+            index[rows] = picked
+            typed = values.column(kind, index)
+        else:
+            converted = _converted(kind, values.column(kind, picked), declared)
+            if kind != "[]":  # nor is any empty list a conversion: the record path reads it as `[]`
+                empty = (values.ends[picked] == values.starts[picked]) if kind.endswith("[]") else None
+                notes.add(rows if empty is None else rows[~empty], CONVERTED, key)
+            index = np.full(n, -1, dtype=np.int64)
+            index[rows] = np.arange(len(rows))
+            typed = converted.take(pa.array(index, mask=index < 0))
+        if declared == "string" and (long_strings or kind != "string") and _too_long(typed.drop_null()):
             raise _Fallback
-        if declared == "string[]" and _longest(typed.flatten().drop_null()) > MAX_VALUE_CHARS:
+        if declared == "string[]" and _too_long(typed.flatten().drop_null()):
             raise _Fallback
-        index = np.full(n, -1, dtype=np.int64)
-        index[rows] = np.arange(len(rows))
-        out[attribute_column(key)] = typed.take(pa.array(index, mask=index < 0))
+        out[attribute_column(key)] = typed
+    if strings_in_map.any():
+        positions = np.flatnonzero(strings_in_map[codes])
+        texts = values.column("string", positions)
+        if long_strings and _too_long(texts):
+            raise _Fallback  # truncated and counted by the record-by-record path
+        in_map.append((positions, texts))
     for key, declared in DECLARED_ATTRIBUTES.items():
         if attribute_column(key) not in out:
             out[attribute_column(key)] = pa.nulls(n, VALUE_TYPES[declared])
-    out[SPAN_MAP] = _span_map(in_map, owner, encoded.dictionary, n)
+    out[SPAN_MAP] = _span_map(in_map, codes, owner, encoded.dictionary, n)
     return out
 
 
-def _span_map(in_map: list[tuple[np.ndarray, np.ndarray, pa.Array]], owner: np.ndarray, keys: pa.Array,
+def _span_map(in_map: list[tuple[np.ndarray, pa.Array]], codes: np.ndarray, owner: np.ndarray, keys: pa.Array,
               n: int) -> pa.Array:
     """The map column: each span's undeclared attributes, in the order the span listed them."""
     if not in_map:
         return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
                                        pa.array([], pa.string()))
-    positions = np.concatenate([p for p, _, _ in in_map])
-    order = pa.array(np.argsort(positions, kind="stable"))
-    codes = pa.array(np.concatenate([c for _, c, _ in in_map])).take(order)
-    texts = pa.concat_arrays([t for _, _, t in in_map]).take(order)
+    positions = np.concatenate([p for p, _ in in_map])
+    texts = pa.concat_arrays([t for _, t in in_map])
+    if len(positions) > 1 and bool(np.any(positions[1:] < positions[:-1])):
+        order = np.argsort(positions, kind="stable")
+        positions = positions[order]
+        texts = texts.take(pa.array(order))
     counts = np.bincount(owner[positions], minlength=n)
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
-    return pa.MapArray.from_arrays(offsets, keys.take(codes), texts)
+    return pa.MapArray.from_arrays(offsets, keys.take(pa.array(codes[positions])), texts)

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from infertrace.store.schema import SCHEMA
 from infertrace.store.segments import (
+    PARQUET_OPTIONS,
     REPLACES_SUFFIX,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
@@ -215,7 +216,7 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path, inputs: list[Path]) -> t
 
     def write(f: IO[bytes]) -> None:
         nonlocal rows_out
-        with pq.ParquetWriter(f, schema, compression="zstd") as writer:
+        with pq.ParquetWriter(f, schema, **PARQUET_OPTIONS) as writer:
             for batch in reader:
                 writer.write_batch(batch.cast(schema))
                 rows_out += batch.num_rows

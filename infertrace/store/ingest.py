@@ -1,10 +1,11 @@
 """Ingest of OTLP JSON lines files (the OpenTelemetry Collector's file exporter format) into a store.
 
-Streaming: a block of whole lines (about `block_bytes`) is parsed, written as segments and dropped, so
-memory is bounded by the block, not by the file (two blocks: the next one is parsed on a parser thread while
-the current one is written). A line longer than `max_line_bytes` is never held whole: it is skipped and
-quarantined with its length and first bytes. A file that ends mid-stream (a truncated .gz) keeps every
-complete line read before the break; the unreadable tail is quarantined.
+Streaming: a block of whole lines (about `block_bytes`, read in chunks) is parsed, written as segments and
+dropped, so memory is bounded by the block, not by the file (three blocks: the next one is parsed on a parser
+thread and the previous one written on a writer thread while this thread turns one into spans). A line
+longer than `max_line_bytes` is never held whole: it is skipped and quarantined with its length and first
+bytes. A file that ends mid-stream (a truncated .gz) keeps every complete line read before the break; the
+unreadable tail is quarantined.
 
 A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block that path cannot take
 whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad line or
@@ -30,12 +31,12 @@ import pyarrow as pa
 
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import parse_block, spans_table
-from infertrace.store.segments import write_quarantine, write_segments
+from infertrace.store.segments import Written, write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
 DEFAULT_MAX_LINE_BYTES = 32 << 20  # a longer line is quarantined unread (the collector's default body cap)
-_SKIP_CHUNK = 1 << 20
+_READ_CHUNK = 4 << 20  # bytes asked of the stream at a time
 _SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
 
 
@@ -117,66 +118,132 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass
-class _Block:
-    """A block of lines read from a file, its Arrow parse under way on the parser thread."""
+class _Lines:
+    """Blocks of whole lines read from a (decompressed) stream, in chunks (never line by line).
 
-    lines: list[bytes]
-    first_line: int
-    parsed: Future[pa.Table | None] | None  # None: parse record by record
-    read_to: int  # position in the (compressed) file after the block
+    A block ends with the first line that reaches `block_bytes`, so a file is cut at the same places every
+    time. A line over `max_line` bytes (newline included) is never held whole: it is read through, rejected
+    with its length and first bytes, and left in the block as a blank line so that line numbers stay right.
+    A read error (a truncated or corrupt .gz) ends the file: the complete lines before it are kept, and the
+    rest is rejected as unreadable."""
 
+    def __init__(self, stream: IO[bytes], max_line: int, source: str) -> None:
+        self.stream, self.max_line, self.source = stream, max_line, source
+        self.chunk = b""
+        self.pos = 0  # where the unread part of `chunk` starts
+        self.failed = False  # the stream cannot be read further
+        self.line = 1  # number of the next line
 
-def _parse(lines: list[bytes]) -> pa.Table | None:
-    content = [line for line in lines if line.strip()]
-    if not content:
-        return None
-    return parse_block(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in content),
-                       max(map(len, content)))
+    def _refill(self, rejections: list[Rejection]) -> bool:
+        """Reads the next chunk; False at the end of the stream or on a read error (rejected)."""
+        if self.failed:
+            return False
+        try:
+            chunk = self.stream.read1(_READ_CHUNK)  # type: ignore[attr-defined]
+        except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz: keep the lines read before
+            self.failed = True
+            rejections.append(Rejection(self.source, self.line,
+                                        f"unreadable from this line on (truncated or corrupt file?): {e}", ""))
+            return False
+        self.chunk, self.pos = chunk, 0
+        return bool(chunk)
+
+    def _skip_line(self, rejections: list[Rejection]) -> int:
+        """Reads and drops the rest of a line; returns how many bytes that was."""
+        skipped = 0
+        while self.pos < len(self.chunk) or self._refill(rejections):
+            newline = self.chunk.find(b"\n", self.pos)
+            end = len(self.chunk) if newline < 0 else newline + 1
+            skipped += end - self.pos
+            self.pos = end
+            if newline >= 0:
+                break
+        return skipped
+
+    def block(self, block_bytes: int) -> _Read:
+        """The next block of lines (`data` ends with a newline; empty at the end of the stream)."""
+        parts: list[bytes | memoryview] = []  # pieces of the block, in order
+        rejections: list[Rejection] = []
+        first, size, longest = self.line, 0, 0
+        partial: list[memoryview] = []  # the start of a line that continues in the next chunk
+        partial_bytes = 0
+        run = self.pos  # start of the complete lines of `chunk` not yet in `parts`
+        while size < block_bytes:
+            newline = self.chunk.find(b"\n", self.pos)
+            if newline < 0:  # the line goes on past this chunk
+                view = memoryview(self.chunk)
+                if run < self.pos:
+                    parts.append(view[run:self.pos])
+                if self.pos < len(self.chunk):
+                    partial.append(view[self.pos:])
+                    partial_bytes += len(self.chunk) - self.pos
+                if partial_bytes > self.max_line:
+                    self.pos = len(self.chunk)
+                    self._reject_long(partial, partial_bytes + self._skip_line(rejections), parts, rejections)
+                    partial, partial_bytes, run = [], 0, self.pos
+                    continue
+                if not self._refill(rejections):
+                    if partial and not self.failed:  # a last line without a newline
+                        parts.extend(partial)
+                        parts.append(b"\n")
+                        size += partial_bytes
+                        longest = max(longest, partial_bytes + 1)
+                        self.line += 1
+                    partial, run = [], self.pos
+                    break
+                run = 0
+                continue
+            length = partial_bytes + newline + 1 - self.pos
+            if length > self.max_line:
+                view = memoryview(self.chunk)
+                if run < self.pos:
+                    parts.append(view[run:self.pos])
+                partial.append(view[self.pos:newline + 1])
+                self.pos = run = newline + 1
+                self._reject_long(partial, length, parts, rejections)
+                partial, partial_bytes = [], 0
+                continue
+            if partial:
+                parts.extend(partial)
+                partial, partial_bytes = [], 0
+            size += length
+            longest = max(longest, length)
+            self.line += 1
+            self.pos = newline + 1
+        if run < self.pos:
+            parts.append(memoryview(self.chunk)[run:self.pos])
+        return _Read(b"".join(parts), first, self.line - first, longest, rejections)
+
+    def _reject_long(self, pieces: list[memoryview], total: int, parts: list[bytes | memoryview],
+                     rejections: list[Rejection]) -> None:
+        head = b"".join(pieces)[:200] if len(pieces[0]) < 200 else bytes(pieces[0][:200])
+        rejections.append(Rejection(self.source, self.line, f"line of {total} bytes is over the limit of "
+                                    f"{self.max_line} bytes (--max-line-bytes)",
+                                    head.decode("utf-8", "replace") + "…"))
+        parts.append(b"\n")  # a blank line in its place keeps the line numbers right
+        self.line += 1
 
 
 @dataclass
 class _Read:
-    lines: list[bytes]
+    data: bytes  # whole lines, each ending with a newline
+    first_line: int
+    lines: int
+    longest: int  # bytes of the longest line, newline included
     rejections: list[Rejection]  # lines over the length limit, and an unreadable tail
-    failed: bool  # the file cannot be read further
 
 
-def _skip_line(stream: IO[bytes]) -> int:
-    """Reads and drops the rest of a line; returns how many bytes that was."""
-    skipped = 0
-    while chunk := stream.readline(_SKIP_CHUNK):
-        skipped += len(chunk)
-        if chunk.endswith(b"\n"):
-            break
-    return skipped
+@dataclass
+class _Block:
+    """A block of lines read from a file, its Arrow parse under way on the parser thread."""
+
+    read: _Read
+    parsed: Future[pa.Table | None] | None  # None: parse record by record
+    read_to: int  # position in the (compressed) file after the block
 
 
-def _read_block(stream: IO[bytes], block_bytes: int, max_line: int, source: str, first_line: int) -> _Read:
-    """About `block_bytes` of whole lines; a line over `max_line` is replaced by a blank line (so line
-    numbers stay right) and rejected with its length."""
-    lines: list[bytes] = []
-    rejections: list[Rejection] = []
-    size = 0
-    try:
-        while size < block_bytes:
-            line = stream.readline(max_line + 1)
-            if not line:
-                break
-            if len(line) > max_line:
-                total = len(line) + (0 if line.endswith(b"\n") else _skip_line(stream))
-                rejections.append(Rejection(
-                    source, first_line + len(lines), f"line of {total} bytes is over the limit of {max_line} "
-                    f"bytes (--max-line-bytes)", line[:200].decode("utf-8", "replace") + "…"))
-                lines.append(b"\n")
-                continue
-            lines.append(line)
-            size += len(line)
-    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz: keep the lines read before
-        rejections.append(Rejection(source, first_line + len(lines),
-                                    f"unreadable from this line on (truncated or corrupt file?): {e}", ""))
-        return _Read(lines, rejections, True)
-    return _Read(lines, rejections, False)
+def _parse(read: _Read) -> pa.Table | None:
+    return parse_block(read.data, read.longest) if read.data else None
 
 
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
@@ -184,53 +251,94 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> IngestSummary:
     """Ingests OTLP JSON lines files into the store at `root`, a block of about `block_bytes` of whole lines
     at a time (one or more segments per block). `on_progress(bytes)` is called with the number of
-    (compressed) bytes read since its last call. `columnar=False` parses every block record by record
-    (the fallback path; for tests and the benchmark).
+    (compressed) bytes read since its last call, once the block is stored. `columnar=False` parses every
+    block record by record (the fallback path; for tests and the benchmark).
 
-    Pipelined: while a block is turned into spans and written, Arrow parses the next one on a parser thread
-    (its JSON reader runs in C++ without the GIL), so at most two blocks are in memory."""
+    Pipelined over three threads: while a block is turned into spans (this thread), Arrow parses the next one
+    (its JSON reader runs in C++ without the GIL) and the previous one's Parquet segments are written (also in
+    C++ without the GIL), so at most three blocks are in memory."""
     files = expand_paths(paths)
     summary = IngestSummary(files=len(files))
     root.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
+            _Writer(root, summary, on_progress) as writer:
         for path in files:
             raw, stream = _open(path)
             with raw, stream:
-                position = 0
-                line_no = 0
-                source = str(path)
+                lines = _Lines(stream, max_line_bytes, str(path))
+                position = 0  # in the file, up to which progress is reported
                 pending: _Block | None = None
                 while True:
-                    read = _read_block(stream, block_bytes, max_line_bytes, source, line_no + 1)
+                    read = lines.block(block_bytes)
                     if read.rejections:
                         summary.add_rejections(read.rejections, len(read.rejections))
                         _quarantine(root, read.rejections, summary)
-                    lines = read.lines
-                    if lines:
-                        block = _Block(lines, line_no + 1, parser.submit(_parse, lines) if columnar else None,
-                                       raw.tell())
-                        line_no += len(lines)
+                    if read.lines:
+                        block = _Block(read, parser.submit(_parse, read) if columnar else None, raw.tell())
                         if pending is not None:
-                            position = _finish_block(root, pending, source, summary, on_progress, position)
+                            position = _finish_block(pending, str(path), summary, writer, position)
                         pending = block
-                    if read.failed or not lines:
+                    if lines.failed or not read.lines:
                         break
                 if pending is not None:
-                    _finish_block(root, pending, source, summary, on_progress, position)
-                summary.lines += line_no
+                    _finish_block(pending, str(path), summary, writer, position)
+                summary.lines += lines.line - 1
     return summary
 
 
-def _finish_block(root: Path, block: _Block, source: str, summary: IngestSummary,
-                  on_progress: Callable[[int], None] | None, position: int) -> int:
-    """Stores one block; returns the file position progress has been reported to."""
+class _Writer:
+    """Writes blocks' segments on a writer thread, one block at a time, in order; progress is reported once
+    a block is stored. An error of the disk is raised by the next `submit` or on leaving the `with`."""
+
+    def __init__(self, root: Path, summary: IngestSummary, on_progress: Callable[[int], None] | None) -> None:
+        self.root, self.summary, self.on_progress = root, summary, on_progress
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-write")
+        self._pending: tuple[Future[Written | None], int] | None = None
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self._collect()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def submit(self, table: pa.Table | None, notes: Notes, progress: int) -> None:
+        """Writes `table` once the previous block is written (memory stays bounded), then reports `progress`
+        bytes of the file."""
+        self._collect()
+        self._pending = (self._pool.submit(self._write, table, notes), progress)
+
+    def _write(self, table: pa.Table | None, notes: Notes) -> Written | None:
+        return write_segments(self.root, table, notes) if table is not None and table.num_rows else None
+
+    def _collect(self) -> None:
+        if self._pending is None:
+            return
+        future, progress = self._pending
+        self._pending = None
+        written = future.result()
+        if written is not None:
+            self.summary.spans_new += written.spans_new
+            self.summary.segments += len(written.segments)
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+
+def _finish_block(block: _Block, source: str, summary: IngestSummary, writer: _Writer, position: int) -> int:
+    """Turns one block into spans and hands them to the writer; returns the file position progress will
+    have been reported to."""
     rejections: list[Rejection] = []
     parsed = block.parsed.result() if block.parsed is not None else None
-    whole = _ingest_block(root, block.lines, block.first_line, source, parsed, summary, rejections)
+    table, notes, whole = _block_spans(block.read, source, parsed, rejections)
     summary.add_rejections(rejections, whole)
-    _quarantine(root, rejections, summary)
-    if on_progress is not None:
-        on_progress(block.read_to - position)
+    _quarantine(writer.root, rejections, summary)
+    if table is not None:
+        summary.spans_read += table.num_rows
+        merge_counts(summary.notes, notes.counts())
+    writer.submit(table, notes, block.read_to - position)
     return block.read_to
 
 
@@ -240,41 +348,36 @@ def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary)
         summary.quarantine.append(path)
 
 
-def _ingest_block(root: Path, lines: list[bytes], first_line: int, source: str, parsed: pa.Table | None,
-                  summary: IngestSummary, rejections: list[Rejection]) -> int:
-    """Stores one block of lines (`parsed` by Arrow, or None); returns how many lines were rejected whole."""
+def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: list[Rejection]
+                 ) -> tuple[pa.Table | None, Notes, int]:
+    """One block of lines (`parsed` by Arrow, or None) → (its spans, their notes, how many lines were rejected
+    whole); rejected lines and spans are added to `rejections`."""
     decoded = spans_table(parsed) if parsed is not None else None
-    table, notes = decoded if decoded is not None else (None, Notes())
+    if decoded is not None:
+        return decoded[0], decoded[1], 0
     whole = 0
-    if table is None:
-        batch = SpanBatch()
-        with gc_paused():
-            for offset, line in enumerate(lines):
-                line_no = first_line + offset
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except (ValueError, RecursionError) as e:
-                    rejections.append(Rejection(source, line_no, f"not JSON: {e}",
-                                                line.decode("utf-8", "replace").rstrip("\r\n")))
-                    whole += 1
-                    continue
-                try:
-                    batch.add_traces_data(data, source, line_no)
-                except BadRecord as e:
-                    rejections.append(Rejection(source, line_no, f"not a TracesData: {e}",
-                                                line.decode("utf-8", "replace").rstrip("\r\n")))
-                    whole += 1
-        rejections += batch.rejections
-        table = batch.table() if batch.num_spans else None
-        notes = batch.notes
-        del batch
-        gc.collect()
-    if table is not None and table.num_rows:
-        written = write_segments(root, table, notes)
-        summary.spans_read += table.num_rows
-        summary.spans_new += written.spans_new
-        summary.segments += len(written.segments)
-        merge_counts(summary.notes, notes.counts())
-    return whole
+    batch = SpanBatch()
+    with gc_paused():
+        for offset, line in enumerate(read.data.split(b"\n")[:read.lines]):
+            line_no = read.first_line + offset
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                rejections.append(Rejection(source, line_no, f"not JSON: {e}",
+                                            line.decode("utf-8", "replace").rstrip("\r\n")))
+                whole += 1
+                continue
+            try:
+                batch.add_traces_data(data, source, line_no)
+            except BadRecord as e:
+                rejections.append(Rejection(source, line_no, f"not a TracesData: {e}",
+                                            line.decode("utf-8", "replace").rstrip("\r\n")))
+                whole += 1
+    rejections += batch.rejections
+    table = batch.table() if batch.num_spans else None
+    notes = batch.notes
+    del batch
+    gc.collect()
+    return table, notes, whole

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from reference_engine.compute.calibration import _features, fit_params, predict_seconds
+from reference_engine.compute.calibration import predict_seconds
 from reference_engine.compute.real_executor import MeasuredStep
+from reference_engine.compute.step_fit import fit_rows
 from reference_engine.engine.cost_model import CostParams, StepCostModel
 from reference_engine.engine.hardware import hardware as hardware_spec
 from reference_engine.engine.model_config import spec_from_hf_config
@@ -83,14 +84,7 @@ def split_halves(steps: list[TableStep]) -> tuple[list[TableStep], list[TableSte
 
 
 def fit_table(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str) -> CostParams:
-    hw = hardware_spec(hardware)
-    features, measured, prefill = [], [], []
-    for s in steps:
-        features.append(_features([s.step], specs[s.model], hw, s.tensor_parallel))
-        measured.append(s.step.duration_ns / 1e9)
-        prefill.append(s.step.is_prefill)
-    params, _ = fit_params(np.vstack(features), np.array(measured), np.array(prefill))
-    return params
+    return fit_rows([(s.step, specs[s.model], s.tensor_parallel) for s in steps], hardware_spec(hardware))[0]
 
 
 def errors(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str, params: CostParams) -> np.ndarray:

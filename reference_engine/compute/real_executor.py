@@ -162,7 +162,7 @@ def real_executor_for(config: EngineConfig, *, backend: str = "numpy", device: s
     """The real executor for an engine configuration: its model, and a KV pool of the engine's blocks."""
     if not config.num_kv_blocks:
         raise ValueError("the real executor allocates its KV pool up front: set num_kv_blocks")
-    if config.tensor_parallel != 1 or config.prefill_microbatch or config.offload_experts:
+    if config.tensor_parallel != 1 or config.prefill_microbatch or config.host_expert_layers():
         raise ValueError("the real executor runs one device, without prefill micro-batches or offloaded experts")
     return RealExecutor(model(config.model), config.num_kv_blocks, config.block_size, backend=backend,
                         dtype=dtype, device=device, seed=seed, temperature=temperature, threads=threads,

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.cost_model import OffloadStep, StepCostModel
 from reference_engine.engine.scheduler import Batch
 
 
@@ -31,6 +31,8 @@ class SimulatedExecutor:
         self.cost_model = cost_model
         self.pauses = sorted(pauses)
         self.last_pause_ns = 0  # pause inside the last step of the latest execute() call
+        self.last_offload: OffloadStep | None = None  # per step of the latest execute() call
+        self.last_kv_load: tuple[int, int, float] | None = None  # host tokens, remote tokens, seconds (KV tiers)
 
     def execute(self, batch: Batch, now_ns: int, deadline_ns: int | None) -> np.ndarray:
         ctx = sum(s.num_computed_tokens + 1 for s in batch.decodes)
@@ -39,13 +41,23 @@ class SimulatedExecutor:
             sampled = len(batch.decodes) + sum(
                 1 for seq, n in batch.prefills if seq.num_computed_tokens + n >= seq.prefill_target)
             seconds = self.cost_model.step_seconds(chunks, len(batch.decodes), ctx, sampled)
+            self.last_kv_load = None
+            if batch.kv_hits is not None:
+                # A prefix found in a KV tier is copied back before the step computes the rest of the prompt.
+                host = sum(hit.host_tokens for _, hit in batch.kv_hits)
+                remote = sum(hit.remote_tokens for _, hit in batch.kv_hits)
+                if host or remote:
+                    load = self.cost_model.kv_load_seconds(host, remote)
+                    seconds += load
+                    self.last_kv_load = (host, remote, load)
             durations = np.array([round(seconds * 1e9)], dtype=np.int64)
         else:
-            durations = self.cost_model.decode_run_ns(len(batch.decodes), ctx, batch.max_steps)
-            if deadline_ns is not None and len(durations) > 1:
-                ends = np.cumsum(durations)
-                steps = int(np.searchsorted(ends, deadline_ns - now_ns, side="left")) + 1
-                durations = durations[:steps]
+            self.last_kv_load = None
+            sampled = len(batch.decodes)
+            until = deadline_ns - now_ns if deadline_ns is not None else None
+            durations = self.cost_model.decode_run_ns(sampled, ctx, batch.max_steps, until)
+        if self.cost_model.cpu_moe_layers:
+            self.last_offload = self.cost_model.offload(batch.num_tokens, sampled)
         return self._apply_pauses(durations, now_ns)
 
     def _apply_pauses(self, durations: np.ndarray, now_ns: int) -> np.ndarray:

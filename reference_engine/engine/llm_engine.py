@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -10,15 +11,16 @@ import numpy as np
 
 from reference_engine.engine.block_manager import BlockManager
 from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.cost_model import OffloadStep
 from reference_engine.engine.executor import Executor, SimulatedExecutor
 from reference_engine.engine.hardware import hardware
+from reference_engine.engine.kv_tiers import KvTiers
 from reference_engine.engine.models import ModelSpec, model
 from reference_engine.engine.scheduler import Batch, Scheduler
 from reference_engine.engine.sequence import Request, Sequence, SequenceStatus
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepReport:
     index: int  # of the first step
     start_ns: int
@@ -30,6 +32,8 @@ class StepReport:
     kv_used_blocks: int  # at the end of the run
     kv_total_blocks: int
     pause_ns: int = 0
+    offload: OffloadStep | None = None  # where offloaded experts ran, per step (None: none offloaded)
+    kv_load: tuple[int, int, float] | None = None  # KV copied back from tiers: host tokens, remote tokens, seconds
 
 
 NO_STEPS = np.zeros(0, dtype=np.int64)
@@ -47,8 +51,7 @@ def num_kv_blocks(config: EngineConfig, spec: ModelSpec) -> int:
         return config.num_kv_blocks
     hw = hardware(config.hardware)
     free = hw.mem_bytes * config.tensor_parallel * config.gpu_memory_utilization - spec.weight_bytes
-    if config.offload_experts:
-        free += spec.dtype_bytes * spec.expert_params
+    free += len(config.host_expert_layers()) * spec.expert_layer_bytes
     blocks = int(free // (spec.kv_bytes_per_token * config.block_size))
     if blocks < 1:
         raise ValueError(f"{spec.name} does not fit on {config.tensor_parallel}× {hw.name} "
@@ -61,13 +64,13 @@ class LLMEngine:
                  observers: Iterable[EngineObserver] = ()) -> None:
         self.config = config
         self.spec = model(config.model)
+        host_blocks, remote_blocks = config.kv_tier_blocks()
+        tiers = (KvTiers(host_blocks, remote_blocks) if host_blocks or remote_blocks or config.kv_reuse_accounting
+                 else None)
         self.block_manager = BlockManager(num_kv_blocks(config, self.spec), config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, tiers)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.executor = executor or SimulatedExecutor(StepCostModel(
-            self.spec, hardware(config.hardware), tensor_parallel=config.tensor_parallel,
-            prefill_microbatch=config.prefill_microbatch, offload_experts=config.offload_experts,
-            params=config.cost))
+        self.executor = executor or SimulatedExecutor(config.cost_model())
         self.observers = list(observers)
         self.now_ns = 0
         self.step_index = 0
@@ -97,12 +100,14 @@ class LLMEngine:
             if seq.first_scheduled_ns is None:
                 seq.first_scheduled_ns = start
         num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        self.now_ns = start + int(durations.sum())
+        self.now_ns = start + sum(durations.tolist())  # a fifth of numpy's sum() on a few elements
         finished = self.scheduler.postprocess(batch, len(durations), self.now_ns)
         if self.observers:
+            executor = self.executor
             report = StepReport(self.step_index, start, self.now_ns, durations, batch, num_running, num_waiting,
                                 self.block_manager.num_used_blocks, self.block_manager.num_blocks,
-                                getattr(self.executor, "last_pause_ns", 0))
+                                getattr(executor, "last_pause_ns", 0), getattr(executor, "last_offload", None),
+                                getattr(executor, "last_kv_load", None))
             for observer in self.observers:
                 observer.on_step(report)
         self.step_index += len(durations)
@@ -124,15 +129,23 @@ class LLMEngine:
         i = 0
         if pending:
             self.now_ns = max(self.now_ns, pending[0].arrival_ns)
-        while i < len(pending) or self.scheduler.has_work:
-            while i < len(pending) and pending[i].arrival_ns <= self.now_ns:
-                self.add_request(pending[i])
-                i += 1
-            if not self.scheduler.has_work:
-                self.now_ns = pending[i].arrival_ns
-                continue
-            ended += self.step(pending[i].arrival_ns if i < len(pending) else None)
-            if on_progress is not None:
-                on_progress(len(ended), self.now_ns)
+        # The loop makes no reference cycles, and every request it holds stays alive to its end: the cyclic
+        # garbage collector would only rescan them, again and again. Reference counting still frees everything.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            while i < len(pending) or self.scheduler.has_work:
+                while i < len(pending) and pending[i].arrival_ns <= self.now_ns:
+                    self.add_request(pending[i])
+                    i += 1
+                if not self.scheduler.has_work:
+                    self.now_ns = pending[i].arrival_ns
+                    continue
+                ended += self.step(pending[i].arrival_ns if i < len(pending) else None)
+                if on_progress is not None:
+                    on_progress(len(ended), self.now_ns)
+        finally:
+            if collecting:
+                gc.enable()
         assert all(s.status is SequenceStatus.FINISHED for s in ended)
         return ended

@@ -17,7 +17,12 @@ class ModelSpec:
     vocab_size: int
     num_experts: int = 1  # MoE: experts per layer
     experts_per_token: int = 1
-    dtype_bytes: int = 2
+    dtype_bytes: int = 2  # activations and KV cache
+    weight_bits: float = 0.0  # bits per weight parameter when quantized (llama.cpp's Q4_K: 4.5); 0: dtype_bytes
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return self.weight_bits / 8 if self.weight_bits else self.dtype_bytes
 
     @property
     def attention_params_per_layer(self) -> int:
@@ -47,6 +52,11 @@ class ModelSpec:
         return self.num_layers * self.num_experts * self.expert_params_per_layer
 
     @property
+    def expert_layer_bytes(self) -> float:
+        """Every expert of one layer: what one offloaded layer keeps in host memory."""
+        return self.bytes_per_weight * self.num_experts * self.expert_params_per_layer
+
+    @property
     def head_params(self) -> int:
         """P_head: the LM head (untied), applied only to the positions that sample a token."""
         return self.hidden_size * self.vocab_size
@@ -56,8 +66,8 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
-    def weight_bytes(self) -> int:
-        return self.dtype_bytes * (self.block_params + 2 * self.head_params)  # + embedding table
+    def weight_bytes(self) -> float:
+        return self.bytes_per_weight * (self.block_params + 2 * self.head_params)  # + embedding table
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -66,6 +76,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256),
         ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, num_experts=8, experts_per_token=2),
+        # llama.cpp's Q4_K: 144 bytes per block of 256 weights (4.5 bits); KV cache in fp16.
+        ModelSpec("mixtral-8x7b-q4_k", 32, 4096, 32, 8, 128, 14336, 32000, num_experts=8, experts_per_token=2,
+                  weight_bits=4.5),
+        ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
         ModelSpec("qwen-2.5-1.5b", 28, 1536, 12, 2, 128, 8960, 151936),
         # Small enough to really run on a laptop CPU (the real executor's default).
         ModelSpec("tiny", 4, 256, 8, 2, 32, 704, 4096),

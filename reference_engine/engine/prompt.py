@@ -9,7 +9,7 @@ mean equal prefixes. Token ids are derived from the segment key only when a real
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,10 +17,10 @@ import numpy as np
 @dataclass(frozen=True, slots=True)
 class Prompt:
     segments: tuple[tuple[str, int], ...]
+    num_tokens: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(length for _, length in self.segments)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_tokens", sum(length for _, length in self.segments))
 
     def block_hashes(self, block_size: int) -> list[int]:
         """Chained hashes of the prompt's full blocks: each hashes the previous one's hash and the

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from reference_engine.engine.block_manager import BlockManager
 from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.kv_tiers import KvHit
 from reference_engine.engine.sequence import Sequence, SequenceStatus
 
 
@@ -19,6 +20,7 @@ class Batch:
     preempted: list[Sequence] = field(default_factory=list)
     rejected: list[Sequence] = field(default_factory=list)  # can never run on this engine
     max_steps: int = 1  # a decode-only batch may repeat unchanged this many steps
+    kv_hits: list[tuple[Sequence, KvHit]] | None = None  # with KV tiers: where admitted prompts' prefixes were
 
     @property
     def is_empty(self) -> bool:
@@ -85,6 +87,11 @@ class Scheduler:
             if not cfg.chunked_prefill and target - bm.cached_prefix_tokens(seq, target) > budget:
                 return  # the whole prompt must fit in one step: it waits for the next
             computed = bm.allocate(seq, target)
+            if bm.tiers is not None:
+                assert bm.last_hit is not None
+                if batch.kv_hits is None:
+                    batch.kv_hits = []
+                batch.kv_hits.append((seq, bm.last_hit))
             remaining = target - computed
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -162,10 +169,19 @@ class Scheduler:
     def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int) -> None:
         bm = self.block_manager
         bs = bm.block_size
+        wanted: list[tuple[Sequence, int]] = []
+        total = 0
         for seq in decodes:
             missing = seq.num_computed_tokens + steps - len(seq.block_table) * bs
             if missing > 0:
-                bm.append_blocks(seq, -(-missing // bs))
+                wanted.append((seq, -(-missing // bs)))
+                total += wanted[-1][1]
+        if total:  # one take for the whole batch: the same blocks as one take per sequence
+            blocks = bm.take_blocks(total)
+            start = 0
+            for seq, count in wanted:
+                seq.block_table += blocks[start:start + count]
+                start += count
 
     # ---------------------------------------------------------------------------------- postprocess
     def postprocess(self, batch: Batch, steps: int, end_ns: int) -> list[Sequence]:
@@ -189,8 +205,8 @@ class Scheduler:
             seq.last_token_ns = end_ns
             if seq.remaining_output == 0:
                 finished.append(seq)
-            elif steps < batch.max_steps:
-                bm.trim(seq)
+        if steps < batch.max_steps:  # the run ended early: give back the blocks reserved for the rest
+            bm.trim([seq for seq in batch.decodes if seq.remaining_output])
         for seq in finished:
             self.running.remove(seq)
             bm.deallocate(seq)

@@ -61,20 +61,26 @@ class Sequence:
         "num_hashed_blocks",
         "num_output_tokens",
         "num_prefill_chunks",
+        "num_prompt_tokens",
         "preemptions",
         "prefill_target",
+        "private_key",
         "request",
         "status",
     )
 
     def __init__(self, request: Request) -> None:
         self.request = request
+        self.num_prompt_tokens = request.prompt.num_tokens
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.prefill_target = 0  # set when the sequence is admitted
         self.block_table: list[int] = []
-        self.block_hashes: list[int] | None = None  # of the prompt's full blocks, computed once
+        # Hashes of the prompt's full blocks, or of those before its private part while that is unhashed
+        # (BlockManager): computed at the first look-up.
+        self.block_hashes: list[int] | None = None
+        self.private_key: str | None = None  # first segment key of the unhashed private part, if any
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until then
         self.first_scheduled_ns: int | None = None
@@ -90,12 +96,8 @@ class Sequence:
         return self.request.request_id
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return self.request.prompt.num_tokens
-
-    @property
     def num_tokens(self) -> int:
-        return self.request.prompt.num_tokens + self.num_output_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def is_prefilling(self) -> bool:

@@ -8,10 +8,17 @@ region = "us-east-1"
 [gateway]
 timeout_s = 120.0                      # the gateway answers 504 past this (the engine is not aborted)
 
+[diurnal]                              # optional: every synthetic tenant's rate (and background load)
+amplitude = 0.3                        # follows 1 + amplitude · sin(2π (t + phase_s) / period_s)
+period_s = 1800.0
+
 [[auth]]                               # every component kind is optional; each instance serves `models`
-id = "auth-0"                          # (all models when omitted); a model has at most one of each kind
-latency_ms = 2.0
+id = "auth-0"                          # (all models when omitted) and `tenants` (all when omitted); a
+latency_ms = 2.0                       # request several instances serve is balanced over them
 denied_tenants = ["intruder"]          # 401
+workers = 8                            # optional: calls served at once (queueing beyond); 0: unlimited
+background_rps = 200.0                 # optional: untraced calls from other callers, sharing the workers
+timeout_ms = 1000.0                    # optional: the gateway gives up on the call (504) past this
 
 [[rate_limiter]]                       # one token bucket per tenant, shared by all the models it serves
 id = "ratelimit-0"
@@ -59,11 +66,14 @@ name = "acme"
 models = { "llama-3-8b" = 3, "llama-3-70b" = 1 }   # weights; or a list (equal shares)
 workload = "synthetic"                 # or azure / mooncake with path = "..." (relative to this file)
 rate = 4.0                             # and any SyntheticWorkload field
+retries = 2                            # optional: retry a 429, 503 or 504 answered before the router
+retry_backoff_s = 1.0                  # (exponential backoff with jitter)
 ```
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -82,14 +92,22 @@ SYNTHETIC_FIELDS = {f.name for f in fields(SyntheticWorkload)} - {"tenants"}
 
 
 # kind -> (what `target` names, parameters with defaults)
+# A latency fault's magnitude (extra_ms, factor, error_rate) rises linearly from 0 over its first `ramp_s`
+# seconds (0: at once).
 FAULT_KINDS: dict[str, tuple[str, dict[str, float | str]]] = {
-    # the router adds latency to every route span (and answers 503 to a share of requests); with `tenant`,
-    # to that tenant's requests only
-    "router_latency": ("router", {"extra_ms": 300.0, "error_rate": 0.0, "tenant": ""}),
-    # the auth component takes longer to answer (with `tenant`: that tenant's requests only)
-    "auth_latency": ("auth", {"extra_ms": 300.0, "tenant": ""}),
+    # the router adds latency to every route span, or multiplies its service time by `factor` (and answers
+    # 503 to a share of requests); with `tenant`, to that tenant's requests only
+    "router_latency": ("router", {"extra_ms": 300.0, "error_rate": 0.0, "tenant": "", "factor": 1.0,
+                                  "ramp_s": 0.0}),
+    # the auth component takes longer to answer (and answers 503 to a share of requests); with `tenant`:
+    # that tenant's requests only
+    "auth_latency": ("auth", {"extra_ms": 300.0, "tenant": "", "factor": 1.0, "error_rate": 0.0,
+                              "ramp_s": 0.0}),
     # the limiter flaps between its configured limit and limit_fraction of it (period_s, duty on)
     "rate_limiter_flapping": ("rate_limiter", {"period_s": 30.0, "duty": 0.5, "limit_fraction": 0.05}),
+    # the limiter rejects a share of the calls it would admit (a bad shard of its counter store); with
+    # `tenant`: that tenant's calls only
+    "rate_limiter_rejections": ("rate_limiter", {"share": 0.15, "tenant": ""}),
     # the global queue dispatches nothing
     "global_queue_stall": ("global_queue", {}),
     # every engine of the model computes each step `factor` times slower
@@ -101,6 +119,9 @@ FAULT_KINDS: dict[str, tuple[str, dict[str, float | str]]] = {
     # a tenant sends extra traffic to the model (long prompts: a prefill storm; long outputs: KV pressure)
     "request_surge": ("model", {"tenant": "", "rate": 1.0, "prompt_mean": 8192.0, "prompt_sigma": 0.3,
                                 "output_mean": 200.0, "output_sigma": 0.5, "max_tokens": 2048.0}),
+    # the tenant sends `factor` times its usual traffic (the same mix of requests); with `model`: to that
+    # model only
+    "traffic_surge": ("tenant", {"factor": 5.0, "model": "", "ramp_s": 0.0}),
     # the tenant's prompts start with fresh tokens (e.g. a timestamp before the system prompt)
     "cache_busting": ("tenant", {}),
     # requests with an assistant prefill make the model miss its stop token: it generates max_tokens; with
@@ -119,6 +140,11 @@ class AuthSpec:
     models: tuple[str, ...]
     latency_ms: float = 2.0
     denied_tenants: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()  # serves only these tenants' requests; () all
+    workers: int = 0  # calls in service at once, later ones wait (in the span); 0 unlimited
+    background_rps: float = 0.0  # untraced calls per second from other callers, on the same workers
+    jitter: float = 0.25  # σ of the log-normal service time
+    timeout_ms: float = 0.0  # the gateway gives up on a call past this (504); 0 never
 
 
 @dataclass(frozen=True)
@@ -128,6 +154,7 @@ class RateLimiterSpec:
     latency_ms: float = 0.5
     requests_per_s: float = 50.0  # per tenant
     burst: float = 100.0
+    tenants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,15 @@ class RouterSpec:
     models: tuple[str, ...]
     policy: str = "least_loaded"
     latency_ms: float = 1.0
+    tenants: tuple[str, ...] = ()
+    workers: int = 0
+    background_rps: float = 0.0
+    jitter: float = 0.25
+    timeout_ms: float = 0.0
+
+
+# Component keys a fleet file may leave out; written back only when they differ from their default.
+OPTIONAL_COMPONENT_KEYS = ("tenants", "workers", "background_rps", "jitter", "timeout_ms")
 
 
 @dataclass(frozen=True)
@@ -213,6 +249,12 @@ class FaultWindow:
     def active(self, t: int) -> bool:
         return self.start_ns <= t < self.end_ns
 
+    def level(self, t: int) -> float:
+        """How much of the fault's magnitude is in force at t (inside the window): rising linearly from 0 over
+        its `ramp_s`, when it has one, else all of it."""
+        ramp = float(self.fault.params.get("ramp_s", 0.0))
+        return 1.0 if ramp <= 0 else min(1.0, (t - self.start_ns) / (ramp * 1e9))
+
 
 @dataclass(frozen=True)
 class TenantSpec:
@@ -223,6 +265,21 @@ class TenantSpec:
     path: Path | None = None
     speedup: float = 1.0
     offset_s: float = 0.0  # replay: start this far into the trace (wrapping around)
+    retries: int = 0  # times a client retries a request answered 429, 503 or 504 before the router
+    retry_backoff_s: float = 1.0  # first retry after about this long, doubling each time (with jitter)
+
+
+@dataclass(frozen=True)
+class DiurnalSpec:
+    """Traffic that rises and falls over the day: a rate is multiplied by 1 + amplitude · sin(2π (t +
+    phase_s) / period_s), t from the start of traffic."""
+
+    amplitude: float
+    period_s: float = 86_400.0
+    phase_s: float = 0.0
+
+    def factor(self, t_s: float) -> float:
+        return 1.0 + self.amplitude * math.sin(2 * math.pi * (t_s + self.phase_s) / self.period_s)
 
 
 @dataclass(frozen=True)
@@ -239,6 +296,7 @@ class FleetSpec:
     faults: tuple[FaultSpec, ...] = ()
     gateway_id: str = "gateway-0"
     timeout_s: float = 600.0
+    diurnal: DiurnalSpec | None = None
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -292,7 +350,10 @@ def _models_of(table: dict[str, Any], where: str, known: tuple[str, ...]) -> tup
 
 def _components(raw: dict[str, Any], key: str, cls: type, known: tuple[str, ...],
                 numbers: dict[str, bool]) -> tuple[Any, ...]:
-    """Parse `[[key]]` tables into `cls`; `numbers` maps numeric keys to whether zero is allowed."""
+    """Parse `[[key]]` tables into `cls`; `numbers` maps numeric keys to whether zero is allowed (the optional
+    `workers`, `background_rps`, `jitter` and `timeout_ms`, where the class has them, are numbers too)."""
+    numbers = {**numbers, **{name: True for name in ("background_rps", "jitter", "timeout_ms")
+                             if name in {f.name for f in fields(cls)}}}
     out = []
     tables = raw.get(key, [])
     if not isinstance(tables, list):
@@ -309,6 +370,17 @@ def _components(raw: dict[str, Any], key: str, cls: type, known: tuple[str, ...]
         for name, zero_ok in numbers.items():
             if name in table:
                 values[name] = _positive(table[name], f"{where}.{name}", zero_ok)
+        if "tenants" in table and (not isinstance(table["tenants"], list)
+                                   or not all(isinstance(t, str) for t in table["tenants"])):
+            raise FleetFileError(f"{where}.tenants: expected a list of tenant names, got {table['tenants']!r}")
+        if "workers" in table:
+            workers = table["workers"]
+            if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+                raise FleetFileError(f"{where}.workers: must be an integer ≥ 0 (0: unlimited), got {workers!r}")
+            values["workers"] = workers
+        if values.get("background_rps") and not values.get("workers"):
+            raise FleetFileError(f"{where}.background_rps: background load shares the component's workers: "
+                                 f"give `workers` too")
         for name in allowed - set(values) - set(numbers):
             if name in table:
                 values[name] = tuple(table[name]) if isinstance(table[name], list) else table[name]
@@ -363,7 +435,8 @@ def _deployment(table: dict[str, Any], i: int, region: str, link_ids: set[str]) 
 
 def _tenant(table: dict[str, Any], i: int, known: tuple[str, ...], base: Path) -> TenantSpec:
     where = f"tenant[{i}]"
-    _take(table, where, {"name", "models", "workload", "path", "speedup", "offset_s"} | SYNTHETIC_FIELDS)
+    _take(table, where, {"name", "models", "workload", "path", "speedup", "offset_s", "retries", "retry_backoff_s"}
+          | SYNTHETIC_FIELDS)
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise FleetFileError(f"{where}: needs a name")
@@ -392,9 +465,13 @@ def _tenant(table: dict[str, Any], i: int, known: tuple[str, ...], base: Path) -
         synthetic = SyntheticWorkload(tenants=(name,), **options)
     except (TypeError, ValueError) as e:
         raise FleetFileError(f"{where}: {e}") from None
+    retries = table.get("retries", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise FleetFileError(f"{where}.retries: must be an integer ≥ 0, got {retries!r}")
     return TenantSpec(name, models, workload, synthetic, path,
                       _positive(table.get("speedup", 1.0), f"{where}.speedup"),
-                      _positive(table.get("offset_s", 0.0), f"{where}.offset_s", zero_ok=True))
+                      _positive(table.get("offset_s", 0.0), f"{where}.offset_s", zero_ok=True),
+                      retries, _positive(table.get("retry_backoff_s", 1.0), f"{where}.retry_backoff_s"))
 
 
 def _fault(table: dict[str, Any], i: int, targets: dict[str, set[str]]) -> FaultSpec:
@@ -418,7 +495,14 @@ def _fault(table: dict[str, Any], i: int, targets: dict[str, set[str]]) -> Fault
     if kind == "request_surge" and params.get("tenant", "") not in targets["tenant"]:
         raise FleetFileError(f"{where}.tenant: a request surge comes from a tenant of this fleet "
                              f"({', '.join(sorted(targets['tenant']))}), got {params.get('tenant')!r}")
-    if kind in ("router_latency", "auth_latency") and params.get("tenant", "") not in {"", *targets["tenant"]}:
+    if kind == "traffic_surge" and params.get("model", "") not in {"", *targets["model"]}:
+        raise FleetFileError(f"{where}.model: a model of this fleet ({', '.join(sorted(targets['model']))}) or "
+                             f"none, got {params.get('model')!r}")
+    for name in ("error_rate", "share"):
+        if float(params.get(name, 0.0)) > 1:
+            raise FleetFileError(f"{where}.{name}: a share of calls, in [0, 1], got {params[name]!r}")
+    if kind in ("router_latency", "auth_latency", "rate_limiter_rejections") \
+            and params.get("tenant", "") not in {"", *targets["tenant"]}:
         raise FleetFileError(f"{where}.tenant: a tenant of this fleet ({', '.join(sorted(targets['tenant']))}) "
                              f"or none, got {params.get('tenant')!r}")
     if kind == "assistant_prefill_runaway" and params.get("mode", "runaway") not in ("runaway", "fail"):
@@ -427,10 +511,23 @@ def _fault(table: dict[str, Any], i: int, targets: dict[str, set[str]]) -> Fault
                      _positive(table.get("duration_s"), f"{where}.duration_s"), params)
 
 
+def _diurnal(table: Any) -> DiurnalSpec | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise FleetFileError("diurnal: expected a table ([diurnal])")
+    _take(table, "diurnal", {"amplitude", "period_s", "phase_s"})
+    amplitude = _positive(table.get("amplitude", 0.0), "diurnal.amplitude", zero_ok=True)
+    if amplitude >= 1:
+        raise FleetFileError(f"diurnal.amplitude: must be < 1 (a rate never reaches 0), got {amplitude!r}")
+    return DiurnalSpec(amplitude, _positive(table.get("period_s", 86_400.0), "diurnal.period_s"),
+                       _positive(table.get("phase_s", 0.0), "diurnal.phase_s", zero_ok=True))
+
+
 def parse_fleet(raw: dict[str, Any], base: Path = Path(".")) -> FleetSpec:
     """A fleet from a parsed TOML document; relative workload paths resolve against `base`."""
-    _take(raw, "fleet", {"name", "region", "gateway", "auth", "rate_limiter", "router", "global_queue", "link",
-                         "model", "tenant", "fault"})
+    _take(raw, "fleet", {"name", "region", "gateway", "diurnal", "auth", "rate_limiter", "router", "global_queue",
+                         "link", "model", "tenant", "fault"})
     region = str(raw.get("region", "local"))
     links = _components(raw, "link", LinkSpec, (), {"bandwidth_gb_s": False, "latency_ms": True})
     model_tables = raw.get("model", [])
@@ -456,20 +553,27 @@ def parse_fleet(raw: dict[str, Any], base: Path = Path(".")) -> FleetSpec:
     duplicated = sorted({i for i in ids if ids.count(i) > 1})
     if duplicated:
         raise FleetFileError(f"component ids must be unique in the fleet: {duplicated} repeat")
-    for kind, group in (("auth", auth), ("rate_limiter", limiters), ("router", routers),
-                        ("global_queue", queues)):
-        for m in names:
-            serving = [c.id for c in group if m in c.models]
-            if len(serving) > 1:
-                raise FleetFileError(f"{kind}: model {m!r} is served by {serving}; at most one {kind} per model")
+    for m in names:
+        serving = [q.id for q in queues if m in q.models]
+        if len(serving) > 1:
+            raise FleetFileError(f"global_queue: model {m!r} is served by {serving}; at most one global_queue "
+                                 f"per model")
     tenant_tables = raw.get("tenant", [])
     if not isinstance(tenant_tables, list) or not tenant_tables:
         raise FleetFileError("fleet: declare at least one [[tenant]]")
     tenants = tuple(_tenant(t, i, names, base) for i, t in enumerate(tenant_tables))
+    tenant_names = {t.name for t in tenants}
+    for kind, group in (("auth", auth), ("rate_limiter", limiters), ("router", routers)):
+        for c in group:
+            unknown = sorted(set(c.tenants) - tenant_names)
+            if unknown:
+                raise FleetFileError(f"{kind} {c.id}.tenants: {unknown} are not tenants of this fleet "
+                                     f"({', '.join(sorted(tenant_names))})")
     gateway = _take(dict(raw.get("gateway", {})), "gateway", {"id", "timeout_s"})
     spec = FleetSpec(str(raw.get("name", "fleet")), region, models, tenants, auth, limiters, routers, queues, links,
                      gateway_id=str(gateway.get("id", "gateway-0")),
-                     timeout_s=_positive(gateway.get("timeout_s", 600.0), "gateway.timeout_s"))
+                     timeout_s=_positive(gateway.get("timeout_s", 600.0), "gateway.timeout_s"),
+                     diurnal=_diurnal(raw.get("diurnal")))
     targets = {"router": {c.id for c in routers}, "auth": {c.id for c in auth},
                "rate_limiter": {c.id for c in limiters}, "global_queue": {c.id for c in queues},
                "link": {c.id for c in links}, "model": set(names), "tenant": {t.name for t in tenants},
@@ -477,7 +581,13 @@ def parse_fleet(raw: dict[str, Any], base: Path = Path(".")) -> FleetSpec:
     fault_tables = raw.get("fault", [])
     if not isinstance(fault_tables, list):
         raise FleetFileError("fault: expected an array of tables ([[fault]])")
-    return spec.with_faults(tuple(_fault(t, i, targets) for i, t in enumerate(fault_tables)))
+    faults = tuple(_fault(t, i, targets) for i, t in enumerate(fault_tables))
+    replayed = {t.name for t in tenants if t.workload != "synthetic"}
+    for i, f in enumerate(faults):
+        if f.kind == "traffic_surge" and f.target in replayed:
+            raise FleetFileError(f"fault[{i}].target: a traffic surge multiplies a synthetic tenant's rate; "
+                                 f"{f.target!r} replays a trace")
+    return spec.with_faults(faults)
 
 
 def load_fleet(path: str | Path) -> FleetSpec:
@@ -523,12 +633,18 @@ def fleet_to_toml(spec: FleetSpec, relative_to: Path | None = None) -> str:
     to `relative_to` (the directory the file will be written in) when given."""
     lines = [f"name = {_toml_value(spec.name)}", f"region = {_toml_value(spec.region)}", "",
              "[gateway]", f"id = {_toml_value(spec.gateway_id)}", f"timeout_s = {spec.timeout_s!r}", ""]
+    if spec.diurnal is not None:
+        d = spec.diurnal
+        lines += ["[diurnal]", f"amplitude = {d.amplitude!r}", f"period_s = {d.period_s!r}",
+                  f"phase_s = {d.phase_s!r}", ""]
     for kind, group in (("auth", spec.auth), ("rate_limiter", spec.rate_limiters), ("router", spec.routers),
                         ("global_queue", spec.global_queues), ("link", spec.links)):
         for c in group:
-            values = {f.name: getattr(c, f.name) for f in fields(c)}
-            if "models" in values:
-                values["models"] = list(values["models"])
+            values = {f.name: getattr(c, f.name) for f in fields(c)
+                      if f.name not in OPTIONAL_COMPONENT_KEYS or getattr(c, f.name) != f.default}
+            for name in ("models", "tenants"):
+                if name in values:
+                    values[name] = list(values[name])
             lines += _table(kind, values)
     for m in spec.models:
         values: dict[str, Any] = {"name": m.name, "replicas": m.replicas, "hardware": m.hardware, "region": m.region}
@@ -546,6 +662,8 @@ def fleet_to_toml(spec: FleetSpec, relative_to: Path | None = None) -> str:
         if t.path is not None:
             path = os.path.relpath(t.path, relative_to.resolve()) if relative_to is not None else str(t.path)
             values.update(path=path, speedup=t.speedup, offset_s=t.offset_s)
+        if t.retries:
+            values.update(retries=t.retries, retry_backoff_s=t.retry_backoff_s)
         for name in sorted(SYNTHETIC_FIELDS):
             value = getattr(t.synthetic, name)
             if value != getattr(defaults, name):

@@ -8,7 +8,13 @@ are). The gateway decides what happens to a request; this loop decides when.
 The loop: a heap of timed events (gateway hops, dispatches to engines, fault on/off) and engines, each
 engine due at its own clock while it has work. An engine runs one step, or a run of identical decode
 steps up to the earliest time anything could still be added to it, so runs stop where an arrival would
-join them.
+join them: a dispatch already on its way to that engine, or a route (or global-queue release) not yet
+decided for its model, which might pick it.
+
+Routing ahead: a round-robin router's choice depends on its own state and the clock, never on the engines.
+So before the loop starts, every request of the models behind such routers (when none of them is held in a
+global queue) is routed, in the order the loop would have routed them; each engine then only stops for
+the requests actually sent to it. The requests are served exactly as if routed one by one in the loop.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from reference_engine.fleet.disaggregation import DecodeWorkerBlockManager
 from reference_engine.fleet.gateway import Call, Dispatch, Emitter, FleetSummary, Gateway, GlobalQueue
 from reference_engine.fleet.workload import prefill_failures
 from reference_engine.telemetry.otlp import SpanSink
+from reference_engine.telemetry.profiles import GatewayNaming, TelemetryRun, TelemetrySpec
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
@@ -41,7 +48,8 @@ ObserverFactory = Callable[[str, LLMEngine], Iterable[EngineObserver]]
 
 
 class _Replica:
-    __slots__ = ("cost_model", "engine", "inflight", "instance_id", "model", "role", "scheduled", "toggles")
+    __slots__ = ("cost_model", "dispatches", "engine", "inflight", "instance_id", "model", "role", "scheduled",
+                 "toggles")
 
     def __init__(self, engine: LLMEngine, instance_id: str, role: str, model: str) -> None:
         self.engine = engine
@@ -50,6 +58,7 @@ class _Replica:
         self.model = model
         self.inflight = 0
         self.scheduled = False
+        self.dispatches: list[int] = []  # heap: arrival times of requests on their way to this engine
         self.toggles: list[int] = []  # times at which a fault on this engine starts or ends
         self.cost_model: StepCostModel | None = None  # the normal one, while a slowdown is in force
 
@@ -61,15 +70,17 @@ def _slowed(model: StepCostModel, factor: float) -> StepCostModel:
                      memory_efficiency=p.memory_efficiency / factor,
                      attention_efficiency=p.attention_efficiency / factor,
                      step_overhead_s=p.step_overhead_s * factor)
-    return StepCostModel(model.model, model.hw, tensor_parallel=model.tp, prefill_microbatch=model.microbatch,
-                         offload_experts=model.offload_experts, params=params)
+    return model.with_params(params)
 
 
 class Fleet:
     def __init__(self, spec: FleetSpec, sink: SpanSink | None, seed: int = 0, epoch_ns: int = DEFAULT_EPOCH_NS,
-                 observers: ObserverFactory | None = None) -> None:
+                 observers: ObserverFactory | None = None, telemetry: TelemetrySpec | None = None) -> None:
+        """`telemetry`: whose spans the engines and the gateway emit (reference_engine.telemetry.profiles); by
+        default this project's own."""
         self.spec = spec
         self.sink = sink
+        self.telemetry = None if telemetry is None or telemetry.is_native else TelemetryRun(telemetry, sink, seed)
         self.epoch_ns = epoch_ns
         self._seed = seed
         windows: dict[str, list[FaultWindow]] = {}
@@ -78,7 +89,11 @@ class Fleet:
             windows.setdefault(fault.target, []).append(FaultWindow(start, end, fault))
         self.windows = windows
         self.summary = FleetSummary()
-        self.gateway = Gateway(spec, windows, sink, seed, self.summary)
+        if self.telemetry is None:
+            self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns)
+        else:
+            self.gateway = Gateway(spec, windows, sink, seed, self.summary, epoch_ns,
+                                   GatewayNaming(self.telemetry.spec.gateway), self.telemetry.emits_kv_transfer)
 
         self._heap: list[tuple[int, int, int, object]] = []
         self._seq = 0
@@ -92,10 +107,30 @@ class Fleet:
                 (self.decoders if role == "decode_worker" else self.targets).setdefault(m.name, []).append(replica)
                 self.replicas.append(replica)
         self._latency_of = {m: link.latency_ns for m, link in self.gateway.link_of.items()}
-        # The earliest times at which anything may still reach each model's engines (gateway hops, dispatches)
-        # and its decode workers: an engine runs ahead up to the first of them.
+        # The times of the gateway hops not yet decided for each model (routes, global-queue entries and wakes),
+        # and of what may still reach its decode workers (transfers): an engine runs ahead up to the first of
+        # them, or of the dispatches on their way to it (`_Replica.dispatches`).
         self._pending: dict[str, list[int]] = {m: [] for m in spec.model_names}
         self._pending_decode: dict[str, list[int]] = {m: [] for m in spec.model_names}
+        self._routed_ahead = self._models_routed_ahead()
+
+    def _models_routed_ahead(self) -> set[str]:
+        """Models whose routes can all be decided before the loop: every router serving them is round-robin (its
+        choice never depends on the engines), and every model those routers route for is too, and none is held in a
+        global queue (whose releases route through the same router, at times that do depend on the engines): a
+        router's calls then all happen before the loop, in the order the loop would make them (a router that
+        queues its calls sees the same order). A model without a router goes to its least loaded engine."""
+        ahead = {m for router in self.spec.routers for m in router.models}
+        changed = True
+        while changed:  # a router with any model not ahead keeps all of its models in the loop
+            changed = False
+            for router in self.spec.routers:
+                if ((router.policy != "round_robin" or any(m in self.gateway.queue or m not in ahead
+                                                           for m in router.models))
+                        and ahead & set(router.models)):
+                    ahead.difference_update(router.models)
+                    changed = True
+        return ahead
 
     def _build(self, m: ModelDeployment, instance: str, role: str, seed: int,
                observers: ObserverFactory | None) -> _Replica:
@@ -106,7 +141,9 @@ class Fleet:
                                           config.enable_prefix_caching)
             engine.block_manager = engine.scheduler.block_manager = bm
         resource = engine_resource(config, kind=role)
-        if self.sink is not None:
+        if self.telemetry is not None:
+            engine.observers.extend(self.telemetry.engine_observers(config, seed, role))
+        elif self.sink is not None:
             tracer = EngineTracer(self.sink, resource, seed=seed)
             engine.observers.append(tracer)
             self.tracers.append(tracer)
@@ -140,6 +177,8 @@ class Fleet:
         if unknown:
             raise ValueError(f"requests for models the fleet does not serve: {sorted(unknown)}")
         self.summary.start_ns = requests[0].arrival_ns if requests else self.epoch_ns
+        if self.telemetry is not None:
+            self.telemetry.expect(requests)
         per_model = dict.fromkeys(self.spec.model_names, 0)
         for r in requests:
             per_model[r.model] += 1
@@ -154,8 +193,11 @@ class Fleet:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for r in requests:
-                self._arrive(r)
+            ahead: list[tuple[int, int, Call]] = []
+            for r in self.gateway.arrivals(requests):
+                self._arrive(r, ahead)
+            for t, _, call in sorted(ahead, key=lambda a: a[:2]):  # in the order the loop would route them
+                self._send(self.gateway.route(call, t, self.targets[call.model]))
             while heap:
                 t, kind, _, payload = heapq.heappop(heap)
                 handlers[kind](t, payload)
@@ -171,6 +213,8 @@ class Fleet:
     def close(self) -> None:
         for tracer in self.tracers:
             tracer.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
         self.gateway.flush()
         self.summary.spans = getattr(self.sink, "spans_written", 0)
 
@@ -179,13 +223,18 @@ class Fleet:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, payload))
 
-    def _arrive(self, r: Request) -> None:
+    def _arrive(self, r: Request, ahead: list[tuple[int, int, Call]]) -> None:
         """Auth and rate limiting depend on the arrivals alone (not on the engines), so every request takes them
-        before the loop starts: the loop then knows when each request reaches the router."""
+        before the loop starts: the loop then knows when each request reaches the router. Requests of models
+        routed ahead go to `ahead` instead, with the sequence number their route event would have had."""
         admitted = self.gateway.admit(r)
         if admitted is None:
             return
         call, t = admitted
+        if call.model in self._routed_ahead:
+            self._seq += 1
+            ahead.append((t, self._seq, call))
+            return
         heapq.heappush(self._pending[call.model], t)
         self._push(t, _GQ_ENTER if call.model in self.gateway.queue else _ROUTE, call)
 
@@ -195,8 +244,11 @@ class Fleet:
 
     def _send(self, dispatch: Dispatch | None) -> None:
         if dispatch is not None:
-            pending = self._pending_decode if dispatch.target.role == "decode_worker" else self._pending
-            heapq.heappush(pending[dispatch.target.model], dispatch.at_ns)
+            target: _Replica = dispatch.target
+            if target.role == "decode_worker":
+                heapq.heappush(self._pending_decode[target.model], dispatch.at_ns)
+            else:
+                heapq.heappush(target.dispatches, dispatch.at_ns)
             self._push(dispatch.at_ns, _DISPATCH, dispatch)
 
     def _enter_queue(self, t: int, call: Call) -> None:
@@ -222,8 +274,7 @@ class Fleet:
 
     def _dispatch(self, t: int, dispatch: Dispatch) -> None:
         target: _Replica = dispatch.target
-        heapq.heappop(self._pending_decode[target.model] if target.role == "decode_worker"
-                      else self._pending[target.model])
+        heapq.heappop(self._pending_decode[target.model] if target.role == "decode_worker" else target.dispatches)
         engine = target.engine
         engine.add_request(dispatch.request)
         if not target.scheduled:
@@ -251,6 +302,9 @@ class Fleet:
         pending = self._pending[m]
         if pending and pending[0] < bound:
             bound = pending[0]
+        dispatches = replica.dispatches
+        if dispatches and dispatches[0] < bound:
+            bound = dispatches[0]
         if replica.role == "decode_worker":
             decode = self._pending_decode[m]
             if decode and decode[0] < bound:
@@ -259,6 +313,8 @@ class Fleet:
             for p in self.targets[m]:  # a prefill still running ends at the end of its engine's step at best
                 if p.engine.scheduler.has_work and p.engine.now_ns + latency < bound:
                     bound = p.engine.now_ns + latency
+                if p.dispatches and p.dispatches[0] < bound:  # or one on its way to a prefill worker
+                    bound = p.dispatches[0]
         now = replica.engine.now_ns
         for t in replica.toggles:
             if t > now:

@@ -1,14 +1,18 @@
 """The fleet's traffic: each tenant's requests (synthetic or replayed from a public trace), spread over its
-models, plus what workload-side faults change (a surge of requests, cache-busting prompts, runaway
-generations after an assistant prefill), and which requests an assistant-prefill fault in "fail" mode breaks."""
+models and following the fleet's diurnal curve, plus what workload-side faults change (a surge of requests, a
+tenant sending several times its traffic, cache-busting prompts, runaway generations after an assistant
+prefill), and which requests an assistant-prefill fault in "fail" mode breaks."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from reference_engine.engine.prompt import Prompt
 from reference_engine.engine.sequence import Request
-from reference_engine.fleet.config import FleetSpec, TenantSpec
+from reference_engine.fleet.config import FaultSpec, FleetSpec, TenantSpec
 from reference_engine.workload import (
     DEFAULT_EPOCH_NS,
     SyntheticWorkload,
@@ -57,22 +61,69 @@ def _assign_models(requests: list[Request], models: dict[str, float], rng: np.ra
         r.model = names[i]
 
 
+def _thinned(requests: list[Request], keep: Callable[[float], float], peak: float, seed: int,
+             epoch_ns: int) -> list[Request]:
+    """Requests drawn at a peak rate, each kept with probability keep(t) / peak (t in seconds from the start):
+    a Poisson stream whose rate follows keep(t)."""
+    draws = np.random.default_rng(seed).random(len(requests)) * peak
+    return [r for r, u in zip(requests, draws, strict=True) if u < keep((r.arrival_ns - epoch_ns) / 1e9)]
+
+
+def _tenant_traffic(spec: FleetSpec, tenant: TenantSpec, duration_s: float, tenant_seed: int,
+                    epoch_ns: int) -> list[Request]:
+    if tenant.workload != "synthetic":
+        return _replay(tenant, duration_s, epoch_ns)
+    diurnal = spec.diurnal
+    if diurnal is None or not diurnal.amplitude:
+        return synthetic_requests(tenant.synthetic, duration_s, tenant_seed, start_ns=epoch_ns, id_prefix=tenant.name)
+    peak = 1.0 + diurnal.amplitude
+    drawn = synthetic_requests(replace(tenant.synthetic, rate=tenant.synthetic.rate * peak), duration_s, tenant_seed,
+                               start_ns=epoch_ns, id_prefix=tenant.name)
+    return _thinned(drawn, diurnal.factor, peak, tenant_seed + 700, epoch_ns)
+
+
+def _traffic_surge(spec: FleetSpec, fault: FaultSpec, i: int, seed: int, epoch_ns: int) -> list[Request]:
+    """The tenant's extra traffic in the fault's window: (factor - 1) times its own rate (to all its models, or
+    to the one model named), the same mix of requests, following the diurnal curve and the fault's ramp."""
+    k, tenant = next((k, t) for k, t in enumerate(spec.tenants) if t.name == fault.target)
+    start, _ = fault.window_ns(epoch_ns)
+    extra = fault.param("factor") - 1.0
+    if extra <= 0 or tenant.workload != "synthetic":
+        return []
+    ramp, diurnal = fault.param("ramp_s"), spec.diurnal
+    peak = 1.0 + (diurnal.amplitude if diurnal else 0.0)
+    offset = (start - epoch_ns) / 1e9
+
+    def keep(t: float) -> float:
+        level = min(1.0, (t - offset) / ramp) if ramp > 0 else 1.0
+        return level * (diurnal.factor(t) if diurnal else 1.0)
+
+    model = str(fault.params.get("model", ""))
+    share = tenant.models.get(model, 0.0) / sum(tenant.models.values()) if model else 1.0
+    if share <= 0:
+        return []
+    workload = replace(tenant.synthetic, rate=tenant.synthetic.rate * share * extra * peak)
+    drawn = synthetic_requests(workload, fault.duration_s, seed * 1_000 + 900 + i, start_ns=start,
+                               id_prefix=f"{tenant.name}-surge{i}")
+    surge = _thinned(drawn, keep, peak, seed * 1_000 + 910 + i, epoch_ns)
+    _assign_models(surge, {model: 1.0} if model else tenant.models, np.random.default_rng(seed * 1_000 + 920 + k))
+    return surge
+
+
 def fleet_requests(spec: FleetSpec, duration_s: float, seed: int, epoch_ns: int = DEFAULT_EPOCH_NS) -> list[Request]:
     """Every request of the fleet in arrival order, with workload faults applied."""
     requests: list[Request] = []
     for k, tenant in enumerate(spec.tenants):
         tenant_seed = seed * 1_000 + k
-        if tenant.workload == "synthetic":
-            mine = synthetic_requests(tenant.synthetic, duration_s, tenant_seed, start_ns=epoch_ns,
-                                      id_prefix=tenant.name)
-        else:
-            mine = _replay(tenant, duration_s, epoch_ns)
+        mine = _tenant_traffic(spec, tenant, duration_s, tenant_seed, epoch_ns)
         _assign_models(mine, tenant.models, np.random.default_rng(tenant_seed + 500))
         requests += mine
     rng = np.random.default_rng(seed + 7)
     for i, fault in enumerate(spec.faults):
         start, end = fault.window_ns(epoch_ns)
-        if fault.kind == "request_surge":
+        if fault.kind == "traffic_surge":
+            requests += _traffic_surge(spec, fault, i, seed, epoch_ns)
+        elif fault.kind == "request_surge":
             tenant = str(fault.params.get("tenant", ""))
             surge = SyntheticWorkload(
                 rate=fault.param("rate"), prompt_mean=fault.param("prompt_mean"),

@@ -18,6 +18,7 @@ from reference_engine.fleet.workload import fleet_requests, prefill_failures
 from reference_engine.scenarios.families import FAMILIES, Scenario, engines_of, make_scenario
 from reference_engine.scenarios.ground_truth import StallRecorder, itl_truth
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
 SCHEMA = "infertrace.ground_truth/1"
@@ -27,8 +28,10 @@ FLEET_FILE = "fleet.toml"
 
 
 def _topology(fleet: FleetSpec) -> dict[str, Any]:
-    def owner(group: tuple[Any, ...], model: str) -> str | None:
-        return next((c.id for c in group if model in c.models), None)
+    def owner(group: tuple[Any, ...], model: str) -> str | list[str] | None:
+        """The instance of a kind serving the model; a list when several do (by tenant, or sharing its traffic)."""
+        ids = [c.id for c in group if model in c.models]
+        return ids if len(ids) > 1 else ids[0] if ids else None
 
     return {m: {"engines": engines_of(fleet, m), "auth": owner(fleet.auth, m),
                 "rate_limiter": owner(fleet.rate_limiters, m), "router": owner(fleet.routers, m),
@@ -44,15 +47,26 @@ def _affected(scenario: Scenario, requests: list[Request], epoch_ns: int) -> dic
     root = scenario.root_cause
     models = set(root.get("models", []))
     hit = [r for r in requests if start <= r.arrival_ns < end and r.model in models
-           and (root.get("kind") != "tenant" or r.tenant == root["tenant"])]
+           and (root.get("kind") not in ("tenant", "load") or r.tenant == root["tenant"])]
     if scenario.family == "assistant_prefill_runaway":
         hit = [r for r in hit if r.assistant_prefill_tokens]
     return {"models": sorted({r.model for r in hit}), "tenants": sorted({r.tenant for r in hit})}
 
 
+def _cause_truth(cause: dict[str, Any], epoch_ns: int) -> dict[str, Any]:
+    """A culprit as the ground truth writes it: its window in nanoseconds on the traces' clock."""
+    out = {k: v for k, v in cause.items() if k != "window_s"}
+    if "window_s" in cause:
+        start, end = cause["window_s"]
+        out["window"] = {"start_ns": epoch_ns + round(start * 1e9), "end_ns": epoch_ns + round(end * 1e9)}
+    return out
+
+
 def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
-                 on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`."""
+                 on_progress: Callable[[int], None] | None = None,
+                 telemetry: TelemetrySpec | None = None) -> dict[str, Any]:
+    """Simulate the scenario; write its traces, its fleet file and its ground truth into `out_dir`. `telemetry`:
+    whose spans the engines and the gateway emit (the ground truth is the same whatever it is)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     requests = fleet_requests(scenario.fleet, scenario.duration_s, scenario.seed, epoch_ns)
@@ -68,7 +82,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
 
     writer = OtlpJsonLinesWriter(out / TRACES_FILE)
     try:
-        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe).run(
+        summary: FleetSummary = Fleet(scenario.fleet, writer, scenario.seed, epoch_ns, observe, telemetry).run(
             requests, on_progress)
     finally:
         writer.close()
@@ -90,6 +104,10 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         confounders.append({"fault": {"kind": f.kind, "target": f.target, "params": f.params},
                             "window": {"start_ns": start, "end_ns": end}, "kind": c["kind"],
                             "instances": c["instances"], "models": c["models"]})
+    several = {}
+    if scenario.root_causes:
+        several = {"root_causes": [_cause_truth(c, epoch_ns) for c in scenario.root_causes],
+                   "symptoms": list(scenario.symptoms)}
     truth = {
         "schema": SCHEMA,
         "scenario": scenario.name,
@@ -104,7 +122,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         "negative_control": list(scenario.negative_control),
         "fault": None if fault is None else {"kind": fault.kind, "target": fault.target, "params": fault.params},
         "window": window,
-        "root_cause": scenario.root_cause,
+        "root_cause": _cause_truth(scenario.root_cause, epoch_ns) if several else scenario.root_cause,
+        **several,
         "confounders": confounders,
         "affected": affected,
         "details": details,
@@ -113,6 +132,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
                     "spans": summary.spans},
         "itl": itl_truth(recorders),
     }
+    if telemetry is not None and not telemetry.is_native:
+        truth["telemetry"] = {"engine": telemetry.engine, "gateway": telemetry.gateway}
     # Indented for reading, except the (long) ITL section: one compact line.
     text = json.dumps({**truth, "itl": "@itl"}, indent=1).replace('"@itl"', json.dumps(truth["itl"],
                                                                                      separators=(",", ":")))
@@ -134,18 +155,18 @@ def bank(seed: int, count: int, duration_s: float = 600.0, families: tuple[str, 
     return scenarios
 
 
-def _run_into(job: tuple[Scenario, Path]) -> dict[str, Any]:
-    scenario, out = job
-    truth = run_scenario(scenario, out / scenario.name)
+def _run_into(job: tuple[Scenario, Path, TelemetrySpec | None]) -> dict[str, Any]:
+    scenario, out, telemetry = job
+    truth = run_scenario(scenario, out / scenario.name, telemetry=telemetry)
     return {k: truth[k] for k in ("scenario", "family", "tasks", "negative_control")}
 
 
 def generate(scenarios: list[Scenario], out_dir: str | Path, jobs: int = 1,
-             on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+             on_done: Callable[[], None] | None = None, telemetry: TelemetrySpec | None = None) -> list[dict[str, Any]]:
     """Run every scenario into its own sub-directory of `out_dir` (in `jobs` processes); write index.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    work = [(s, out) for s in scenarios]
+    work = [(s, out, telemetry) for s in scenarios]
     truths = []
     if jobs == 1:
         for job in work:

@@ -49,11 +49,21 @@ from reference_engine.fleet.config import (
     RouterSpec,
     TenantSpec,
 )
+from reference_engine.scenarios.large_fleets import (
+    LARGE_BUILDERS,
+    LARGE_FAMILIES,
+    MIN_DURATION_S,
+    large_fleet,
+    utilization,
+)
 from reference_engine.workload import SyntheticWorkload
 
 FAMILIES = ("prefill_storm", "router_degradation", "rate_limiter_flapping", "auth_slowdown", "global_queue_stall",
             "engine_regression", "preemption_storm", "host_pauses", "cache_busting", "prefill_microbatch_misconfig",
             "kv_transfer_congestion", "assistant_prefill_runaway")
+# Every family `make_scenario` knows: the ones above (the default bank) and the root-cause families on large
+# fleets (`large_fleets.py`), which a bank draws only when asked for them.
+ALL_FAMILIES = FAMILIES + LARGE_FAMILIES
 
 # (model, hardware, tensor parallel): what the bank draws its models from
 MODEL_CHOICES = (("llama-3-8b", "H100-SXM", 1), ("qwen-2.5-1.5b", "H100-SXM", 1), ("mixtral-8x7b", "H100-SXM", 2),
@@ -74,6 +84,10 @@ class Scenario:
     details: dict[str, Any] = field(default_factory=dict)  # family-specific truth
     # unrelated faults overlapping the root cause: {"fault": FaultSpec, "kind", "instances", "models"}
     confounders: tuple[dict[str, Any], ...] = ()
+    # every culprit when there are several (or any has its own window: large-fleet families), the first being
+    # root_cause; and the components expected to look anomalous without being a cause
+    root_causes: tuple[dict[str, Any], ...] = ()
+    symptoms: tuple[str, ...] = ()
 
     @property
     def fault(self) -> FaultSpec | None:
@@ -165,15 +179,34 @@ def make_scenario(family: str, seed: int, name: str | None = None, duration_s: f
     """One scenario of the family; the topology, onset, duration and magnitude are drawn from `seed`. With
     `confounders`, a root-cause (`rca`) scenario also gets one or two unrelated, smaller faults overlapping
     its window (drawn from a stream of their own: the root cause is the same with or without them)."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(FAMILIES)}")
+    known = ALL_FAMILIES + EXTRA_FAMILIES
+    if family not in known:
+        raise ValueError(f"unknown scenario family {family!r}; known: {', '.join(known)}")
     rng = random.Random(f"{family}-{seed}")
     name = name or f"{family}-{seed}"
+    if family in LARGE_FAMILIES:
+        return _large_scenario(family, rng, seed, name, duration_s, fleet, confounders)
     base = fleet or random_fleet(rng, name)
     onset = round(rng.uniform(0.3, 0.55) * duration_s, 1)
     length = round(min(rng.uniform(0.15, 0.35) * duration_s, duration_s * 0.92 - onset), 1)
     scenario = _BUILDERS[family](rng, base, name, seed, duration_s, onset, length)
     if confounders and "rca" in scenario.tasks:
+        scenario = with_confounders(scenario, random.Random(f"{family}-{seed}-confounders"))
+    return scenario
+
+
+def _large_scenario(family: str, rng: random.Random, seed: int, name: str, duration_s: float, fleet: FleetSpec | None,
+                    confounders: bool) -> Scenario:
+    """A root-cause scenario on a large fleet (`large_fleets.py`); its run is at least the family's minimum."""
+    duration_s = max(duration_s, MIN_DURATION_S[family])
+    drawn = LARGE_BUILDERS[family](rng, fleet or large_fleet(rng, name), duration_s)
+    family_confounders = tuple(drawn.confounders)
+    spec = drawn.fleet.with_faults((*drawn.faults, *(c["fault"] for c in family_confounders)))
+    first = drawn.faults[0]
+    scenario = Scenario(name, family, seed, duration_s, spec, ("rca",), (), drawn.causes[0],
+                        (first.start_s, first.start_s + first.duration_s), drawn.details, family_confounders,
+                        tuple(drawn.causes), tuple(drawn.symptoms))
+    if confounders:
         scenario = with_confounders(scenario, random.Random(f"{family}-{seed}-confounders"))
     return scenario
 
@@ -360,8 +393,9 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
     if scenario.window_s is None:
         return scenario
     fleet, duration = scenario.fleet, scenario.duration_s
-    root = set(scenario.root_cause.get("instances", ()))
-    root_models = set(scenario.root_cause.get("models", ()))
+    causes = scenario.root_causes or (scenario.root_cause,)
+    root = {i for c in causes for i in c.get("instances", ())}
+    root_models = {m for c in causes for m in c.get("models", ())}
     tenants = [t.name for t in fleet.tenants]
     other_models = [m for m in fleet.model_names if m not in root_models]
     start, end = scenario.window_s
@@ -388,6 +422,10 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
             params: dict[str, Any] = {"extra_ms": round(rng.uniform(50, 400), 1)}
             if rng.random() < 0.7:
                 params["tenant"] = rng.choice(tenants)
+            if component.workers:  # extra time per call would saturate its workers: a smaller slowdown instead
+                params["factor"] = round(1 + (max(1.2, 0.8 / max(utilization(fleet, component), 0.05)) - 1)
+                                         * params["extra_ms"] / 400, 2)
+                params["extra_ms"] = 0.0
             fault = FaultSpec("auth_latency" if kind == "auth" else "router_latency", component.id, at, length, params)
             instances, models = [component.id], list(component.models)
         elif kind == "rate_limiter":
@@ -409,7 +447,7 @@ def with_confounders(scenario: Scenario, rng: random.Random) -> Scenario:
         drawn.append({"fault": fault, "kind": "engine" if kind in ("engine", "host_pauses") else kind,
                       "instances": instances, "models": models})
     fleet = fleet.with_faults((*fleet.faults, *(d["fault"] for d in drawn)))
-    return replace(scenario, fleet=fleet, confounders=tuple(drawn))
+    return replace(scenario, fleet=fleet, confounders=(*scenario.confounders, *drawn))
 
 
 _BUILDERS: dict[str, Callable[..., Scenario]] = {
@@ -430,3 +468,36 @@ _BUILDERS: dict[str, Callable[..., Scenario]] = {
     "kv_transfer_congestion": _kv_congestion,
     "assistant_prefill_runaway": _runaway,
 }
+
+
+# --------------------------------------------------------------------------- families outside the bank
+# The bank (`FAMILIES`) draws the families whose analyses `infertrace evaluate` scores; these are made by name
+# (`make_scenario`, `api.scenario_on_fleet`) for the analyses it does not score.
+#
+# | moe_offload_prefill | a MoE on a small GPU keeps every expert layer in host memory and prefills in
+#   128-token micro-batches: each copies the experts over PCIe again | roofline |
+EXTRA_FAMILIES = ("moe_offload_prefill",)
+OFFLOAD_STORY_MODEL, OFFLOAD_STORY_HARDWARE = "mixtral-8x7b-q4_k", "L4"
+
+
+def _moe_offload(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                 onset: float, length: float) -> Scenario:
+    """docs/cost_model.md's deployment story, added to the fleet: Mixtral-8x7B in 4.5-bit weights on one 24 GB
+    L4 with every expert layer in host memory (llama.cpp's --cpu-moe) and 128-token prefill micro-batches
+    prefills at ≈ 115 tok/s; 1024-token micro-batches with 4 expert layers back on the GPU reach ≈ 840."""
+    model = OFFLOAD_STORY_MODEL
+    engine = {"offload_experts": True, "prefill_microbatch": 128, "max_num_batched_tokens": 8192, "max_num_seqs": 4}
+    deployment = ModelDeployment(model, 1, OFFLOAD_STORY_HARDWARE, fleet.region, engine)
+    workload = SyntheticWorkload(rate=round(rng.uniform(0.02, 0.03), 4), prompt_mean=4000.0, prompt_sigma=0.3,
+                                 max_prompt_tokens=7000, output_mean=24.0, output_sigma=0.3, max_tokens=64,
+                                 tenants=("offload-rag",), system_prompt_fraction=0.0, assistant_prefill_fraction=0.0)
+    fleet = replace(fleet, models=(*fleet.models, deployment),
+                    tenants=(*fleet.tenants, TenantSpec("offload-rag", {model: 1.0}, "synthetic", workload)))
+    root = {"kind": "engine", "instances": engines_of(fleet, model), "models": [model], "shared": False}
+    details = {"causes": ["experts_offloaded", "microbatch_recopies_experts"], "prefill_microbatch_tokens": 128,
+               "cpu_moe_layers": model_spec(model).num_layers,
+               "story_fix": {"prefill_microbatch": 1024, "cpu_moe_layers": model_spec(model).num_layers - 4}}
+    return _scenario("moe_offload_prefill", name, seed, duration_s, fleet, ("roofline",), root, None, details=details)
+
+
+_BUILDERS["moe_offload_prefill"] = _moe_offload

@@ -39,10 +39,12 @@ class SpanRecord:
     events: list[tuple[str, int, Attributes]] = field(default_factory=list)  # (name, time ns, attributes)
     status_code: int = STATUS_UNSET
     status_message: str = ""
+    links: list[tuple[int, int]] = field(default_factory=list)  # (trace id, span id) of linked spans
 
 
 class SpanSink(Protocol):
-    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None: ...
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
+        """`scope`: the instrumentation scope's name when not the sink's own (an emulated engine's)."""
 
     def close(self) -> None: ...
 
@@ -121,18 +123,51 @@ def _name(name: str) -> str:
     return encoded
 
 
-def encode_attributes(attributes: Mapping[str, Any]) -> str:
-    parts = []
-    for key, value in attributes.items():
-        prefix = _key_prefixes.get(key) or _key_prefix(key)
-        kind = type(value)
-        if kind is int:  # the common cases first, without a call
-            parts.append(prefix + '{"intValue":"' + str(value) + '"}}')
-        elif kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-            parts.append(prefix + '{"stringValue":"' + value + '"}}')
+def _bool(value: bool) -> str:
+    return '{"boolValue":true}' if value else '{"boolValue":false}'
+
+
+def _string(value: str) -> str:
+    return '{"stringValue":' + _json_string(value) + "}"
+
+
+def _float(value: float) -> str:
+    return '{"doubleValue":' + _double(value) + "}"
+
+
+# A span's attributes have one of a few shapes (keys and value types) per span kind, so each shape is compiled
+# once into a format string: ints go in as `%d`, other values through their encoder. One `%` per span instead of
+# string operations per attribute.
+_ENCODERS: dict[type, Any] = {str: _string, bool: _bool, float: _float, list: _array, tuple: _array}
+_Shape = tuple[tuple[str, ...], tuple[type, ...]]
+_templates: dict[_Shape, tuple[str, tuple[tuple[int, Any], ...]]] = {}
+
+
+def _template(shape: _Shape) -> tuple[str, tuple[tuple[int, Any], ...]]:
+    parts, converters = [], []
+    for i, (key, kind) in enumerate(zip(*shape, strict=True)):
+        prefix = _key_prefix(key).replace("%", "%%")
+        if kind is int:
+            parts.append(prefix + '{"intValue":"%d"}}')
         else:
-            parts.append(prefix + _any_value(value) + "}")
-    return ",".join(parts)
+            parts.append(prefix + "%s}")
+            converters.append((i, _ENCODERS.get(kind, _any_value)))
+    template = ",".join(parts), tuple(converters)
+    if len(_templates) < 4096:  # shapes are few; a caller with ever-new keys just goes uncached
+        _templates[shape] = template
+    return template
+
+
+def encode_attributes(attributes: Mapping[str, Any]) -> str:
+    values = tuple(attributes.values())
+    shape = (tuple(attributes), tuple(map(type, values)))
+    template, converters = _templates.get(shape) or _template(shape)
+    if converters:
+        args = list(values)
+        for i, convert in converters:
+            args[i] = convert(args[i])
+        values = tuple(args)
+    return template % values
 
 
 def encode_span(span: SpanRecord) -> str:
@@ -142,6 +177,8 @@ def encode_span(span: SpanRecord) -> str:
         events = ',"events":[' + ",".join([
             '{"timeUnixNano":"%d","name":%s,"attributes":[%s]}' % (t, _name(name), encode_attributes(attrs))
             for name, t, attrs in span.events]) + "]"
+    if span.links:
+        events += ',"links":[' + ",".join('{"traceId":"%032x","spanId":"%016x"}' % link for link in span.links) + "]"
     status = "{}"
     if span.status_code:
         message = ',"message":' + _json_string(span.status_message) if span.status_message else ""
@@ -177,9 +214,10 @@ class OtlpJsonLinesWriter:
             self._raw = None
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
 
-    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None:
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
         if spans:
-            self._file.write(encode_traces_data(resource, spans, self.scope, self.version))
+            self._file.write(encode_traces_data(resource, spans, scope or self.scope,
+                                                self.version if scope is None else ""))
             self._file.write("\n")
             self.spans_written += len(spans)
 
@@ -201,10 +239,11 @@ class SdkExporterSink:
         self._success = SpanExportResult.SUCCESS
         self.spans_exported = 0
 
-    def export(self, resource: Attributes, spans: Sequence[SpanRecord]) -> None:
+    def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
         res = Resource(resource)
         sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -217,10 +256,12 @@ class SdkExporterSink:
                       if s.parent_span_id else None)
             attributes = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.attributes.items()}
             status = Status(StatusCode.ERROR, s.status_message or None) if s.status_code else Status()
+            links = [Link(SpanContext(t, i, is_remote=False, trace_flags=sampled)) for t, i in s.links]
             readable.append(ReadableSpan(
-                name=s.name, context=context, parent=parent, resource=res, attributes=attributes,
+                name=s.name, context=context, parent=parent, resource=res, attributes=attributes, links=links,
                 events=[Event(n, a, t) for n, t, a in s.events], kind=kinds[s.kind], status=status,
-                start_time=s.start_ns, end_time=s.end_ns, instrumentation_scope=self.scope))
+                start_time=s.start_ns, end_time=s.end_ns,
+                instrumentation_scope=self.scope if scope is None else InstrumentationScope(scope)))
         if self.exporter.export(readable) is not self._success:
             raise RuntimeError(f"span exporter {type(self.exporter).__name__} failed to export "
                                f"{len(readable)} spans")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from infertrace import semconv as sc
 from reference_engine.engine.config import EngineConfig
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def engine_resource(config: EngineConfig, executor: str = "simulated",
                     kind: str = "engine") -> Attributes:
-    return {
+    resource: Attributes = {
         sc.SERVICE_NAME: "llm-engine",
         sc.SERVICE_INSTANCE_ID: config.instance_id,
         sc.COMPONENT_KIND: kind,
@@ -46,6 +46,97 @@ def engine_resource(config: EngineConfig, executor: str = "simulated",
         sc.ENGINE_BLOCK_SIZE: config.block_size,
         sc.ENGINE_EXECUTOR: executor,
     }
+    if config.host_expert_layers():
+        resource[sc.ENGINE_CPU_MOE_LAYERS] = len(config.host_expert_layers())
+    if not config.cuda_graphs:
+        resource[sc.ENGINE_CUDA_GRAPHS] = False
+    host_blocks, remote_blocks = config.kv_tier_blocks()
+    if host_blocks:
+        resource[sc.ENGINE_KV_HOST_TIER_BLOCKS] = host_blocks
+    if remote_blocks:
+        resource[sc.ENGINE_KV_REMOTE_TIER_BLOCKS] = remote_blocks
+    if config.kv_reuse_accounting or host_blocks or remote_blocks:  # a tier always counts its evictions
+        resource[sc.ENGINE_KV_REUSE_ACCOUNTING] = True
+    return resource
+
+
+class StepFacts(NamedTuple):
+    """What one engine step (or run of decode steps) did, in plain values: all the tracer reads of a step."""
+
+    index: int  # of the first step
+    start_ns: int
+    end_ns: int
+    durations: list[int]  # ns, one per step
+    decode_ids: list[str]  # requests that got a token at every step
+    decode_context_tokens: int  # Σ context of the decoding requests at the first step
+    prefills: list[tuple[str, int, int, bool]]  # request id, chunk tokens, tokens computed before, samples a token
+    preempted_ids: list[str]
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    pause_ns: int
+    kv_hits: dict[str, tuple[int, int, int, int, int]] | None  # engines with KV tiers: where each newly admitted
+    # prompt's cached prefix was found (request id -> device, host, remote, evicted tokens, evicted reuse blocks)
+    offload: tuple[int, int, int, int, int] | None  # offloaded experts, per step: host-link bytes, transfer ns,
+    # host compute ns, streamed micro-batches, host micro-batches
+    kv_load: tuple[int, int, int] | None  # KV copied back from tiers: host tokens, remote tokens, ns
+
+
+class RequestFacts(NamedTuple):
+    """A request that ended, in plain values: all the tracer reads of it."""
+
+    request_id: str
+    model: str
+    tenant: str
+    max_tokens: int
+    arrival_ns: int
+    trace_parent: tuple[int, int] | None
+    system_prompt_id: str | None
+    system_prompt_tokens: int
+    assistant_prefill_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int  # -1: never admitted
+    preemptions: int
+    prefill_chunks: int
+    error: str | None
+    first_scheduled_ns: int | None
+    first_token_ns: int | None
+    finish_ns: int | None
+
+
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__: these are made per step
+
+
+def step_facts(report: StepReport) -> StepFacts:
+    batch = report.batch
+    decodes = batch.decodes
+    steps = len(report.durations)
+    return _new_tuple(StepFacts, (
+        report.index, report.start_ns, report.end_ns, report.durations.tolist(),
+        [s.request.request_id for s in decodes],
+        sum([s.num_computed_tokens for s in decodes]) - len(decodes) * (steps - 1),
+        [(s.request.request_id, chunk, s.num_computed_tokens - chunk, s.num_computed_tokens >= s.prefill_target)
+         for s, chunk in batch.prefills],
+        [s.request.request_id for s in batch.preempted], report.num_running, report.num_waiting,
+        report.kv_used_blocks, report.kv_total_blocks, report.pause_ns,
+        {s.request.request_id: (h.device_tokens, h.host_tokens, h.remote_tokens, h.evicted_tokens,
+                                h.evicted_reuse_blocks) for s, h in batch.kv_hits}
+        if batch.kv_hits is not None else None,
+        None if (o := report.offload) is None else (
+            o.host_link_bytes, round(o.transfer_s * 1e9), round(o.host_compute_s * 1e9), o.streamed_microbatches,
+            o.host_microbatches),
+        None if (k := report.kv_load) is None else (k[0], k[1], round(k[2] * 1e9))))
+
+
+def request_facts(seq: Sequence) -> RequestFacts:
+    r = seq.request
+    return _new_tuple(RequestFacts, (
+        r.request_id, r.model, r.tenant, r.max_tokens, r.arrival_ns, r.trace_parent, r.system_prompt_id,
+        r.system_prompt_tokens, r.assistant_prefill_tokens, seq.num_prompt_tokens, seq.num_output_tokens,
+        seq.num_cached_tokens, seq.preemptions, seq.num_prefill_chunks, seq.error, seq.first_scheduled_ns,
+        seq.first_token_ns, seq.finish_ns))
 
 
 @dataclass(slots=True)
@@ -53,9 +144,13 @@ class _PrefillEpisode:
     start_ns: int
     end_ns: int = 0
     chunks: list[tuple[str, int, Attributes]] = field(default_factory=list)
+    kv_hit: Attributes | None = None  # where its cached prefix came from (engines with KV tiers)
 
 
 class EngineTracer:
+    """An engine observer: each step report becomes an `engine_step` span (`add_step`), each ended request its
+    `llm_request` span and children (`add_request`), both from plain facts (`step_facts`, `request_facts`)."""
+
     def __init__(self, sink: SpanSink, resource: Attributes, seed: int = 0, batch_size: int = 2048) -> None:
         self.sink = sink
         self.resource = resource
@@ -64,6 +159,12 @@ class EngineTracer:
         self._pending: list[SpanRecord] = []
         self._episodes: dict[str, list[_PrefillEpisode]] = {}
         self._preemptions: dict[str, list[int]] = {}
+        self._model = resource.get(sc.ENGINE_MODEL, "")
+        # A sink that builds spans in another process takes the facts instead (telemetry/background.py).
+        remote = sink.tracer(resource, seed, batch_size) if hasattr(sink, "tracer") else None
+        self._add_step = remote.add_step if remote is not None else self.add_step
+        self._add_request = remote.add_request if remote is not None else self.add_request
+        self._remote_flush = remote.flush if remote is not None else None
 
     def _id(self, bits: int) -> int:
         return self._rng.getrandbits(bits) or 1
@@ -74,102 +175,112 @@ class EngineTracer:
             self.flush()
 
     def flush(self) -> None:
-        if self._pending:
+        if self._remote_flush is not None:
+            self._remote_flush()
+        elif self._pending:
             self.sink.export(self.resource, self._pending)
             self._pending = []
 
-    # -------------------------------------------------------------------------------------- steps
     def on_step(self, report: StepReport) -> None:
-        batch = report.batch
-        end_ns = report.end_ns
-        for seq in batch.preempted:
-            self._preemptions.setdefault(seq.request_id, []).append(report.start_ns)
-            open_episodes = self._episodes.get(seq.request_id)
+        self._add_step(step_facts(report))
+
+    def on_finish(self, seq: Sequence) -> None:
+        self._add_request(request_facts(seq))
+
+    # -------------------------------------------------------------------------------------- steps
+    def add_step(self, step: StepFacts) -> None:
+        start_ns, end_ns = step.start_ns, step.end_ns
+        for rid in step.preempted_ids:
+            self._preemptions.setdefault(rid, []).append(start_ns)
+            open_episodes = self._episodes.get(rid)
             if open_episodes and not open_episodes[-1].end_ns:
-                open_episodes[-1].end_ns = report.start_ns
-        prefill_ids, chunk_tokens, computed, samples = [], [], [], []
-        for seq, chunk in batch.prefills:
-            before = seq.num_computed_tokens - chunk
-            done = not seq.is_prefilling
-            prefill_ids.append(seq.request_id)
-            chunk_tokens.append(chunk)
-            computed.append(before)
-            samples.append(done)
-            episodes = self._episodes.setdefault(seq.request_id, [])
+                open_episodes[-1].end_ns = start_ns
+        hits = step.kv_hits
+        for rid, chunk, before, done in step.prefills:
+            episodes = self._episodes.setdefault(rid, [])
             if not episodes or episodes[-1].end_ns:
-                episodes.append(_PrefillEpisode(report.start_ns))
+                episodes.append(_PrefillEpisode(start_ns))
+                if hits is not None and rid in hits:
+                    device, host, remote, evicted, reuse = hits[rid]
+                    episodes[-1].kv_hit = {
+                        sc.PREFILL_KV_DEVICE_TOKENS: device, sc.PREFILL_KV_HOST_TOKENS: host,
+                        sc.PREFILL_KV_REMOTE_TOKENS: remote, sc.PREFILL_KV_EVICTED_TOKENS: evicted,
+                        sc.PREFILL_KV_EVICTED_REUSE_BLOCKS: reuse}
             episodes[-1].chunks.append((sc.EVENT_PREFILL_CHUNK, end_ns, {
-                sc.CHUNK_TOKENS: chunk, sc.CHUNK_CACHED_TOKENS: before, sc.CHUNK_STEP_INDEX: report.index}))
+                sc.CHUNK_TOKENS: chunk, sc.CHUNK_CACHED_TOKENS: before, sc.CHUNK_STEP_INDEX: step.index}))
             if done:
                 episodes[-1].end_ns = end_ns
-        steps = len(report.durations)
-        decode_ctx = sum(s.num_computed_tokens - steps + 1 for s in batch.decodes)
         attributes: Attributes = {
-            sc.STEP_INDEX: report.index,
-            sc.STEP_COUNT: steps,
-            sc.STEP_DURATIONS_NS: report.durations.tolist(),
-            sc.STEP_PREFILL_TOKENS: sum(chunk_tokens),
-            sc.STEP_DECODE_TOKENS: len(batch.decodes),
-            sc.STEP_DECODE_REQUEST_IDS: [s.request.request_id for s in batch.decodes],
-            sc.STEP_DECODE_CONTEXT_TOKENS: decode_ctx,
-            sc.STEP_RUNNING: report.num_running,
-            sc.STEP_WAITING: report.num_waiting,
-            sc.STEP_KV_USED_BLOCKS: report.kv_used_blocks,
-            sc.STEP_KV_TOTAL_BLOCKS: report.kv_total_blocks,
+            sc.STEP_INDEX: step.index,
+            sc.STEP_COUNT: len(step.durations),
+            sc.STEP_DURATIONS_NS: step.durations,
+            sc.STEP_PREFILL_TOKENS: sum([chunk for _, chunk, _, _ in step.prefills]),
+            sc.STEP_DECODE_TOKENS: len(step.decode_ids),
+            sc.STEP_DECODE_REQUEST_IDS: step.decode_ids,
+            sc.STEP_DECODE_CONTEXT_TOKENS: step.decode_context_tokens,
+            sc.STEP_RUNNING: step.running,
+            sc.STEP_WAITING: step.waiting,
+            sc.STEP_KV_USED_BLOCKS: step.kv_used_blocks,
+            sc.STEP_KV_TOTAL_BLOCKS: step.kv_total_blocks,
         }
-        if prefill_ids:
-            attributes[sc.STEP_PREFILL_REQUEST_IDS] = prefill_ids
-            attributes[sc.STEP_PREFILL_CHUNK_TOKENS] = chunk_tokens
+        if step.prefills:
+            ids, chunks, computed, samples = map(list, zip(*step.prefills, strict=True))
+            attributes[sc.STEP_PREFILL_REQUEST_IDS] = ids
+            attributes[sc.STEP_PREFILL_CHUNK_TOKENS] = chunks
             attributes[sc.STEP_PREFILL_COMPUTED_TOKENS] = computed
             attributes[sc.STEP_PREFILL_SAMPLES_TOKEN] = samples
-        if batch.preempted:
-            attributes[sc.STEP_PREEMPTED_REQUEST_IDS] = [s.request_id for s in batch.preempted]
-        if report.pause_ns:
-            attributes[sc.STEP_PAUSE_NS] = report.pause_ns
-        self._emit(SpanRecord(self._id(128), self._id(64), 0, sc.SPAN_STEP, report.start_ns, end_ns, attributes))
+        if step.preempted_ids:
+            attributes[sc.STEP_PREEMPTED_REQUEST_IDS] = step.preempted_ids
+        if step.pause_ns:
+            attributes[sc.STEP_PAUSE_NS] = step.pause_ns
+        if step.offload is not None:
+            (attributes[sc.STEP_OFFLOAD_HOST_LINK_BYTES], attributes[sc.STEP_OFFLOAD_TRANSFER_NS],
+             attributes[sc.STEP_OFFLOAD_HOST_COMPUTE_NS], attributes[sc.STEP_OFFLOAD_STREAMED_MICROBATCHES],
+             attributes[sc.STEP_OFFLOAD_HOST_MICROBATCHES]) = step.offload
+        if step.kv_load is not None:
+            (attributes[sc.STEP_KV_LOAD_HOST_TOKENS], attributes[sc.STEP_KV_LOAD_REMOTE_TOKENS],
+             attributes[sc.STEP_KV_LOAD_NS]) = step.kv_load
+        self._emit(SpanRecord(self._id(128), self._id(64), 0, sc.SPAN_STEP, start_ns, end_ns, attributes))
 
     # ------------------------------------------------------------------------------------ requests
-    def on_finish(self, seq: Sequence) -> None:
-        req = seq.request
+    def add_request(self, req: RequestFacts) -> None:
         rid = req.request_id
         episodes = self._episodes.pop(rid, [])
         preemptions = self._preemptions.pop(rid, [])
         trace_id, parent = req.trace_parent or (self._id(128), 0)
         request_span = self._id(64)
-        end_ns = seq.finish_ns if seq.finish_ns is not None else req.arrival_ns
-        common = {sc.REQUEST_ID: rid}
+        end_ns = req.finish_ns if req.finish_ns is not None else req.arrival_ns
 
         def child(name: str, start: int, end: int, **extra: object) -> SpanRecord:
-            return SpanRecord(trace_id, self._id(64), request_span, name, start, end, {**common, **extra})
+            return SpanRecord(trace_id, self._id(64), request_span, name, start, end, {sc.REQUEST_ID: rid, **extra})
 
         attributes: Attributes = {
             sc.OPERATION_NAME: "text_completion",
             sc.PROVIDER_NAME: "infertrace",
-            sc.REQUEST_MODEL: req.model or self.resource.get(sc.ENGINE_MODEL, ""),
-            sc.RESPONSE_MODEL: self.resource.get(sc.ENGINE_MODEL, ""),
+            sc.REQUEST_MODEL: req.model or self._model,
+            sc.RESPONSE_MODEL: self._model,
             sc.REQUEST_ID: rid,
             sc.REQUEST_MAX_TOKENS: req.max_tokens,
             sc.TENANT_ID: req.tenant,
-            sc.USAGE_INPUT_TOKENS: seq.num_prompt_tokens,
-            sc.USAGE_OUTPUT_TOKENS: seq.num_output_tokens,
-            sc.USAGE_CACHE_READ_INPUT_TOKENS: max(seq.num_cached_tokens, 0),
+            sc.USAGE_INPUT_TOKENS: req.prompt_tokens,
+            sc.USAGE_OUTPUT_TOKENS: req.output_tokens,
+            sc.USAGE_CACHE_READ_INPUT_TOKENS: max(req.cached_tokens, 0),
             sc.ASSISTANT_PREFILL_TOKENS: req.assistant_prefill_tokens,
-            sc.PREEMPTIONS: seq.preemptions,
-            sc.PREFILL_CHUNKS: seq.num_prefill_chunks,
+            sc.PREEMPTIONS: req.preemptions,
+            sc.PREFILL_CHUNKS: req.prefill_chunks,
         }
         if req.system_prompt_id is not None:
             attributes[sc.SYSTEM_PROMPT_ID] = req.system_prompt_id
             attributes[sc.SYSTEM_PROMPT_TOKENS] = req.system_prompt_tokens
         events = [(sc.EVENT_PREEMPTED, t, {}) for t in preemptions]
         spans: list[SpanRecord] = []
-        if seq.error is not None:
+        if req.error is not None:
             attributes[sc.RESPONSE_FINISH_REASONS] = ["error"]
-            attributes[sc.ERROR_TYPE] = seq.error
+            attributes[sc.ERROR_TYPE] = req.error
         else:
-            arrival, scheduled = req.arrival_ns, seq.first_scheduled_ns or req.arrival_ns
-            first, finish = seq.first_token_ns or end_ns, end_ns
-            finished_by_length = seq.num_output_tokens >= req.max_tokens
-            attributes[sc.RESPONSE_FINISH_REASONS] = ["length" if finished_by_length else "stop"]
+            arrival, scheduled = req.arrival_ns, req.first_scheduled_ns or req.arrival_ns
+            first, finish = req.first_token_ns or end_ns, end_ns
+            attributes[sc.RESPONSE_FINISH_REASONS] = ["length" if req.output_tokens >= req.max_tokens else "stop"]
             attributes[sc.LATENCY_TIME_IN_QUEUE] = (scheduled - arrival) / 1e9
             attributes[sc.LATENCY_TIME_TO_FIRST_TOKEN] = (first - arrival) / 1e9
             attributes[sc.LATENCY_TIME_IN_MODEL_PREFILL] = (first - scheduled) / 1e9
@@ -179,16 +290,17 @@ class EngineTracer:
             spans.append(child(sc.SPAN_QUEUE, arrival, scheduled))
             for episode in episodes:
                 span = child(sc.SPAN_PREFILL, episode.start_ns, episode.end_ns or end_ns,
-                             **{sc.PREFILL_CHUNKS: len(episode.chunks)})
+                             **{sc.PREFILL_CHUNKS: len(episode.chunks), **(episode.kv_hit or {})})
                 span.events = episode.chunks
                 spans.append(span)
-            if seq.num_output_tokens > 1:
+            if req.output_tokens > 1:
                 spans.append(child(sc.SPAN_DECODE, first, finish))
-        events.sort(key=lambda e: e[1])
+        if len(events) > 1:
+            events.sort(key=lambda e: e[1])
         root = SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns, attributes,
                           kind=SPAN_KIND_SERVER, events=events)
-        if seq.error is not None:
-            root.status_code, root.status_message = STATUS_ERROR, seq.error
+        if req.error is not None:
+            root.status_code, root.status_message = STATUS_ERROR, req.error
         self._emit(root)
         for span in spans:
             self._emit(span)

@@ -6,14 +6,15 @@
 -- late? Root-cause ranking reads an engine's own anomaly from these rows, as it reads a router's from its
 -- route spans.
 -- Parameters: none.
--- Columns: trace_id, instance, model, arrival_ns, engine_ttft_ns, tpot_ns (NULL with fewer than two output
---   tokens), failed.
+-- Columns: trace_id, instance, model, arrival_ns, engine_ttft_ns, engine_queue_ns (arrival at the engine to first
+--   scheduling: part of engine_ttft_ns), tpot_ns (NULL with fewer than two output tokens), failed.
 SELECT
     trace_id,
     instance,
     model,
     arrival_ns,
     ttft_ns AS engine_ttft_ns,
+    queue_ns AS engine_queue_ns,
     CASE WHEN output_tokens > 1 THEN decode_ns / (output_tokens - 1) END AS tpot_ns,
     outcome = 'error' AS failed
 FROM requests

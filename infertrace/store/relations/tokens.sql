@@ -11,6 +11,10 @@
 -- request whose chunk completed its prompt gets one at the end of that step. Differences are exact int64.
 -- Cost: within a run of steps a token's ITL is that step's duration, so only the first token of each
 -- (request, span) needs the request's previous token: the window runs over memberships, not over tokens.
+-- Engines without step spans that still time each token (infertrace/sources/): SGLang's scheduler ends a
+-- `prefill_forward` slice at the first token and a `decode_loop` slice at each later one (trace level 3); TGI
+-- opens a `send_generation` span per token. Their tokens have no step (step_index NULL; trace_id and span_id
+-- are the token's own span), and their instance is the request's.
 WITH produced AS (
     SELECT request_id, instance, trace_id, span_id, role, start_ns,
            CASE WHEN role = 'decode' THEN run_steps ELSE 1 END AS n,
@@ -40,3 +44,19 @@ SELECT
 FROM runs r
 JOIN steps s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
 WHERE r.role = 'decode' OR s.run_position = s.run_steps - 1
+UNION ALL
+SELECT request_id, instance, token_index, time_ns, itl_ns, NULL::BIGINT AS step_index, trace_id, span_id, from_prefill
+FROM (
+    SELECT
+        r.request_id, r.instance, t.time_ns, t.trace_id, t.span_id,
+        row_number() OVER w - 1 AS token_index,
+        t.time_ns - lag(t.time_ns) OVER w AS itl_ns,
+        row_number() OVER w = 1 AS from_prefill
+    FROM (
+        SELECT trace_id, span_id, CASE WHEN name = 'send_generation' THEN start_ns ELSE end_ns END AS time_ns
+        FROM spans WHERE name IN ('prefill_forward', 'decode_loop', 'send_generation')
+    ) t
+    JOIN (SELECT request_id, instance, trace_id FROM requests WHERE source IN ('sglang', 'tgi')) r
+      ON r.trace_id = t.trace_id
+    WINDOW w AS (PARTITION BY r.request_id ORDER BY t.time_ns, t.span_id)
+)

@@ -1,0 +1,32 @@
+-- store_coverage: what a store holds that decides which analyses it supports: engine requests per source and
+-- how their model and instance were found, step spans, per-token times, cached-token and tenant coverage, and
+-- the gateway spans (entry spans, component calls by how they were found).
+--
+-- Answers: can this store attribute ITL spikes (step spans or per-token times), rank shared components (gateway
+-- spans), split TTFT into gateway, queue and prefill, measure the prefix cache? The report and the dashboard say
+-- from this what they could not analyse and why.
+-- Parameters: none.
+-- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
+--   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls'), key (the source, the fallback used, the tokens'
+--   origin, the entry's service, how calls were found; NULL for plain counts), n.
+SELECT 'source' AS what, source AS key, count(*) AS n FROM requests GROUP BY ALL
+UNION ALL
+SELECT 'model_source', model_source, count(*) FROM requests GROUP BY ALL
+UNION ALL
+SELECT 'instance_source', instance_source, count(*) FROM requests GROUP BY ALL
+UNION ALL
+SELECT 'timing_source', timing_source, count(*) FROM requests GROUP BY ALL
+UNION ALL
+SELECT 'cached_tokens', NULL, count(cached_tokens) FROM requests
+UNION ALL
+SELECT 'tenants', NULL, count(tenant) FROM requests
+UNION ALL
+SELECT 'hardware', NULL, count(hardware) FROM requests
+UNION ALL
+SELECT 'step_spans', NULL, count(*) FROM spans WHERE name = 'engine_step'
+UNION ALL
+SELECT 'tokens', CASE WHEN step_index IS NULL THEN 'spans' ELSE 'steps' END, count(*) FROM tokens GROUP BY ALL
+UNION ALL
+SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
+UNION ALL
+SELECT 'calls', found_by, count(*) FROM component_calls WHERE role = 'call' GROUP BY ALL

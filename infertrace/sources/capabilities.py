@@ -1,0 +1,224 @@
+"""What a store can answer, and why not: which engines' and gateways' spans it holds (infertrace/sources/), which
+analyses that supports, what each falls back to, and what ingest quarantined. The report and the dashboard print
+this so that "no data" never reads as "no problem".
+
+    coverage = store_coverage(store)
+    coverage.analysis("itl").detail
+    # 'ITL attribution needs engine_step spans, client token times or an iteration log; this store has none.'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infertrace.analyzers import materialize_once, query_text
+from infertrace.sources import ENGINES
+from infertrace.store.segments import QUARANTINE_DIR
+from infertrace.store.store import Store
+from infertrace.store.values import describe
+
+SOURCE_TITLES = {"infertrace": "the reference engine", **{k: p.title for k, p in ENGINES.items()}}
+TOKEN_SPANS = "SGLang decode_loop or TGI send_generation spans"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    key: str  # a report section (slo, incidents, itl, ttft, prefix_cache, prefill_throughput) or a part of one
+    title: str
+    supported: bool  # it runs on this store (perhaps on less than it would use)
+    detail: str  # what it runs on and what it lacks, or why it cannot run
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    records: int  # lines and spans ingest kept aside
+    reasons: tuple[tuple[str, int], ...]  # the commonest first
+
+
+@dataclass(frozen=True)
+class StoreCoverage:
+    engine_requests: int
+    sources: dict[str, int]  # engine requests per source (requests.source)
+    entry_requests: int  # requests seen at a gateway's entry span
+    entry_services: tuple[str, ...]
+    component_calls: int  # component calls found by name, other service or HTTP attributes
+    in_process_calls: int  # spans in the entry's own process: components only when --components names them
+    step_spans: int
+    tokens_from_steps: int
+    tokens_from_spans: int
+    cached_tokens: int  # requests with a cached-token count
+    tenants: int  # requests with a tenant
+    model_from_service: int  # requests whose model is only their service.name
+    instance_fallbacks: dict[str, int]  # requests whose instance came from something else than service.instance.id
+    quarantine: Quarantine
+    stored_with_changes: str  # what ingest converted, kept as text, truncated or dropped to store spans ("" if none)
+    unreadable_segments: int  # segments the reader left out of its snapshot
+    analyses: tuple[Analysis, ...] = field(default=())
+
+    def analysis(self, key: str) -> Analysis:
+        return next(a for a in self.analyses if a.key == key)
+
+    def sentences(self) -> list[str]:
+        """What the store holds, in a few lines."""
+        sources = ", ".join(f"{SOURCE_TITLES.get(s, s)} ({n} requests)" for s, n in self.sources.items()) or "none"
+        lines = [f"Engine spans: {sources}."]
+        if self.entry_requests:
+            lines.append(f"Gateway: {self.entry_requests} requests seen at entry spans of "
+                         f"{', '.join(self.entry_services)}; {self.component_calls} component calls found in the "
+                         "trace tree" + (f", and {self.in_process_calls} spans in the gateway's own process that "
+                                         "count only when --components names them" if self.in_process_calls else "")
+                         + ".")
+        else:
+            lines.append("Gateway: no gateway span; requests are seen at the engines.")
+        if self.model_from_service:
+            lines.append(f"{self.model_from_service} requests carry no model attribute (vLLM V1 sets none, TGI none): "
+                         "their model is their service.name.")
+        if self.instance_fallbacks:
+            how = ", ".join(f"{n} from {k}" for k, n in self.instance_fallbacks.items())
+            lines.append(f"Instances without service.instance.id: {how}.")
+        q = self.quarantine
+        if q.records:
+            top = "; ".join(f"{reason} ({n})" for reason, n in q.reasons)
+            lines.append(f"Quarantined at ingest: {q.records} lines or spans; commonest reasons: {top}.")
+        else:
+            lines.append("Quarantined at ingest: nothing.")
+        if self.stored_with_changes:
+            lines.append(f"Stored with changes: {self.stored_with_changes}.")
+        if self.unreadable_segments:
+            n = self.unreadable_segments
+            lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
+                         "out of every analysis (infertrace store check).")
+        return lines
+
+
+def quarantine_summary(store: Store, top: int = 3) -> Quarantine:
+    """Counts of the records ingest kept aside (the store's quarantine files), by reason."""
+    files = sorted((store.root / QUARANTINE_DIR).glob("*.jsonl"))
+    if not files:
+        return Quarantine(0, ())
+    rows = store.con.execute(
+        "SELECT reason, count(*) FROM read_json(?, format = 'newline_delimited', columns = {'reason': 'VARCHAR'}) "
+        "GROUP BY reason ORDER BY count(*) DESC, reason", [[str(f) for f in files]]).fetchall()
+    return Quarantine(sum(n for _, n in rows), tuple((str(r), int(n)) for r, n in rows[:top]))
+
+
+def store_coverage(store: Store) -> StoreCoverage:
+    materialize_once(store, ("requests", "tokens", "component_calls"))
+    counts: dict[str, dict[str | None, int]] = {}
+    for what, key, n in store.sql(query_text("store_coverage")).fetchall():
+        counts.setdefault(what, {})[key] = int(n)
+
+    def total(what: str) -> int:
+        return sum(counts.get(what, {}).values())
+
+    calls = counts.get("calls", {})
+    named = _named_in_process(store) if calls.get("same_service") else 0
+    coverage = StoreCoverage(
+        engine_requests=total("source"),
+        sources={str(k): n for k, n in sorted(counts.get("source", {}).items(), key=lambda kv: -kv[1])},
+        entry_requests=total("entry"),
+        entry_services=tuple(sorted(str(k) for k in counts.get("entry", {}) if k is not None)),
+        component_calls=sum(n for k, n in calls.items() if k != "same_service") + named,
+        in_process_calls=calls.get("same_service", 0) - named,
+        step_spans=total("step_spans"),
+        tokens_from_steps=counts.get("tokens", {}).get("steps", 0),
+        tokens_from_spans=counts.get("tokens", {}).get("spans", 0),
+        cached_tokens=total("cached_tokens"),
+        tenants=total("tenants"),
+        model_from_service=counts.get("model_source", {}).get("service.name", 0),
+        instance_fallbacks={str(k): n for k, n in counts.get("instance_source", {}).items()
+                            if k not in ("service.instance.id", None)},
+        quarantine=quarantine_summary(store),
+        stored_with_changes=describe(store.notes),
+        unreadable_segments=len(store.skipped),
+    )
+    return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
+
+
+def _named_in_process(store: Store) -> int:
+    """Calls in the gateway's own process that the store connection's `--components` rules name (then they are
+    components like any other)."""
+    from infertrace.analyzers.topology import load_paths
+    from infertrace.sources.components import registered
+
+    if not registered(store):
+        return 0
+    paths = load_paths(store)
+    return int((paths["found_by"] == "same_service").sum()) if not paths.empty else 0
+
+
+def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
+    requests = c.engine_requests + c.entry_requests
+    tokens = c.tokens_from_steps + c.tokens_from_spans
+    gateway = c.entry_requests > 0
+    out = []
+
+    seen = "gateway entry spans" if gateway else "the engines' own spans (no gateway span)"
+    itl_pct = ("ITL percentiles from engine_step spans" if c.tokens_from_steps else
+               f"ITL percentiles from {TOKEN_SPANS}" if c.tokens_from_spans else
+               f"no ITL percentiles: they need per-token times (engine_step spans, {TOKEN_SPANS}); this store has none")
+    rates = ("error and 429 rates at the gateway" if gateway else
+             "no error or 429 rates: they are the gateway's answers, and this store has no gateway span")
+    out.append(Analysis("slo", "SLO summary", requests > 0,
+                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}." if requests else
+                        "No request spans: nothing to summarise."))
+
+    if not requests:
+        detection = "No request spans: no incident can be detected."
+    elif gateway:
+        detection = f"Per model and tenant, from {c.entry_requests} requests at gateway entry spans."
+    else:
+        detection = ("Per model from the engines' spans alone: there is no gateway span, so gateway latency and "
+                     "requests rejected before an engine are not seen.")
+    if requests and not c.tenants:
+        detection += " No span names a tenant: no tenant anomalies, no tenant lift."
+    out.append(Analysis("incidents", "Incident detection", requests > 0, detection))
+
+    out.append(Analysis(
+        "rca_components", "Root cause: shared components", c.component_calls > 0,
+        f"{c.component_calls} component calls found in the trace tree rank with each model's engines."
+        if c.component_calls else
+        "RCA ranks what the engines' spans show (each model's engines and instances, attribute lift) and cannot "
+        "rank shared components (auth, rate limiter, router, queue): this store has no gateway component spans"
+        + (" (the gateway's in-process spans count once --components names them)" if c.in_process_calls else "")
+        + "."))
+
+    if c.step_spans:
+        itl = f"From {c.step_spans} engine_step spans: each stall's culprit prefills and victims, exactly."
+    elif c.tokens_from_spans:
+        itl = (f"ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
+               f"none of those, only per-token times from {TOKEN_SPANS}, which the request-only method "
+               "(infertrace.analyzers.itl_requests) reads and the report does not run yet.")
+    else:
+        itl = ("ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
+               "none.")
+    out.append(Analysis("itl", "ITL spike attribution", c.step_spans > 0, itl))
+
+    parts = []
+    if requests:
+        parts.append("gateway share from entry spans" if gateway else "no gateway share (no gateway span)")
+        parts.append("prefill split into own compute and waiting from step spans" if c.step_spans else
+                     "prefill not split into own compute and waiting (needs step spans)")
+        if c.sources.get("vllm-v1"):
+            parts.append("vLLM V1's queue time includes its API server's latency (its own clocks)")
+        if c.sources.get("vllm-v0"):
+            parts.append("vLLM V0 exports no prefill time: its prefill is TTFT less queue")
+    ttft = "; ".join(parts) + "."
+    out.append(Analysis("ttft", "TTFT decomposition", c.engine_requests > 0,
+                        ttft[0].upper() + ttft[1:] if parts else "No engine request spans."))
+
+    missing_cache = [SOURCE_TITLES.get(s, s) for s in c.sources if s in ("vllm-v1", "vllm-v0", "tgi")]
+    out.append(Analysis(
+        "prefix_cache", "Prefix cache and billing", c.cached_tokens > 0,
+        f"From cached-token counts on {c.cached_tokens} requests." if c.cached_tokens else
+        "Prefix-cache hit rates need a cached-token count per request; this store has none"
+        + (f" ({', '.join(missing_cache)} export none)." if missing_cache else ".")))
+
+    out.append(Analysis(
+        "prefill_throughput", "Prefill throughput against the roofline", c.step_spans > 0,
+        "From step spans and the engines' hardware." if c.step_spans else
+        "Prefill throughput needs engine_step spans (tokens per step and step times); this store has none."))
+    out.append(Analysis("tokens", "Per-token times", tokens > 0,
+                        f"{tokens} tokens ({c.tokens_from_steps} from step spans, {c.tokens_from_spans} from "
+                        "per-token spans)." if tokens else "No per-token times."))
+    return tuple(out)

@@ -1,0 +1,99 @@
+"""Spans built and written in a child process (BackgroundSink) come out byte for byte as the sink writes them
+in the simulator's own process, are all counted, and a failure in the child is raised in the parent."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from infertrace import semconv as sc
+from reference_engine.engine.config import EngineConfig
+from reference_engine.fleet.config import parse_fleet
+from reference_engine.fleet.fleet import Fleet
+from reference_engine.fleet.workload import fleet_requests
+from reference_engine.simulate import simulate
+from reference_engine.telemetry.background import BackgroundSink, available
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SpanRecord
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs fork (Linux)")
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_767_225_600 * 10**9
+
+
+def _engine_run(path: Path, background: bool) -> int:
+    workload = SyntheticWorkload(rate=6.0, prompt_mean=800.0, output_mean=300.0, system_prompt_fraction=0.7,
+                                 assistant_prefill_fraction=0.2)
+    config = EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=512,
+                          num_kv_blocks=1200)
+    sink = BackgroundSink(lambda: OtlpJsonLinesWriter(path)) if background else OtlpJsonLinesWriter(path)
+    simulate(config, synthetic_requests(workload, 60.0, seed=3, start_ns=T0), sink, seed=3)
+    return sink.spans_written
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_an_engine_traced_in_a_child_writes_the_same_bytes_and_counts_every_span(tmp_path: Path,
+                                                                                  suffix: str) -> None:
+    here, there = tmp_path / f"here{suffix}", tmp_path / f"there{suffix}"
+    written_here = _engine_run(here, background=False)
+    written_there = _engine_run(there, background=True)
+    assert written_there == written_here > 1000
+    assert there.read_bytes() == here.read_bytes()
+
+
+FIDELITY_ENGINES = {
+    "kv tiers": (EngineConfig(num_kv_blocks=600, kv_host_tier_gb=0.05, kv_remote_tier_gb=0.1),
+                 [sc.PREFILL_KV_HOST_TOKENS, sc.PREFILL_KV_REMOTE_TOKENS, sc.PREFILL_KV_EVICTED_TOKENS,
+                  sc.STEP_KV_LOAD_NS]),
+    "offloaded experts": (EngineConfig(model="mixtral-8x7b-q4_k", hardware="L4", cpu_moe_layers=8,
+                                       max_num_batched_tokens=4096, prefill_microbatch=512),
+                          [sc.STEP_OFFLOAD_HOST_LINK_BYTES, sc.STEP_OFFLOAD_HOST_COMPUTE_NS]),
+}
+
+
+@pytest.mark.parametrize("engine", list(FIDELITY_ENGINES))
+def test_kv_tier_and_expert_offload_attributes_reach_spans_built_in_the_child(tmp_path: Path, engine: str) -> None:
+    config, attributes = FIDELITY_ENGINES[engine]
+    workload = SyntheticWorkload(rate=6.0 if engine == "kv tiers" else 0.5, prompt_mean=800.0, output_mean=200.0,
+                                 system_prompt_fraction=0.7)
+    requests = synthetic_requests(workload, 60.0, seed=3, start_ns=T0)
+    outputs = []
+    for background in (False, True):
+        path = tmp_path / f"{background}.jsonl"
+        sink = BackgroundSink(lambda path=path: OtlpJsonLinesWriter(path)) if background else OtlpJsonLinesWriter(path)
+        simulate(config, requests, sink, seed=3)
+        outputs.append(path.read_bytes())
+    assert outputs[1] == outputs[0]
+    for attribute in attributes:
+        assert f'"key":"{attribute}"'.encode() in outputs[1], attribute
+
+
+@pytest.mark.parametrize("fleet", ["two_models.toml", "disaggregated.toml"])
+def test_a_fleet_traced_in_a_child_writes_the_same_bytes(tmp_path: Path, fleet: str) -> None:
+    """Gateway spans (sent whole) and engine facts (spans built in the child) keep their order."""
+    spec = parse_fleet(tomllib.loads((ROOT / "examples" / "fleets" / fleet).read_text()), ROOT / "examples" / "fleets")
+    outputs = []
+    for background in (False, True):
+        path = tmp_path / f"{background}.jsonl"
+        sink = BackgroundSink(lambda path=path: OtlpJsonLinesWriter(path)) if background else OtlpJsonLinesWriter(path)
+        summary = Fleet(spec, sink, seed=5).run(fleet_requests(spec, 60.0, 5))
+        sink.close()
+        outputs.append((path.read_bytes(), summary.spans))
+    assert outputs[1] == outputs[0]
+    assert outputs[0][1] > 1000
+
+
+def test_a_span_the_child_cannot_encode_is_raised_in_the_simulators_process(tmp_path: Path) -> None:
+    sink = BackgroundSink(lambda: OtlpJsonLinesWriter(tmp_path / "t.jsonl"))
+    sink.export({"service.name": "x"}, [SpanRecord(1, 2, 0, "bad", 0, 1, {"tags": {"a", "b"}})])
+    with pytest.raises(RuntimeError, match="cannot encode attribute value of type set"):
+        sink.close()
+
+
+def test_an_output_file_that_cannot_be_opened_fails_when_the_sink_is_opened(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "t.jsonl"
+    with pytest.raises(RuntimeError, match="no-such-dir"):
+        BackgroundSink(lambda: OtlpJsonLinesWriter(missing))
