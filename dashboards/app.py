@@ -30,6 +30,7 @@ pages = [
     st.Page(VIEWS / "prefix_cache.py", title="Prefix cache", url_path="cache"),
     st.Page(VIEWS / "runbook.py", title="Runbook", url_path="runbook"),
     st.Page(VIEWS / "request.py", title="Request waterfall", url_path="request"),
+    st.Page(VIEWS / "whatif.py", title="What if", url_path="whatif"),
 ]
 page = st.navigation(pages)
 

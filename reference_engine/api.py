@@ -30,6 +30,8 @@ from reference_engine.scenarios.bank import (
     run_scenario,
 )
 from reference_engine.scenarios.families import ALL_FAMILIES, FAMILIES, ITL_FAMILIES, Scenario, make_scenario
+from reference_engine.scenarios.whatif import KNOBS as WHATIF_KNOBS
+from reference_engine.scenarios.whatif import WHATIF_FILE, generate_whatif
 from reference_engine.simulate import WORKLOAD_KINDS, WorkloadSpec, open_sink, simulate
 from reference_engine.stats import Summary
 from reference_engine.telemetry.otlp import SpanSink
@@ -46,6 +48,8 @@ __all__ = [
     "ITL_FAMILIES",
     "TRACES_FILE",
     "TRUTH_FILE",
+    "WHATIF_FILE",
+    "WHATIF_KNOBS",
     "WORKLOAD_KINDS",
     "EngineRun",
     "EngineSimulation",
@@ -57,10 +61,14 @@ __all__ = [
     "bank",
     "calibration_report",
     "cuda_hardware_name",
+    "fit_cost_params",
     "generate",
+    "generate_whatif",
     "make_scenario",
+    "replay",
     "run_scenario",
     "scenario_on_fleet",
+    "table_calibration_report",
 ]
 
 
@@ -179,13 +187,56 @@ def scenario_on_fleet(fleet_toml: str, family: str, seed: int, name: str, durati
 
 def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
                        dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
-                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+                       seed: int = 0, on_status: Callable[[str], None] | None = None, tensor_parallel: int | None = 1,
+                       model_config: Path | None = None) -> tuple[dict[str, Any], str]:
     """Fit the cost model to measured steps (a CSV, or the real executor measured here, one run fitted and
-    another held out); returns the report as JSON-ready data and as text."""
+    another held out) of an instance of `tensor_parallel` devices (None: fitted); `model_config`: a Hugging Face
+    config.json; returns the report as JSON-ready data and as text."""
     from reference_engine.compute.calibration import calibration_report as report
 
     return report(csv, model, hardware, backend=backend, device=device, dtype=dtype, threads=threads,
-                  requests=requests, per_phase=per_phase, seed=seed, on_status=on_status)
+                  requests=requests, per_phase=per_phase, seed=seed, on_status=on_status,
+                  tensor_parallel=tensor_parallel, model_config=model_config)
+
+
+def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, hardware: str,
+                    tensor_parallel: int = 1, prefill_microbatch: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+    """Fit the cost model to an engine's measured steps ((chunks, decodes, decode context, sampled, ns) each, as
+    `infertrace.replay.capture.measured_steps` reads them from the store); returns (CostParams fields, median
+    relative error per phase and overall)."""
+    from dataclasses import asdict
+
+    from reference_engine.compute.real_executor import MeasuredStep
+    from reference_engine.compute.step_fit import fit_steps
+    from reference_engine.engine.hardware import hardware as hardware_spec
+    from reference_engine.engine.models import model as model_spec
+
+    measured = [MeasuredStep(tuple(tuple(c) for c in chunks), decodes, ctx, sampled, ns)
+                for chunks, decodes, ctx, sampled, ns in steps]
+    result = fit_steps(measured, model_spec(model), hardware_spec(hardware), tensor_parallel, prefill_microbatch)
+    errors = {e.phase: e.median_error for e in result.phases}
+    errors["all"] = result.median_error
+    return asdict(result.params), errors
+
+
+BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json"}
+
+
+def table_calibration_report(table: Path) -> tuple[dict[str, Any], str]:
+    """Fit the cost model on half of a published measurement table (or a bundled one by name, BUNDLED_TABLES) and
+    report the error on the other half per phase and TP degree, beside the uncalibrated roofline's."""
+    from reference_engine.compute.published import TABLES, table_report
+
+    path = TABLES / BUNDLED_TABLES[str(table)] if str(table) in BUNDLED_TABLES else table
+    return table_report(path)
+
+
+def replay(requests: list[Any], deployment: Any, seed: int = 0) -> Any:
+    """Serve captured requests (`reference_engine.replay.CapturedRequest`s) on a deployment (a one-model fleet,
+    `reference_engine.replay.Deployment`) on the simulated clock; returns a `ReplayRun` (what each request saw)."""
+    from reference_engine.replay import replay as run
+
+    return run(requests, deployment, seed)
 
 
 def cuda_hardware_name() -> str:

@@ -158,7 +158,8 @@ def test_completion_offers_commands_and_runbook_query_names() -> None:
         env = {**os.environ, "_INFERTRACE_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(index)}
         return subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60).stdout.split()
 
-    assert complete("infertrace rep", 1) == ["report"]
+    assert complete("infertrace repo", 1) == ["report"]
+    assert sorted(complete("infertrace rep", 1)) == ["replay", "report"]
     assert complete("infertrace query worst", 2) == ["worst_itl_gaps"]
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from infertrace.cli import analysis, engine, evaluation, exports, site, store
+from infertrace.cli import analysis, engine, evaluation, exports, replay, site, store
 from infertrace.cli.conventions import HELP_OPTION_NAMES, Group, configure_logging, show_version
 
 app = typer.Typer(cls=Group, no_args_is_help=True, context_settings={"help_option_names": HELP_OPTION_NAMES},
@@ -40,6 +40,7 @@ app.add_typer(evaluation.scenarios_app, name="scenarios")
 app.command()(analysis.query)
 app.command()(evaluation.evaluate)
 app.command()(analysis.report)
+app.command()(replay.replay)
 app.command()(exports.export)
 app.command("serve-metrics")(exports.serve_metrics)
 app.command()(site.dashboard)

@@ -190,6 +190,14 @@ def calibrate(
     seed: int = 0,
     out: Annotated[Path | None, typer.Option(help="Write the fit as JSON (simulate --cost-params reads it)")] = None,
     format: Annotated[str, typer.Option(help="table or json")] = "table",
+    tp: Annotated[str, typer.Option(
+        "--tp", help="Tensor-parallel degree of the measured instance, or `fit` to pick the degree that explains "
+                     "a --csv best (1, 2, 4, 8)")] = "1",
+    model_config: Annotated[Path | None, typer.Option(
+        help="A Hugging Face config.json: the model's architecture instead of a built-in --model")] = None,
+    table: Annotated[Path | None, typer.Option(
+        help="A published measurement table (infertrace.published_table/1, with its citation; `lmdeploy-a100` "
+             "names the bundled one): fit on half of it, report the held-out error per phase and TP degree")] = None,
 ) -> None:
     """Fit the simulated executor's cost model (efficiencies, per-step overhead) to measured step times, and
     report the error per phase. Measuring the real executor fits one run and checks another (held out).
@@ -197,15 +205,25 @@ def calibrate(
     Example:
       infertrace calibrate --out cost.json
       infertrace calibrate --csv measured_steps.csv --model llama-3-8b --hardware H100-SXM --format json
+      infertrace calibrate --csv steps.csv --model-config config.json --hardware H100-SXM --tp fit
+      infertrace calibrate --table lmdeploy-a100
     """
-    from reference_engine.api import calibration_report
+    from reference_engine.api import calibration_report, table_calibration_report
 
     if format not in ("table", "json"):
         raise fail(f"--format must be table or json, got {format!r}")
+    if tp != "fit" and not (tp.isdigit() and int(tp) >= 1):
+        raise fail(f"--tp must be a degree ≥ 1 or `fit`, got {tp!r}")
+    if tp == "fit" and csv is None:
+        raise fail("--tp fit needs --csv (measured steps of an instance whose degree is unknown)")
     try:
-        report, text = calibration_report(csv, model, hardware, backend=backend, device=device, dtype=dtype,
-                                          threads=threads, requests=requests, per_phase=per_phase, seed=seed,
-                                          on_status=err.print)
+        if table is not None:
+            report, text = table_calibration_report(table)
+        else:
+            report, text = calibration_report(csv, model, hardware, backend=backend, device=device, dtype=dtype,
+                                              threads=threads, requests=requests, per_phase=per_phase, seed=seed,
+                                              on_status=err.print, tensor_parallel=None if tp == "fit" else int(tp),
+                                              model_config=model_config)
     except (ValueError, OSError, ImportError) as e:
         raise fail(str(e)) from None
     if out is not None:

@@ -96,6 +96,36 @@ def _ms_range(option: str, text: str) -> tuple[float, float]:
     return low, high
 
 
+@scenarios_app.command("whatif")
+def scenarios_whatif(
+    out: Annotated[Path, typer.Option(help="Directory to write one sub-directory per scenario into")],
+    seed: Annotated[int, typer.Option(help="Seed of the whole bank")] = 0,
+    count: Annotated[int, typer.Option(help="Scenarios to generate (cycling through the knobs)")] = 24,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of traffic per scenario")] = 180.0,
+    jobs: Annotated[int, typer.Option(help="Scenarios simulated in parallel (processes)")] = 1,
+    hidden_cost: Annotated[bool, typer.Option(
+        help="The engines run with cost parameters of their own that the spans do not carry: replays must "
+             "calibrate on the capture's steps")] = False,
+) -> None:
+    """What-if validation scenarios: one model's traffic (with a prefill storm) served under config A
+    (capture/) and, on the same requests, under config B, A with one knob changed (actual/): chunk budget,
+    policy, TP, prefill micro-batch, replicas, P/D split, max_num_seqs, prefix caching. Score replays of A's
+    capture under B with `infertrace evaluate DIR --section whatif`.
+
+    Example:
+      infertrace scenarios whatif --seed 0 --count 24 --duration 180 --jobs 2 --out whatif-bank/
+    """
+    from reference_engine.api import WHATIF_KNOBS, generate_whatif
+
+    if count < 1 or duration < 30 or jobs < 1:
+        raise fail(f"need --count ≥ 1, --duration ≥ 30 and --jobs ≥ 1; got {count}, {duration}, {jobs}")
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {out} exists and is not a directory")
+    with err.status(f"Simulating {count} scenarios, twice each …"):
+        names = generate_whatif(seed, count, duration, out, jobs, hidden_cost)
+    err.print(f"{len(names)} what-if scenarios ({', '.join(WHATIF_KNOBS)}) written to {out}")
+
+
 def evaluate(
     bank: Annotated[Path, typer.Argument(help="Scenario bank directory (infertrace scenarios generate --out)")],
     fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
@@ -109,15 +139,17 @@ def evaluate(
     """
     import json
 
+    from infertrace.cli.replay import whatif_section
     from infertrace.evaluation import EVALUATORS
 
+    evaluators = {**EVALUATORS, "whatif": whatif_section()}
     check_choice("--format", fmt, ("table", "json"))
-    unknown = sorted(set(section or ()) - set(EVALUATORS))
+    unknown = sorted(set(section or ()) - set(evaluators))
     if unknown:
-        raise fail(f"--section: unknown {unknown}; known: {', '.join(EVALUATORS)}")
+        raise fail(f"--section: unknown {unknown}; known: {', '.join(evaluators)}")
     try:
         results = {}
-        for name, (run, _) in EVALUATORS.items():
+        for name, (run, _) in evaluators.items():
             if not section or name in section:
                 with err.status(f"Evaluating {name} on {bank} …"):
                     results[name] = run(bank)
@@ -126,4 +158,4 @@ def evaluate(
     if fmt == "json":
         print(json.dumps(results, indent=1))
     else:
-        print("\n\n".join(EVALUATORS[name][1](result) for name, result in results.items()))
+        print("\n\n".join(evaluators[name][1](result) for name, result in results.items()))

@@ -36,14 +36,20 @@ def load_truth(scenario: Path) -> dict[str, Any]:
 
 
 def open_scenario_store(scenario: Path) -> Store:
-    """The scenario's store (`<scenario>/store`), ingesting its traces unless a finished ingest of them left
-    its marker there (re-ingesting adds nothing, so an interrupted one is simply run again)."""
-    store_dir = scenario / STORE_DIR
+    """The scenario's store (`<scenario>/store`), ingesting its traces (and the client token times and iteration
+    logs its telemetry wrote) the first time."""
     truth = load_truth(scenario)
-    traces = scenario / truth.get("traces", "traces.jsonl.gz")
     telemetry = truth.get("telemetry", {})
     tokens = scenario / telemetry["client_tokens"] if telemetry.get("client_tokens") else None
     logs = sorted((scenario / telemetry["iteration_logs"]).glob("*.log")) if telemetry.get("iteration_logs") else []
+    return open_ingested_store(scenario / STORE_DIR, scenario / truth.get("traces", "traces.jsonl.gz"), tokens, logs)
+
+
+def open_ingested_store(store_dir: Path, traces: Path, tokens: Path | None = None,
+                        logs: list[Path] | None = None) -> Store:
+    """The store of a traces file (and its side inputs), ingesting them unless a finished ingest of them left its
+    marker there (re-ingesting adds nothing, so an interrupted one is simply run again)."""
+    logs = logs or []
     marker = store_dir / INGESTED_MARKER
     stamp = "".join(f"{p.name} {p.stat().st_size}\n" for p in [traces, *([tokens] if tokens else []), *logs])
     if not marker.is_file() or marker.read_text(encoding="utf-8") != stamp:

@@ -557,5 +557,7 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
     }
     doc["findings"] = findings(doc)
     doc["severity"] = max((f["severity"] for f in doc["findings"]), key=SEVERITIES.index, default="ok")
-    doc["recommendations"] = recommend(doc)
+    from infertrace.replay.saved import load_whatifs
+
+    doc["recommendations"] = recommend(doc, load_whatifs(store.root))
     return doc

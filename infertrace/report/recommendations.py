@@ -3,7 +3,8 @@ analyzers produced (an observed p99 against the analyzer's own counterfactual, o
 it computes nothing new.
 
 - chunked prefill: the ITL analyzer's counterfactual says a per-step prefill budget lowers an engine's ITL
-  p99 (prefill collisions stalled its slowest tokens);
+  p99 (prefill collisions stalled its slowest tokens); where the store keeps a trustworthy replay of the model's
+  traffic with that budget (`infertrace replay`), the predicted TTFT and ITL come from the replay, and say so;
 - disaggregation: with that budget the engine's ITL p99 would still exceed the model's ITL target, while
   without prefill interference it would meet it: only separating prefill from decode removes the rest;
 - incident: look first at the top-ranked cause of each incident, with its evidence;
@@ -25,7 +26,24 @@ def _itl_target(doc: dict[str, Any]) -> tuple[str, float] | None:
     return None
 
 
-def recommend(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def _replay_sentence(found: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    doc, v = found["doc"], found["variant"]
+    base, pred = doc["baseline"]["predicted"], v["predicted"]
+    worst = doc["trust"]["worst_error"]
+    cost = "a calibrated cost model" if doc["calibrated"] else "the uncalibrated roofline cost model"
+    text = (f" A replay of {doc['requests']} captured requests under {v['name']} ({cost}; its baseline within "
+            f"{abs(worst):.1%} of the capture) predicts ITL p99 {base['itl_p99_ms']:.1f} → {pred['itl_p99_ms']:.1f} "
+            f"ms and TTFT p99 {base['ttft_p99_ms']:.1f} → {pred['ttft_p99_ms']:.1f} ms.")
+    evidence = {"replay": doc.get("path"), "variant": v["name"], "calibrated": doc["calibrated"],
+                "baseline_itl_p99_ms": base["itl_p99_ms"], "replayed_itl_p99_ms": pred["itl_p99_ms"],
+                "baseline_ttft_p99_ms": base["ttft_p99_ms"], "replayed_ttft_p99_ms": pred["ttft_p99_ms"]}
+    return text, evidence
+
+
+def recommend(doc: dict[str, Any], whatifs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """`whatifs`: the store's kept what-if replays (infertrace.replay.saved), newest first."""
+    from infertrace.replay.saved import replayed_chunk_budget
+
     out: list[dict[str, Any]] = []
     sections = doc["sections"]
     itl = sections.get("itl", {})
@@ -38,6 +56,8 @@ def recommend(doc: dict[str, Any]) -> list[dict[str, Any]]:
         evidence = {"instance": e["instance"], "itl_p99_ms": observed, "itl_p99_with_chunk_budget_ms": chunked,
                     "itl_p99_without_prefill_ms": clean, "prefill_share_of_p99": e["prefill_share_of_p99"],
                     "prefill_stalls": e["stalls"]["prefill"], "chunk_budget_tokens": budget}
+        replayed = replayed_chunk_budget(whatifs or [], e["model"], budget)
+        extra = {} if replayed is None else {"prediction": "replay", **_replay_sentence(replayed)[1]}
         out.append({
             "id": f"chunked_prefill:{e['instance']}", "section": "itl",
             "action": f"Enable chunked prefill on {e['instance']} ({e['model']}) with a per-step budget of {budget} "
@@ -45,8 +65,9 @@ def recommend(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "because": f"{e['stalls']['prefill']} steps stalled "
                        f"its decodes behind prefills, and {e['prefill_share_of_p99']:.0%} of its tokens at or "
                        f"above ITL p99 were such stalls; the ITL analyzer bounds p99 from {observed} ms to "
-                       f"{chunked} ms with that budget ({clean} ms without any prefill interference).",
-            "evidence": evidence,
+                       f"{chunked} ms with that budget ({clean} ms without any prefill interference)."
+                       + ("" if replayed is None else _replay_sentence(replayed)[0]),
+            "evidence": {**evidence, **extra},
         })
         if target is not None and clean is not None and chunked > target[1] >= clean:
             out.append({

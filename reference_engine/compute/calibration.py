@@ -136,8 +136,10 @@ def request_steps(batch: int, prompt: int, output: int) -> tuple[MeasuredStep, .
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
-def steps_from_csv(path: str | Path, model: str | None = None, hardware: str | None = None) -> list[Measured]:
-    """Measured rows of a CSV (module docstring); with `model`/`hardware`, rows naming others are skipped."""
+def steps_from_csv(path: str | Path, model: str | None = None, hardware: str | None = None,
+                   tensor_parallel: int = 1) -> list[Measured]:
+    """Measured rows of a CSV (module docstring); with `model`/`hardware`, rows naming others are skipped;
+    `tensor_parallel`: the degree of rows that do not give one."""
     steps: list[Measured] = []
     with open(path, newline="") as f:
         lines = [(number, text) for number, text in enumerate(f, start=1) if not text.startswith("#")]
@@ -156,7 +158,7 @@ def steps_from_csv(path: str | Path, model: str | None = None, hardware: str | N
                 prompt, context = int(row["prompt_tokens"] or 0), int(row["context_tokens"] or 0)
                 ns = round(float(row["measured_ms"]) * 1e6)
                 output = int(row.get("output_tokens") or 0)
-                tp = int(row.get("tensor_parallel") or 1)
+                tp = int(row.get("tensor_parallel") or tensor_parallel)
                 graphs = _BOOLEANS[(row.get("cuda_graphs") or "true").strip().lower()]
             except (ValueError, TypeError, AttributeError, KeyError) as e:
                 raise ValueError(f"{path}:{line}: bad row {row!r}: {e}") from None
@@ -187,11 +189,12 @@ def predict_seconds(cost: StepCostModel, step: Measured) -> float:
 
 
 def cost_model_for(spec: ModelSpec, hw: HardwareSpec, params: CostParams, tensor_parallel: int = 1,
-                   cuda_graphs: bool = True) -> StepCostModel:
-    return StepCostModel(spec, hw, tensor_parallel=tensor_parallel, cuda_graphs=cuda_graphs, params=params)
+                   cuda_graphs: bool = True, prefill_microbatch: int = 0) -> StepCostModel:
+    return StepCostModel(spec, hw, tensor_parallel=tensor_parallel, cuda_graphs=cuda_graphs,
+                         prefill_microbatch=prefill_microbatch, params=params)
 
 
-class _Design:
+class Design:
     """Per step of every measured row, the cost model's terms at 100% efficiency and unit overheads, so that a
     parameter vector gives every row's predicted time in a few array operations:
 
@@ -256,9 +259,10 @@ class _Design:
         return CostParams(**{**asdict(defaults), **values})
 
 
-def evaluate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
-             params: CostParams) -> tuple[tuple[PhaseError, ...], float]:
-    """Relative error of the simulator's cost model against measured rows, per phase and overall."""
+def evaluate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec, params: CostParams,
+             prefill_microbatch: int = 0) -> tuple[tuple[PhaseError, ...], float]:
+    """Relative error of the simulator's cost model against measured rows (of an engine splitting prefills into
+    `prefill_microbatch`-token micro-batches, 0: none), per phase and overall."""
     models: dict[tuple[int, bool], StepCostModel] = {}
     measured = np.array([s.duration_ns / 1e9 for s in steps])
     predicted = []
@@ -266,7 +270,7 @@ def evaluate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
         run = _run(s)
         key = (run.tensor_parallel, run.cuda_graphs)
         if key not in models:
-            models[key] = cost_model_for(spec, hw, params, *key)
+            models[key] = cost_model_for(spec, hw, params, *key, prefill_microbatch)
         predicted.append(predict_seconds(models[key], s))
     error = np.abs(np.array(predicted) - measured) / measured
     phases_of = np.array([phase_of(s) for s in steps])
@@ -284,19 +288,28 @@ def calibrate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
     """Fit `CostParams` to measured rows (efficiencies in (0, 1], overhead ≥ 1 µs; the launch cost when some rows
     ran without CUDA graphs, the all-reduce latencies when some ran tensor-parallel); to one phase's rows only
     when `phase` is given."""
-    from scipy.optimize import least_squares
-
     if phase is not None:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         steps = [s for s in steps if phase_of(s) == phase]
     defaults = CostParams()
-    design = _Design(steps, spec, hw, defaults.interconnect_efficiency)
+    design = Design(steps, spec, hw, defaults.interconnect_efficiency)
     if len(steps) < len(design.names):
         raise ValueError(f"need at least {len(design.names)} measured rows to fit {len(design.names)} parameters, "
                          f"got {len(steps)}")
     measured = np.array([s.duration_ns / 1e9 for s in steps])
-    phases_of = np.array([phase_of(s) for s in steps])
+    params, _ = fit_design(design, measured, np.array([phase_of(s) for s in steps]), hw)
+    phases, median = evaluate(steps, spec, hw, params)
+    return Calibration(spec.name, hw.name, params, phases, median)
+
+
+def fit_design(design: Design, measured: np.ndarray, phases_of: np.ndarray,
+               hw: HardwareSpec) -> tuple[CostParams, float]:
+    """The parameters of `design` minimising the relative error against the measured seconds (each phase weighted
+    equally however many rows it has), the rest at their defaults; and the fit's cost."""
+    from scipy.optimize import least_squares
+
+    defaults = CostParams()
     counts = {p: int((phases_of == p).sum()) for p in PHASES}
     weight = np.array([1 / np.sqrt(counts[p]) for p in phases_of])
     log_measured = np.log(measured)
@@ -319,9 +332,7 @@ def calibrate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
             if best is None or result.cost < best.cost:
                 best = result
     assert best is not None
-    params = design.params(best.x, defaults)
-    phases, median = evaluate(steps, spec, hw, params)
-    return Calibration(spec.name, hw.name, params, phases, median)
+    return design.params(best.x, defaults), float(best.cost)
 
 
 # ------------------------------------------------------------------------------- measuring the real executor
@@ -369,16 +380,35 @@ def measure_calibration_run(executor: RealExecutor, model: str, hardware: str, s
 # ----------------------------------------------------------------------------------------------- the report
 def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: str = "numpy", device: str = "cpu",
                        dtype: str = "float32", threads: int = 0, requests: int = 48, per_phase: bool = False,
-                       seed: int = 0, on_status: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+                       seed: int = 0, on_status: Callable[[str], None] | None = None, tensor_parallel: int | None = 1,
+                       model_config: Path | None = None) -> tuple[dict[str, Any], str]:
     """Fit to a CSV of measured steps, or measure the real executor here (one run fitted, another held out);
-    with `per_phase`, also fit prefill and decode steps apart. Returns (JSON-ready report, text)."""
+    with `per_phase`, also fit prefill and decode steps apart. `tensor_parallel`: the degree of CSV rows that do
+    not give one, or None to fit it (`step_fit.fit_tensor_parallel`; CSV step rows without the column only);
+    `model_config`: a Hugging Face config.json instead of a built-in model. Returns (JSON-ready report, text)."""
     from reference_engine.engine.hardware import hardware as hardware_spec
+    from reference_engine.engine.model_config import spec_from_hf_config
     from reference_engine.engine.models import model as model_spec
 
-    spec, hw = model_spec(model), hardware_spec(hardware)
+    spec = spec_from_hf_config(model_config) if model_config is not None else model_spec(model)
+    hw = hardware_spec(hardware)
     held_out = None
+    tp_costs: dict[int, float] = {}
     if csv is not None:
-        steps: list[Measured] = steps_from_csv(csv, model, hardware)
+        steps: list[Measured] = steps_from_csv(csv, model, hardware, tensor_parallel or 1)
+        if tensor_parallel is None:
+            from reference_engine.compute.step_fit import fit_tensor_parallel
+
+            plain = [s for s in steps if isinstance(s, MeasuredStep)]
+            if len(plain) != len(steps):
+                raise ValueError(f"{csv}: fitting the tensor-parallel degree needs step rows of one instance with no "
+                                 f"tensor_parallel or cuda_graphs column and no request rows")
+            tensor_parallel, tp_costs = fit_tensor_parallel(plain, spec, hw)
+            steps = [MeasuredRun((s,), s.duration_ns, tensor_parallel, True, phase_of(s)) if tensor_parallel > 1
+                     else s for s in plain]
+    elif tensor_parallel not in (None, 1):
+        raise ValueError(f"the real executor measured here runs on one device; tensor_parallel {tensor_parallel} "
+                         f"applies to a --csv only")
     else:
         executor = RealExecutor(spec, 2048, 16, backend=backend, device=device, dtype=dtype, seed=seed,
                                 threads=threads)
@@ -391,7 +421,13 @@ def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: 
     present = {phase_of(s) for s in steps}
     phases = [calibrate(steps, spec, hw, phase) for phase in PHASES if phase in present] if per_phase else []
     report = json.loads(result.to_json())
-    lines = [result.table()]
+    tp = tensor_parallel or 1
+    report["tensor_parallel"] = tp
+    lines = [result.table(), f"  tensor parallel: {tp}"
+             + (" (fitted: " + ", ".join(f"TP{k} cost {v:.3g}" for k, v in tp_costs.items()) + ")" if tp_costs
+                else " (declared; rows giving their own degree keep it)")]
+    if tp_costs:
+        report["tensor_parallel_fit"] = {str(k): v for k, v in tp_costs.items()}
     if held_out is not None:
         errors, median = evaluate(held_out, spec, hw, result.params)
         report["held_out"] = {"median_error": median, "phases": [asdict(e) for e in errors]}

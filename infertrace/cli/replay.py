@@ -1,0 +1,170 @@
+"""`infertrace replay`: replay a captured window of one model's traffic under its captured config and under
+variants of it (`--set key=value`), on the reference engine's simulated clock."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from infertrace.cli.console import err, fail
+from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_steps
+from infertrace.replay.compare import Variant, WhatIf
+from infertrace.replay.deployment import KNOBS, Deployment
+from infertrace.store.store import Store
+
+
+def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Distribution:
+    """Replays the requests on the deployment (reference_engine.api.replay); what they saw."""
+    from reference_engine.api import replay as engine_replay
+
+    run = engine_replay(list(requests), deployment, seed)
+    return Distribution.from_arrays(run.ttft_ns, run.itl_ns, run.e2e_ns, run.output_tokens,
+                                    run.last_finish_ns - run.first_arrival_ns,
+                                    (run.kv_mean, run.kv_peak) if run.steps else None, run.preemptions, run.rejected)
+
+
+def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Variant:
+    start = time.perf_counter()
+    predicted = replay_distribution(requests, deployment, seed)
+    return Variant(name, deployment.as_dict(), deployment.label(), predicted, time.perf_counter() - start)
+
+
+def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
+    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans);
+    and a sentence with the fit's error. Raises ValueError when the store holds too few steps."""
+    from reference_engine.api import fit_cost_params
+
+    steps = measured_steps(store, capture.model, capture.since_ns, capture.until_ns)
+    d = capture.deployment
+    cost, errors = fit_cost_params(steps, d.model, d.hardware, d.tensor_parallel, d.prefill_microbatch)
+    sentence = (f"cost model fitted to {len(steps)} measured steps of {d.model}: median error "
+                + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
+    calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))
+    return calibrated, sentence
+
+
+def what_if(capture: Capture, variants: list[tuple[str, Deployment]], calibrated: bool, seed: int = 0) -> WhatIf:
+    """The baseline replay and each variant's, compared with the capture."""
+    from infertrace.replay.compare import build
+
+    baseline = run_variant("baseline", capture.requests, capture.deployment, seed)
+    return build(capture, baseline, [run_variant(n, capture.requests, d, seed) for n, d in variants], calibrated)
+
+
+def _cost_params(path: Path) -> dict[str, float]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    params = data.get("params", data)
+    if not isinstance(params, dict):
+        raise ValueError(f"{path}: expected calibrate's JSON (a params object)")
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def replay(
+    store: Annotated[Path, typer.Option(help="Store directory")],
+    model: Annotated[str | None, typer.Option(help="The model whose traffic to replay (default: the store's only "
+                                                    "model)")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Window start: ISO 8601 (UTC), epoch s or ns, or back from now: -15m, 2h, 1d")] = None,
+    until: Annotated[str | None, typer.Option(help="Window end (exclusive), same forms")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="A variant: KEY=VALUE[,KEY=VALUE...] (repeatable; one variant each). Keys: "
+                      + "; ".join(f"{k}: {v}" for k, v in KNOBS.items()))] = None,
+    captured: Annotated[list[str] | None, typer.Option(
+        help="KEY=VALUE: the captured config where the spans do not say it (or say it wrong), same keys")] = None,
+    cost_params: Annotated[Path | None, typer.Option(
+        help="Calibrated cost model (infertrace calibrate --out) for every replay")] = None,
+    calibrate: Annotated[bool, typer.Option(
+        help="Fit the cost model to the captured engines' own step spans before replaying")] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file")] = None,
+    save: Annotated[bool, typer.Option(
+        help="Keep the result in the store (<store>/whatif/) for the dashboard's What if page and the report's "
+             "recommendations")] = True,
+    seed: int = 0,
+) -> None:
+    """Replay a captured window of one model's traffic: first under the captured config (the baseline, checked
+    against the capture: TTFT and ITL p50/p99 within 5%, else the replay says it is not trustworthy and by how
+    much), then under each --set variant; prints a table (TTFT, ITL, E2E p50/p99, throughput, KV use,
+    preemptions) per variant.
+
+    Example:
+      infertrace replay --store store/ --model llama-3-8b --set chunk=512 --set policy=decode_first,chunk=2048
+      infertrace replay --store store/ --model llama-3-8b --set replicas=2 --set tp=2 --set pd=1:1 --json w.json
+    """
+    from infertrace.cli.conventions import parse_when
+    from infertrace.replay.capture import read_capture
+    from infertrace.replay.compare import render_text
+    from infertrace.replay.deployment import apply_settings, parse_setting, variant_name
+
+    try:
+        since_ns = parse_when(since) if since is not None else None
+        until_ns = parse_when(until) if until is not None else None
+        variant_settings = [[parse_setting(p) for p in text.split(",")] for text in set_ or ()]
+        captured_settings = [parse_setting(p) for p in captured or ()]
+        cost = _cost_params(cost_params) if cost_params is not None else {}
+    except (ValueError, OSError) as e:
+        raise fail(str(e)) from None
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise fail(f"--since {since} is not before --until {until}")
+    try:
+        with Store.open(store) as opened:
+            if not opened.segments:
+                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            if model is None:
+                models = [m for (m,) in opened.sql("SELECT DISTINCT model FROM requests WHERE model IS NOT NULL "
+                                                   "ORDER BY 1").fetchall()]
+                if len(models) != 1:
+                    raise fail(f"--model is needed: the store holds {len(models)} models ({', '.join(models)})")
+                model = models[0]
+            with err.status(f"Reading {model}'s traffic from {store} …"):
+                capture = read_capture(opened, model, since_ns, until_ns)
+            if calibrate:
+                if cost:
+                    raise fail("give either --calibrate or --cost-params, not both")
+                capture = replace(capture, deployment=apply_settings(capture.deployment, captured_settings))
+                with err.status(f"Fitting the cost model to {model}'s measured steps …"):
+                    capture, sentence = calibrate_from_capture(opened, capture)
+                err.print(sentence)
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    except ValueError as e:
+        raise fail(f"--store {store}: {e}") from None
+    try:
+        base = capture.deployment if calibrate else apply_settings(capture.deployment, captured_settings)
+        if cost:
+            base = replace(base, cost=cost)
+        capture = replace(capture, deployment=base)
+        variants: list[tuple[str, Deployment]] = [(variant_name(s), apply_settings(base, s))
+                                                   for s in variant_settings]
+    except (ValueError, TypeError) as e:
+        raise fail(str(e)) from None
+    try:
+        with err.status(f"Replaying {len(capture.requests)} requests × {1 + len(variants)} configs …"):
+            result = what_if(capture, variants, calibrated=bool(cost) or calibrate, seed=seed)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    print(render_text(result), end="")
+    if save:
+        from infertrace.replay.saved import save_whatif
+
+        try:
+            err.print(f"kept in {save_whatif(store, result.to_json())}")
+        except OSError as e:
+            err.print(f"note: the result could not be kept in the store ({e})")
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise fail(f"--json {json_out}: {e}") from None
+
+
+def whatif_section() -> tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]:
+    """`infertrace evaluate`'s whatif section: the evaluator with the reference engine as its replayer."""
+    from infertrace.evaluation.whatif import evaluate_whatif, render_whatif
+
+    return (lambda bank: evaluate_whatif(bank, replay_distribution, calibrate_from_capture)), render_whatif

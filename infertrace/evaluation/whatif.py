@@ -1,0 +1,145 @@
+"""What-if replay against ground truth: for each scenario of a what-if bank (`infertrace scenarios whatif`), the
+capture of config A replayed under A (the baseline, against A's capture) and under B (against an actual run of
+B on the same requests).
+
+Criteria (per scenario): the baseline's TTFT and ITL p50 and p99 within 5% of A's capture; the prediction of B
+within 5% of the actual run at p50 and within 10% at p99. A metric under 1 ms is held to 0.2 ms instead (the
+relative error of a sub-millisecond latency says nothing).
+
+The replayer is passed in (`infertrace evaluate` gives the reference engine's): the toolkit never imports the
+engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infertrace.evaluation import open_ingested_store
+from infertrace.replay.capture import Capture, Distribution, ReplayRequest, read_capture
+from infertrace.replay.compare import relative_error
+from infertrace.replay.deployment import Deployment, apply_settings, parse_setting
+from infertrace.store.store import Store
+
+WHATIF_FILE = "whatif.json"
+METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+P50_TOLERANCE, P99_TOLERANCE, BASELINE_TOLERANCE, FLOOR_MS = 0.05, 0.10, 0.05, 0.2
+
+Replayer = Callable[[tuple[ReplayRequest, ...], Deployment], Distribution]
+# fits the capture's deployment's cost model to its measured steps (the store's step spans)
+Calibrator = Callable[[Store, Capture], tuple[Capture, str]]
+
+
+def whatif_dirs(bank: str | Path) -> list[Path]:
+    root = Path(bank)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such scenario directory")
+    return sorted(p.parent for p in root.glob(f"*/{WHATIF_FILE}"))
+
+
+def _store(run_dir: Path) -> Store:
+    """`<run>/store`, ingesting `<run>/traces.jsonl.gz` the first time."""
+    return open_ingested_store(run_dir / "store", run_dir / "traces.jsonl.gz")
+
+
+def _errors(predicted: Distribution, observed: Distribution) -> dict[str, float | None]:
+    return {m: relative_error(getattr(predicted, m), getattr(observed, m)) for m in METRICS}
+
+
+def _within(predicted: Distribution, observed: Distribution, tolerance: dict[str, float]) -> bool:
+    for m in METRICS:
+        p, o = getattr(predicted, m), getattr(observed, m)
+        if p is None or o is None:
+            return False
+        if abs(p - o) > FLOOR_MS and abs(p - o) > tolerance[m] * o:
+            return False
+    return True
+
+
+def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | None = None) -> dict[str, Any]:
+    """A scenario whose engines had hidden cost parameters is replayed calibrated (the capture's steps fitted
+    first); its uncalibrated baseline's error is kept beside, for comparison."""
+    spec = json.loads((scenario / WHATIF_FILE).read_text(encoding="utf-8"))
+    model = spec["model"]
+    calibration = None
+    uncalibrated = None
+    with _store(scenario / "capture") as a_store:
+        capture: Capture = read_capture(a_store, model)
+        if spec.get("hidden_cost") and calibrate is not None:
+            uncalibrated = _errors(replay(capture.requests, capture.deployment), capture.observed)
+            capture, calibration = calibrate(a_store, capture)
+    with _store(scenario / "actual") as b_store:
+        actual = read_capture(b_store, model).observed
+    variant = apply_settings(capture.deployment, [parse_setting(s) for s in spec["settings"]])
+    baseline = replay(capture.requests, capture.deployment)
+    predicted = replay(capture.requests, variant)
+    baseline_ok = _within(baseline, capture.observed, dict.fromkeys(METRICS, BASELINE_TOLERANCE))
+    variant_ok = _within(predicted, actual, {m: P50_TOLERANCE if "p50" in m else P99_TOLERANCE for m in METRICS})
+    return {"scenario": scenario.name, "knob": spec["knob"], "model": model, "settings": spec["settings"],
+            "requests": len(capture.requests), "captured": {m: getattr(capture.observed, m) for m in METRICS},
+            "baseline": {m: getattr(baseline, m) for m in METRICS}, "actual": {m: getattr(actual, m) for m in METRICS},
+            "predicted": {m: getattr(predicted, m) for m in METRICS},
+            "baseline_error": _errors(baseline, capture.observed), "prediction_error": _errors(predicted, actual),
+            "baseline_ok": baseline_ok, "prediction_ok": variant_ok, "calibrated": calibration is not None,
+            "calibration": calibration, "uncalibrated_baseline_error": uncalibrated, "notes": list(capture.notes)}
+
+
+def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None = None) -> dict[str, Any]:
+    dirs = whatif_dirs(bank)
+    if not dirs:
+        return {"scenarios": 0, "note": f"{bank} holds no what-if scenario (infertrace scenarios whatif writes "
+                                          "them): nothing was evaluated"}
+    rows = [evaluate_scenario(d, replay, calibrate) for d in dirs]
+
+    def worst(key: str, metric: str) -> float | None:
+        values = [abs(e) for r in rows if r[key] and (e := r[key][metric]) is not None]
+        return max(values) if values else None
+
+    knobs: dict[str, dict[str, int]] = {}
+    for r in rows:
+        k = knobs.setdefault(r["knob"], {"scenarios": 0, "prediction_ok": 0, "baseline_ok": 0})
+        k["scenarios"] += 1
+        k["prediction_ok"] += r["prediction_ok"]
+        k["baseline_ok"] += r["baseline_ok"]
+    return {"scenarios": len(rows), "calibrated": sum(r["calibrated"] for r in rows),
+            "worst_uncalibrated_baseline_error": {m: worst("uncalibrated_baseline_error", m) for m in METRICS}
+            if any(r["uncalibrated_baseline_error"] for r in rows) else None,
+            "baseline_ok": sum(r["baseline_ok"] for r in rows),
+            "prediction_ok": sum(r["prediction_ok"] for r in rows),
+            "worst_baseline_error": {m: worst("baseline_error", m) for m in METRICS},
+            "worst_prediction_error": {m: worst("prediction_error", m) for m in METRICS},
+            "criteria": {"baseline": BASELINE_TOLERANCE, "p50": P50_TOLERANCE, "p99": P99_TOLERANCE,
+                         "floor_ms": FLOOR_MS},
+            "per_knob": knobs, "per_scenario": rows}
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.1%}"
+
+
+def render_whatif(section: dict[str, Any]) -> str:
+    if not section["scenarios"]:
+        return "What-if replay: " + section["note"]
+    n = section["scenarios"]
+    c = section["criteria"]
+    lines = [f"What-if replay on {n} scenarios: baseline within {c['baseline']:.0%} of the capture in "
+             f"{section['baseline_ok']}/{n}; prediction of config B within {c['p50']:.0%} (p50) / {c['p99']:.0%} "
+             f"(p99) of the actual run in {section['prediction_ok']}/{n}",
+             "  worst |error|       " + "  ".join(f"{m.removesuffix('_ms'):>9}" for m in METRICS),
+             "  baseline vs capture " + "  ".join(f"{_pct(section['worst_baseline_error'][m]):>9}" for m in METRICS),
+             "  B predicted/actual  " + "  ".join(f"{_pct(section['worst_prediction_error'][m]):>9}" for m in METRICS),
+             *(["  uncalibrated baseline " + "  ".join(f"{_pct(section['worst_uncalibrated_baseline_error'][m]):>9}"
+                                                       for m in METRICS)
+                + f"   ({section['calibrated']} scenarios with hidden engine costs, replayed calibrated)"]
+               if section.get("worst_uncalibrated_baseline_error") else []),
+             "  per knob: " + ", ".join(f"{k} {v['prediction_ok']}/{v['scenarios']}"
+                                        for k, v in sorted(section["per_knob"].items()))]
+    for r in section["per_scenario"]:
+        if not (r["prediction_ok"] and r["baseline_ok"]):
+            lines.append(f"  missed: {r['scenario']} ({' '.join(r['settings'])}): baseline "
+                         + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["baseline_error"].items())
+                         + "; prediction "
+                         + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["prediction_error"].items()))
+    return "\n".join(lines)

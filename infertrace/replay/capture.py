@@ -1,0 +1,284 @@
+"""A captured window of one model's traffic, read back from the store: the requests as a replay needs them, the
+deployment they ran on (from the engines' resources), what they saw (TTFT, ITL, E2E, KV use), and what a
+replay leaves out (requests the gateway answered without an engine).
+
+Prefix sharing: a request naming a system prompt shares it with every other request naming it. A tenant whose
+requests name system prompts but never hit the prefix cache on them while the engines had prefix caching on
+(e.g. a timestamp before the system prompt) is replayed without that sharing. A request that reports cached
+tokens but no system prompt (a source without the attribute) is given a prefix of its cached length shared with
+the tenant's requests that report the same length: an approximation, said in the notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from infertrace.replay.deployment import Deployment
+from infertrace.store.store import Store
+
+_ALL_TIME = (-(1 << 62), 1 << 62)
+QUANTILES = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
+
+
+def query_text(name: str) -> str:
+    """The text of `infertrace/replay/sql/<name>.sql`."""
+    return resources.files("infertrace.replay").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    """One request as the replay sends it (`reference_engine.replay.CapturedRequest`)."""
+
+    request_id: str
+    arrival_ns: int
+    tenant: str
+    input_tokens: int
+    output_tokens: int
+    max_tokens: int
+    system_prompt_id: str | None = None
+    system_prompt_tokens: int = 0
+    shared_prefix_id: str | None = None
+    shared_prefix_tokens: int = 0
+    assistant_prefill_tokens: int = 0
+    route_ns: int | None = None  # when the router took it (≤ arrival_ns); None: routed on arrival
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """What a set of requests saw: p50/p99 TTFT, ITL and E2E (ms), throughput, KV use, preemptions."""
+
+    requests: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    output_tokens_per_s: float | None
+    kv_peak: float | None  # share of KV blocks in use, highest at a step's end
+    kv_mean: float | None
+    preemptions: int | None
+    rejected: int  # by an engine
+    # TTFT, ITL and E2E (ms) at QUANTILES, for plotting the distributions side by side
+    quantiles_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @staticmethod
+    def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray, e2e_ns: np.ndarray, output_tokens: int,
+                    span_ns: int, kv: tuple[float, float] | None, preemptions: int | None,
+                    rejected: int) -> Distribution:
+        """`kv`: (mean, peak) share of KV blocks in use, None when unknown."""
+        def pct(values: np.ndarray, q: float) -> float | None:
+            return float(np.percentile(values, q) / 1e6) if len(values) else None
+
+        return Distribution(
+            requests=len(ttft_ns) + rejected, ttft_p50_ms=pct(ttft_ns, 50), ttft_p99_ms=pct(ttft_ns, 99),
+            itl_p50_ms=pct(itl_ns, 50), itl_p99_ms=pct(itl_ns, 99), e2e_p50_ms=pct(e2e_ns, 50),
+            e2e_p99_ms=pct(e2e_ns, 99),
+            output_tokens_per_s=output_tokens / (span_ns / 1e9) if span_ns > 0 else None,
+            kv_peak=kv[1] if kv is not None else None, kv_mean=kv[0] if kv is not None else None,
+            preemptions=preemptions, rejected=rejected,
+            quantiles_ms={name: tuple(float(v) for v in np.quantile(values, QUANTILES) / 1e6)
+                          for name, values in (("ttft", ttft_ns), ("itl", itl_ns), ("e2e", e2e_ns)) if len(values)})
+
+
+@dataclass(frozen=True)
+class Capture:
+    model: str
+    since_ns: int | None
+    until_ns: int | None
+    requests: tuple[ReplayRequest, ...]
+    deployment: Deployment
+    observed: Distribution
+    unserved: dict[int, int]  # HTTP status -> requests the gateway answered without an engine
+    has_step_spans: bool
+    config_source: str  # "spans" (the engines' resources) or "flags"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def router_policy(routes: list[tuple[int, str, str | None]], replicas: int) -> str:
+    """The router's policy as its choices show it (routes: (time, target, system prompt id) in routing order):
+    `prefix_aware` when requests naming a system prompt almost always go to one replica per prompt,
+    `round_robin` when consecutive choices almost always advance by one replica, else `least_loaded`."""
+    if replicas < 2 or len(routes) < 10:
+        return "least_loaded"
+    by_prompt: dict[str, dict[str, int]] = {}
+    for _, target, prompt in routes:
+        if prompt:
+            counts = by_prompt.setdefault(prompt, {})
+            counts[target] = counts.get(target, 0) + 1
+    named = sum(sum(c.values()) for c in by_prompt.values())
+    if named >= 10 and sum(max(c.values()) for c in by_prompt.values()) >= 0.9 * named and len(by_prompt) > 1:
+        return "prefix_aware"
+    order = sorted({t for _, t, _ in routes})
+    index = [order.index(t) for _, t, _ in routes]
+    advances = sum((b - a) % len(order) == 1 for a, b in pairwise(index))
+    if advances >= 0.9 * (len(index) - 1):
+        return "round_robin"
+    return "least_loaded"
+
+
+def _deployment(model: str, engines: list[dict[str, Any]], overrides: dict[str, Any],
+                notes: list[str], routes: list[tuple[int, str, str | None]]) -> tuple[Deployment, str]:
+    """The captured deployment, from the engines' resource attributes where they carry it; `overrides` (flags)
+    fill in what they do not say, or replace it."""
+    values: dict[str, Any] = {"model": model}
+    serving = [e for e in engines if e["role"] != "decode_worker"]
+    decoders = [e for e in engines if e["role"] == "decode_worker"]
+    source = "flags"
+    first = serving[0] if serving else None
+    if first is not None and first["policy"] is not None:
+        source = "spans"
+        keys = ("hardware", "tensor_parallel", "policy", "max_num_batched_tokens", "max_num_seqs", "chunked_prefill",
+                "prefix_caching", "prefill_microbatch")
+        values.update({k: first[k] for k in keys if first[k] is not None})
+        differing = [k for k in keys if len({e[k] for e in serving}) > 1]
+        if differing:
+            notes.append(f"the engines of {model} differ in {', '.join(differing)}: the replay uses "
+                         f"{first['instance']}'s settings for all of them")
+        blocks = [e["kv_total_blocks"] for e in serving if e["kv_total_blocks"]]
+        if blocks:
+            values["num_kv_blocks"] = int(min(blocks))
+    if decoders:
+        values.update(prefill_replicas=len(serving), decode_replicas=len(decoders),
+                      decode_hardware=decoders[0]["hardware"] or values.get("hardware", ""))
+        notes.append("disaggregated capture: the KV link is replayed at "
+                     f"{overrides.get('link_gb_s', 12.5)} GB/s and {overrides.get('link_latency_ms', 1.0)} ms "
+                     "(link_gb_s, link_latency_ms) unless set")
+    elif serving:
+        values["replicas"] = len(serving)
+    values.update(overrides)
+    if "router_policy" not in overrides and routes:
+        values["router_policy"] = router_policy(routes, len(serving))
+    if source == "flags":
+        notes.append(f"the spans of {model} carry no engine configuration: the replay's baseline is the flags' "
+                     "(and the defaults')")
+    return Deployment(**values), source
+
+
+def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns: int | None = None,
+                 overrides: dict[str, Any] | None = None) -> Capture:
+    """The window's traffic of `model` and what it saw. Raises ValueError when the window holds none."""
+    params = {"model": model, "since_ns": since_ns if since_ns is not None else _ALL_TIME[0],
+              "until_ns": until_ns if until_ns is not None else _ALL_TIME[1]}
+    rows = store.sql(query_text("capture_requests"), params).fetchall()
+    if not rows:
+        known = [r[0] for r in store.sql("SELECT DISTINCT model FROM requests WHERE model IS NOT NULL "
+                                         "ORDER BY 1").fetchall()]
+        raise ValueError(f"no request of {model!r} reached an engine in that window; models in the store: "
+                         f"{', '.join(known) or 'none'}")
+    columns = ("request_id", "tenant", "arrival_ns", "input_tokens", "output_tokens", "max_tokens", "cached_tokens",
+               "system_prompt_id", "system_prompt_tokens", "assistant_prefill_tokens", "engine_error", "ttft_ns",
+               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns")
+    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
+    engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
+                   "max_num_seqs", "chunked_prefill", "prefix_caching", "prefill_microbatch", "block_size",
+                   "executor", "kv_total_blocks", "step_spans")
+    engines = [dict(zip(engine_cols, row, strict=True)) for row in engine_rows]
+    notes: list[str] = []
+    routes = store.sql(query_text("capture_routes"), params).fetchall()
+    deployment, source = _deployment(model, engines, dict(overrides or {}), notes, routes)
+    block = next((e["block_size"] for e in engines if e["block_size"]), 16)
+    requests = _requests(records, deployment, block, notes)
+
+    served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
+    ttft = np.array([r["ttft_ns"] for r in served], dtype=np.int64)
+    e2e = np.array([r["e2e_ns"] for r in served], dtype=np.int64)
+    itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
+    has_steps = any(e["step_spans"] for e in engines)
+    if not has_steps:
+        notes.append("no engine step spans: the captured ITL and KV use cannot be compared with the replay's")
+    first = min(r["arrival_ns"] for r in records)
+    last = max(r["arrival_ns"] + (r["e2e_ns"] or 0) for r in records)
+    kv_params = {**params, "since_ns": first, "until_ns": last + 1}
+    kv = np.array([v for (v,) in store.sql(query_text("capture_kv"), kv_params).fetchall()], dtype=np.float64)
+    output = sum(r["output_tokens"] or 0 for r in served)
+    kv_use = (float(kv.mean()), float(kv.max())) if has_steps and len(kv) else None
+    observed = Distribution.from_arrays(ttft, itl, e2e, output, last - first, kv_use,
+                                        int(sum(r["preemptions"] for r in records)),
+                                        sum(r["engine_error"] is not None for r in records))
+    unserved = {int(s or 0): int(n) for s, n in store.sql(query_text("capture_unserved"), params).fetchall()}
+    if unserved:
+        notes.append(f"{sum(unserved.values())} requests for {model} never reached an engine "
+                     f"({', '.join(f'{n}× {s}' for s, n in sorted(unserved.items()))}): not replayed, their outcome "
+                     "does not depend on the engines")
+    return Capture(model, since_ns, until_ns, tuple(requests), deployment, observed, unserved, has_steps, source,
+                   tuple(notes))
+
+
+def _requests(records: list[dict[str, Any]], deployment: Deployment, block: int,
+              notes: list[str]) -> list[ReplayRequest]:
+    # Tenants whose system prompts never hit the cache though a block of them was cached before: no sharing.
+    seen: set[str] = set()
+    eligible: dict[str, int] = {}
+    hits: dict[str, int] = {}
+    for r in records:
+        sp = r["system_prompt_id"]
+        if sp and (r["system_prompt_tokens"] or 0) >= block:
+            if sp in seen:
+                eligible[r["tenant"]] = eligible.get(r["tenant"], 0) + 1
+                hits[r["tenant"]] = hits.get(r["tenant"], 0) + ((r["cached_tokens"] or 0) >= block)
+            seen.add(sp)
+    unshared = {t for t, n in eligible.items()
+                if deployment.prefix_caching and n >= 5 and hits.get(t, 0) <= 0.02 * n}
+    if unshared:
+        notes.append(f"tenant(s) {', '.join(sorted(unshared))} named shared system prompts but never hit the prefix "
+                     "cache on them (a prefix that changes per request): replayed without that sharing")
+    guessed = 0
+    out = []
+    for r in records:
+        input_tokens = int(r["input_tokens"] or 1)
+        sp, sp_tokens = r["system_prompt_id"], int(r["system_prompt_tokens"] or 0)
+        if sp and r["tenant"] in unshared:
+            sp = f"{sp}@{r['request_id']}"
+        shared_id, shared_tokens = None, 0
+        cached = int(r["cached_tokens"] or 0)
+        if not sp and cached >= block:
+            shared_tokens = min(cached, input_tokens - 1)
+            shared_id = f"prefix-{r['tenant']}-{shared_tokens}"
+            guessed += 1
+        ap = int(r["assistant_prefill_tokens"] or 0)
+        if sp_tokens + shared_tokens + ap >= input_tokens:  # inconsistent attributes: keep the prompt length
+            sp, sp_tokens, ap = None, 0, 0
+        output = int(r["output_tokens"] or 1)
+        route = r["route_ns"] if r["route_ns"] is not None and r["route_ns"] <= r["arrival_ns"] else None
+        out.append(ReplayRequest(r["request_id"], int(r["arrival_ns"]), r["tenant"] or "default", input_tokens,
+                                 max(output, 1), int(r["max_tokens"] or output), sp, sp_tokens, shared_id,
+                                 shared_tokens, ap, route))
+    if guessed:
+        notes.append(f"{guessed} requests reported cached tokens but no system prompt: each shares a prefix of its "
+                     "cached length with the tenant's requests of the same cached length (an approximation)")
+    return out
+
+
+# A measured step: (prefill chunks as (new, cached) tokens, decodes, their summed context, sampled positions, ns).
+MeasuredStep = tuple[tuple[tuple[int, int], ...], int, int, int, int]
+
+
+def measured_steps(store: Store, model: str, since_ns: int | None = None, until_ns: int | None = None,
+                   limit: int = 20_000) -> list[MeasuredStep]:
+    """The model's engine steps as measured (its step spans; prefill and decode workers alike but decode workers,
+    whose single recomputed token is no prefill), at most `limit`, spread evenly over the window."""
+    params = {"model": model, "since_ns": since_ns if since_ns is not None else _ALL_TIME[0],
+              "until_ns": until_ns if until_ns is not None else _ALL_TIME[1]}
+    steps: list[MeasuredStep] = []
+    for _, _, chunks, cached, samples, decodes, ctx, durations, pause in store.sql(
+            query_text("capture_steps"), params).fetchall():
+        last = len(durations) - 1
+        if chunks:
+            if not pause:
+                sampled = decodes + sum(bool(s) for s in samples)
+                steps.append((tuple(zip(chunks, cached, strict=True)), decodes, ctx, sampled, int(durations[0])))
+            continue
+        for k, ns in enumerate(durations):
+            if k == last and pause:
+                continue
+            steps.append(((), decodes, ctx + k * decodes, decodes, int(ns)))
+    if len(steps) > limit:
+        steps = [steps[i] for i in np.linspace(0, len(steps) - 1, limit).astype(int)]
+    return steps

@@ -1,0 +1,46 @@
+-- capture_requests: one row per request of a model that reached an engine in a window, as a replay needs it.
+--
+-- Answers: what traffic did the model's engines serve: when each request reached an engine, its prompt and
+-- output lengths, tenant, shared system prompt, assistant prefill, prefix-cache hit, and whether the engine
+-- rejected it. A disaggregated request has two engine request spans (prefill worker, decode worker): its
+-- arrival is the first one's, its output the decode worker's.
+-- Parameters: $model, $since_ns, $until_ns (arrival window, [since, until)).
+-- Columns: request_id, tenant, arrival_ns, input_tokens, output_tokens, max_tokens, cached_tokens,
+--   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, engine_error (error.type set by the
+--   engine), ttft_ns (arrival to first token on the engine that prefilled), e2e_ns (arrival to last token),
+--   preemptions, timing_source, instances (engine rows of the request), route_ns (when the router took the
+--   request; NULL without a route span: the router's decision time, which a replay routes at).
+WITH routes AS (
+    SELECT trace_id, min(start_ns) AS route_ns
+    FROM spans WHERE name = 'route' AND "attr.infertrace.route.target" IS NOT NULL
+    GROUP BY trace_id
+),
+rows AS (
+    SELECT r.*, s."res.infertrace.component.kind" AS role, routes.route_ns
+    FROM requests r
+    JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+    LEFT JOIN routes ON routes.trace_id = r.trace_id
+    WHERE r.model = $model
+)
+SELECT
+    request_id,
+    any_value(tenant) AS tenant,
+    min(arrival_ns) AS arrival_ns,
+    max(input_tokens) AS input_tokens,
+    max(output_tokens) AS output_tokens,
+    max(max_tokens) AS max_tokens,
+    max(cached_tokens) AS cached_tokens,
+    any_value(system_prompt_id) AS system_prompt_id,
+    max(system_prompt_tokens) AS system_prompt_tokens,
+    coalesce(max(assistant_prefill_tokens), 0) AS assistant_prefill_tokens,
+    any_value(error_type) AS engine_error,
+    arg_min(ttft_ns, arrival_ns) AS ttft_ns,
+    max(finish_ns) - min(arrival_ns) AS e2e_ns,
+    coalesce(sum(preemptions), 0) AS preemptions,
+    any_value(timing_source) AS timing_source,
+    count(*) AS instances,
+    min(route_ns) AS route_ns
+FROM rows
+GROUP BY request_id
+HAVING min(arrival_ns) >= $since_ns AND min(arrival_ns) < $until_ns
+ORDER BY arrival_ns, request_id

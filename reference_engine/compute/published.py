@@ -1,0 +1,135 @@
+"""Calibrate the cost model on a published measurement table (vendored with its citation, `tables/`), and score it
+on the half of the table it was not fitted to.
+
+A table (schema `infertrace.published_table/1`) holds, per model, the published rows of a static inference
+benchmark (batch × prompt length × output length at a tensor-parallel degree), the Hugging Face config of the
+model (`configs/`), the hardware, and where the numbers come from. Measured steps are read from a row as:
+
+- prefill: a batch-1 row's first-token latency is one prefill step of `prompt_tokens` tokens;
+- decode: a row's median per-token latency is a decode step of `batch` sequences at the mean context of the
+  generation, `prompt_tokens + output_tokens / 2`.
+
+The fit is one set of `CostParams` for the table's hardware and engine over every model and TP degree. Held-out
+error: the distinct step shapes (model, phase, batch, prompt, output) are sorted and alternately assigned to the
+fitting half and the held-out half; the fit sees only the first, the error is reported on the second, per phase
+and per TP degree, beside the uncalibrated roofline's error (the default `CostParams`) on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reference_engine.compute.calibration import predict_seconds
+from reference_engine.compute.real_executor import MeasuredStep
+from reference_engine.compute.step_fit import fit_rows
+from reference_engine.engine.cost_model import CostParams, StepCostModel
+from reference_engine.engine.hardware import hardware as hardware_spec
+from reference_engine.engine.model_config import spec_from_hf_config
+from reference_engine.engine.models import ModelSpec
+
+TABLES = Path(__file__).resolve().parent / "tables"
+TABLE_SCHEMA = "infertrace.published_table/1"
+
+
+@dataclass(frozen=True)
+class TableStep:
+    model: str
+    tensor_parallel: int
+    phase: str
+    shape: tuple[int, int, int]  # batch, prompt tokens, output tokens
+    step: MeasuredStep
+
+
+def load_table(path: str | Path) -> tuple[dict[str, Any], dict[str, ModelSpec], list[TableStep]]:
+    """(the table's header, each model's architecture, the measured steps); errors name the file and the row."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if doc.get("schema") != TABLE_SCHEMA:
+        raise ValueError(f"{path}: not a published measurement table (schema {TABLE_SCHEMA})")
+    columns = doc["columns"]
+    need = {"batch", "tp", "prompt_tokens", "output_tokens", "ftl_ave_s", "token_latency_p50_s"}
+    if not need <= set(columns):
+        raise ValueError(f"{path}: columns {sorted(need - set(columns))} missing")
+    specs: dict[str, ModelSpec] = {}
+    steps: list[TableStep] = []
+    for name, entry in doc["models"].items():
+        specs[name] = spec_from_hf_config(path.parent / entry["config"], name=name)
+        for i, values in enumerate(entry["rows"]):
+            row = dict(zip(columns, values, strict=True))
+            batch, tp, prompt, output = (int(row[k]) for k in ("batch", "tp", "prompt_tokens", "output_tokens"))
+            if min(batch, tp, prompt, output) < 1:
+                raise ValueError(f"{path}: {name} row {i}: batch, tp and token counts must be ≥ 1, got {values}")
+            shape = (batch, prompt, output)
+            if batch == 1:
+                ns = round(float(row["ftl_ave_s"]) * 1e9)
+                steps.append(TableStep(name, tp, "prefill", shape, MeasuredStep(((prompt, 0),), 0, 0, 1, ns)))
+            context = prompt + output // 2
+            ns = round(float(row["token_latency_p50_s"]) * 1e9)
+            steps.append(TableStep(name, tp, "decode", shape, MeasuredStep((), batch, batch * context, batch, ns)))
+    return doc, specs, steps
+
+
+def split_halves(steps: list[TableStep]) -> tuple[list[TableStep], list[TableStep]]:
+    """Distinct shapes sorted, alternately to the fitting half and the held-out half."""
+    ordered = sorted(steps, key=lambda s: (s.model, s.phase, s.shape))
+    return ordered[0::2], ordered[1::2]
+
+
+def fit_table(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str) -> CostParams:
+    return fit_rows([(s.step, specs[s.model], s.tensor_parallel) for s in steps], hardware_spec(hardware))[0]
+
+
+def errors(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str, params: CostParams) -> np.ndarray:
+    """|predicted − measured| / measured per step, through the simulator's own StepCostModel."""
+    hw = hardware_spec(hardware)
+    out = []
+    for s in steps:
+        cost = StepCostModel(specs[s.model], hw, tensor_parallel=s.tensor_parallel, params=params)
+        measured = s.step.duration_ns / 1e9
+        out.append(abs(predict_seconds(cost, s.step) - measured) / measured)
+    return np.asarray(out)
+
+
+def table_report(path: str | Path) -> tuple[dict[str, Any], str]:
+    """Fit on half of the table, score on the other half, per phase and TP degree; the roofline's error beside."""
+    doc, specs, steps = load_table(path)
+    hardware = doc["hardware"]
+    fit_half, held = split_halves(steps)
+    params = fit_table(fit_half, specs, hardware)
+    calibrated = errors(held, specs, hardware, params)
+    roofline = errors(held, specs, hardware, CostParams())
+    groups: list[dict[str, Any]] = []
+    keys = sorted({(s.tensor_parallel, s.phase) for s in held})
+    for tp, phase in [*keys, *((None, p) for p in ("prefill", "decode"))]:
+        mask = np.array([(tp is None or s.tensor_parallel == tp) and s.phase == phase for s in held])
+        if not mask.any():
+            continue
+        groups.append({"tensor_parallel": tp, "phase": phase, "held_out_steps": int(mask.sum()),
+                       "models": sorted({s.model for s, m in zip(held, mask, strict=True) if m}),
+                       "calibrated_median_error": float(np.median(calibrated[mask])),
+                       "calibrated_p90_error": float(np.percentile(calibrated[mask], 90)),
+                       "roofline_median_error": float(np.median(roofline[mask]))})
+    source = doc["source"]
+    report = {"table": str(path), "title": doc["title"], "source": source, "hardware": hardware,
+              "fitted_steps": len(fit_half), "held_out_steps": len(held),
+              "params": {k: getattr(params, k) for k in CostParams.__dataclass_fields__}, "held_out": groups}
+    lines = [f"{doc['title']} ({source['url']})",
+             f"fitted on {len(fit_half)} of {len(steps)} measured steps, scored on the other {len(held)}:",
+             f"  {'TP':>4} {'phase':<8} {'steps':>5} {'calibrated median':>18} {'p90':>7} {'roofline median':>16}"]
+    for g in groups:
+        tp = "all" if g["tensor_parallel"] is None else str(g["tensor_parallel"])
+        lines.append(f"  {tp:>4} {g['phase']:<8} {g['held_out_steps']:>5} {g['calibrated_median_error']:>18.1%} "
+                     f"{g['calibrated_p90_error']:>7.1%} {g['roofline_median_error']:>16.1%}")
+    p = params
+    lines.append(f"  fitted: η_c {p.compute_efficiency:.3g}, η_m {p.memory_efficiency:.3g}, "
+                 f"η_a {p.attention_efficiency:.3g}, η_kv {p.kv_memory_efficiency or p.memory_efficiency:.3g}, "
+                 f"overhead {p.step_overhead_s * 1e3:.2f} ms + {p.per_sequence_overhead_s * 1e6:.1f} µs/sequence")
+    return report, "\n".join(lines)

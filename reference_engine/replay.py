@@ -1,0 +1,238 @@
+"""Replay captured requests on one model's deployment: the engine side of `infertrace replay`.
+
+The toolkit reconstructs each request from the store (arrival at the engine, prompt and output lengths,
+tenant, shared system prompt, assistant prefill) and describes a deployment (the captured engine config, or a
+variant of it); this module turns them into the engine's requests and a one-model fleet (a router with the
+captured policy and no latency of its own in front of the replicas, or prefill and decode workers over a link),
+runs it on the simulated clock, and returns what each request saw.
+
+Prompts are rebuilt from content segments: the system prompt (shared by every request naming it, so the prefix
+cache sees the captured sharing), an optional shared prefix of `shared_prefix_tokens` (for sources that report
+cached tokens but no system prompt id), the request's own text, and its assistant prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from reference_engine.engine.cost_model import CostParams
+from reference_engine.engine.llm_engine import LLMEngine, StepReport
+from reference_engine.engine.prompt import Prompt
+from reference_engine.engine.sequence import Request, Sequence
+from reference_engine.fleet.config import DisaggregationSpec, FleetSpec, LinkSpec, ModelDeployment, RouterSpec
+from reference_engine.fleet.fleet import Fleet
+from reference_engine.fleet.gateway import Router
+from reference_engine.stats import SimulationStats
+
+
+class CapturedRequest(Protocol):
+    """What the toolkit knows of a request (infertrace.replay.capture.ReplayRequest)."""
+
+    request_id: str
+    arrival_ns: int
+    tenant: str
+    input_tokens: int
+    output_tokens: int
+    max_tokens: int
+    system_prompt_id: str | None
+    system_prompt_tokens: int
+    shared_prefix_id: str | None
+    shared_prefix_tokens: int
+    assistant_prefill_tokens: int
+    route_ns: int | None  # when the router took it; None: on arrival
+
+
+class Deployment(Protocol):
+    """A model's deployment (infertrace.replay.deployment.Deployment)."""
+
+    model: str
+    hardware: str
+    tensor_parallel: int
+    replicas: int
+    policy: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    chunked_prefill: bool
+    prefix_caching: bool
+    prefill_microbatch: int
+    num_kv_blocks: int
+    router_policy: str
+    prefill_replicas: int
+    decode_replicas: int
+    decode_hardware: str
+    link_gb_s: float
+    link_latency_ms: float
+    cost: dict[str, float]
+
+
+@dataclass
+class ReplayRun:
+    """What the replayed requests saw: per request (served ones), ITL over every token gap (disaggregated: the
+    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it),
+    and the engines' KV use and preemptions."""
+
+    ttft_ns: np.ndarray
+    e2e_ns: np.ndarray
+    itl_ns: np.ndarray
+    output_tokens: int
+    requests: int
+    rejected: int  # by an engine (e.g. a prompt longer than its KV)
+    preemptions: int
+    first_arrival_ns: int
+    last_finish_ns: int
+    kv_peak: float  # highest share of KV blocks in use at a step's end, over the engines
+    kv_mean: float  # mean over steps
+    steps: int
+    per_request: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (ttft, e2e) ns
+
+
+def _prompt(r: CapturedRequest) -> Prompt:
+    segments: list[tuple[str, int]] = []
+    own = r.input_tokens
+    if r.system_prompt_id and r.system_prompt_tokens:
+        segments.append((r.system_prompt_id, r.system_prompt_tokens))
+        own -= r.system_prompt_tokens
+    if r.shared_prefix_id and r.shared_prefix_tokens:
+        segments.append((r.shared_prefix_id, r.shared_prefix_tokens))
+        own -= r.shared_prefix_tokens
+    own -= r.assistant_prefill_tokens
+    segments.append((f"user-{r.request_id}", max(own, 1)))
+    if r.assistant_prefill_tokens:
+        segments.append((f"assistant-{r.request_id}", r.assistant_prefill_tokens))
+    return Prompt(tuple(segments))
+
+
+def _routed_ns(r: CapturedRequest) -> int:
+    return r.route_ns if r.route_ns is not None else r.arrival_ns
+
+
+def engine_requests(requests: list[CapturedRequest], model: str) -> list[Request]:
+    """The engine's requests, arriving when the router took them (the router hands each to an engine after its
+    captured routing time)."""
+    out = []
+    for r in sorted(requests, key=lambda r: (_routed_ns(r), r.request_id)):
+        output = max(r.output_tokens, 1)
+        out.append(Request(r.request_id, _routed_ns(r), _prompt(r), output, max(r.max_tokens, output),
+                           tenant=r.tenant, model=model, system_prompt_id=r.system_prompt_id,
+                           system_prompt_tokens=r.system_prompt_tokens,
+                           assistant_prefill_tokens=r.assistant_prefill_tokens))
+    return out
+
+
+def fleet_of(d: Deployment) -> FleetSpec:
+    """A one-model fleet: a latency-free router with the captured policy before the replicas, or prefill and
+    decode workers over a link."""
+    engine: dict[str, Any] = {
+        "tensor_parallel": d.tensor_parallel, "policy": d.policy, "max_num_batched_tokens": d.max_num_batched_tokens,
+        "max_num_seqs": d.max_num_seqs, "chunked_prefill": d.chunked_prefill or d.policy == "decode_first",
+        "enable_prefix_caching": d.prefix_caching, "prefill_microbatch": d.prefill_microbatch,
+        "num_kv_blocks": d.num_kv_blocks, "cost": CostParams(**d.cost)}
+    links: tuple[LinkSpec, ...] = ()
+    disaggregation = None
+    if d.prefill_replicas and d.decode_replicas:
+        links = (LinkSpec("replay-link", d.link_gb_s, d.link_latency_ms),)
+        # Decode workers batch each arriving request's one recomputed token with the running decodes: decode-first
+        # with chunks, as a fleet file's decode workers default to.
+        decode = {"policy": "decode_first", "chunked_prefill": True,
+                  "max_num_batched_tokens": max(d.max_num_batched_tokens, d.max_num_seqs)}
+        disaggregation = DisaggregationSpec(d.prefill_replicas, d.decode_replicas, "replay-link",
+                                            d.decode_hardware or d.hardware, "replay", decode)
+    model = ModelDeployment(d.model, d.replicas, d.hardware, "replay", engine, disaggregation)
+    router = RouterSpec("replay-router", (d.model,), d.router_policy, latency_ms=0.0)
+    return FleetSpec("replay", "replay", (model,), (), routers=(router,), links=links, timeout_s=1e9)
+
+
+class _CapturedRouter(Router):
+    """The router as captured: it decides when it took each request and hands it on after the time it took then
+    (keyed by decision time and tenant); the choice itself follows its policy and the replayed loads."""
+
+    def __init__(self, router: Router, latency: dict[tuple[int, str], int]) -> None:
+        super().__init__(router.spec, [], 0)
+        self.emitter = router.emitter
+        self.latency = latency
+
+    def route(self, t: int, tenant: str = "", waiting_since: int | None = None) -> tuple[int, int, int]:
+        """(latency ns, wait ns, status): the captured time, its wait included, and 200."""
+        return self.latency.get((t, tenant), 0), 0, 200
+
+
+class _Observer:
+    """Per engine: token gaps (SimulationStats), KV use; per request: first token and finish."""
+
+    def __init__(self, role: str, engine: LLMEngine, run: _Collector) -> None:
+        self.role, self.engine, self.run = role, engine, run
+        self.stats = SimulationStats()
+        run.stats.append(self.stats)
+
+    def on_step(self, report: StepReport) -> None:
+        self.stats.on_step(report)
+        if report.kv_total_blocks:
+            self.run.kv.append(report.kv_used_blocks / report.kv_total_blocks)
+
+    def on_finish(self, seq: Sequence) -> None:
+        self.stats.on_finish(seq)
+        run, rid = self.run, seq.request.request_id
+        run.preemptions += seq.preemptions
+        if seq.error is not None:
+            run.rejected.add(rid)
+            return
+        if self.role != "decode_worker" and seq.first_token_ns is not None:
+            run.first_token[rid] = seq.first_token_ns
+        if self.role == "prefill_worker":
+            run.handed_over[rid] = seq.first_token_ns or self.engine.now_ns
+        elif self.role == "decode_worker" and seq.first_token_ns is not None and rid in run.handed_over:
+            # the caller's second token: the decode worker's first, after the KV transfer
+            run.transfer_gaps.append(seq.first_token_ns - run.handed_over.pop(rid))
+        if self.role != "prefill_worker":
+            run.finish[rid] = seq.finish_ns or self.engine.now_ns
+            run.output_tokens += seq.num_output_tokens
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.stats: list[SimulationStats] = []
+        self.kv: list[float] = []
+        self.first_token: dict[str, int] = {}
+        self.finish: dict[str, int] = {}
+        self.rejected: set[str] = set()
+        self.handed_over: dict[str, int] = {}  # disaggregated: the prefill worker's first token
+        self.transfer_gaps: list[int] = []
+        self.preemptions = 0
+        self.output_tokens = 0
+
+
+def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 0) -> ReplayRun:
+    """Serve the captured requests on the deployment; what each saw."""
+    if not requests:
+        raise ValueError("nothing to replay: no requests reached an engine in that window")
+    spec = fleet_of(deployment)
+    roles = dict(spec.engine_instances(deployment.model))
+    collector = _Collector()
+
+    def observe(instance: str, engine: LLMEngine) -> list[_Observer]:
+        return [_Observer(roles[instance], engine, collector)]
+
+    engine_reqs = engine_requests(requests, deployment.model)
+    arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured
+    fleet = Fleet(spec, None, seed, epoch_ns=engine_reqs[0].arrival_ns, observers=observe)
+    latency = {(_routed_ns(r), r.tenant): r.arrival_ns - _routed_ns(r) for r in requests}
+    routers = fleet.gateway.router[deployment.model]
+    fleet.gateway.router[deployment.model] = [_CapturedRouter(r, latency) for r in routers]
+    fleet.run(engine_reqs)
+    served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
+    ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
+    e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
+    itl = np.concatenate([*(np.repeat(*s.itl_counts()) for s in collector.stats),
+                          np.asarray(collector.transfer_gaps, np.int64)])
+    kv = np.asarray(collector.kv)
+    return ReplayRun(
+        ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),
+        rejected=len(collector.rejected), preemptions=collector.preemptions,
+        first_arrival_ns=min(arrival.values()),
+        last_finish_ns=max(collector.finish.values(), default=max(arrival.values())),
+        kv_peak=float(kv.max()) if len(kv) else 0.0, kv_mean=float(kv.mean()) if len(kv) else 0.0,
+        steps=sum(s.steps for s in collector.stats),
+        per_request={rid: (int(t), int(e)) for rid, t, e in zip(served, ttft, e2e, strict=True)})

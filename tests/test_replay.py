@@ -1,0 +1,208 @@
+"""`infertrace replay` and the what-if validation: a captured window read back from a real store, replayed on the
+reference engine under its captured config and under variants, and checked against actual runs of the variants
+on the same requests."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infertrace.cli.replay import replay_distribution, what_if
+from infertrace.evaluation.whatif import evaluate_whatif
+from infertrace.replay.capture import read_capture
+from infertrace.replay.deployment import apply_settings, parse_setting
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "fleets"
+
+
+def infertrace(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "infertrace.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two minutes of the two-model example fleet (a denied tenant among its traffic), ingested."""
+    from reference_engine.api import FleetSimulation
+
+    root = tmp_path_factory.mktemp("two-models")
+    FleetSimulation(EXAMPLES / "two_models.toml", 60.0, 3, root / "traces.jsonl.gz", None).run()
+    ingest_paths(root / "store", [root / "traces.jsonl.gz"])
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def whatif_bank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reference_engine.api import generate_whatif
+
+    root = tmp_path_factory.mktemp("whatif")
+    generate_whatif(seed=11, count=2, duration_s=40.0, out_dir=root)  # a chunk budget, then a policy change
+    return root
+
+
+def test_the_capture_carries_the_engines_config_prefix_sharing_and_what_never_reached_an_engine(
+        two_models: Path) -> None:
+    with Store.open(two_models) as store:
+        capture = read_capture(store, "qwen-2.5-1.5b")
+        served = store.sql("SELECT count(DISTINCT request_id) FROM requests WHERE model = 'qwen-2.5-1.5b'").fetchall()
+    d = capture.deployment
+    assert capture.config_source == "spans"
+    assert (d.hardware, d.policy, d.chunked_prefill, d.max_num_batched_tokens, d.replicas) == (
+        "L4", "decode_first", True, 1024, 1)
+    assert len(capture.requests) == served[0][0]
+    shared = [r for r in capture.requests if r.system_prompt_id]
+    assert shared and all(r.system_prompt_tokens < r.input_tokens for r in shared)
+    assert len({r.system_prompt_id for r in shared}) < len(shared)  # the same prompt, named by several requests
+    assert capture.unserved.get(401, 0) > 0  # the denied tenant's requests: not replayed, and said so
+    assert any("never reached an engine" in n for n in capture.notes)
+
+
+def test_a_baseline_replay_of_the_captured_config_reproduces_the_captured_ttft_and_itl(two_models: Path) -> None:
+    with Store.open(two_models) as store:
+        capture = read_capture(store, "llama-3-8b")
+    result = what_if(capture, [], calibrated=False)
+    assert capture.deployment.router_policy == "prefix_aware"  # read from the router's choices
+    assert result.trust.trustworthy is True, result.trust.sentence()
+    for metric, error in result.trust.errors.items():
+        assert abs(error) < 0.01, (metric, error)
+
+
+def test_a_baseline_that_misses_the_capture_says_the_replay_is_not_trustworthy_and_by_how_much(
+        two_models: Path) -> None:
+    with Store.open(two_models) as store:
+        capture = read_capture(store, "llama-3-8b")
+    wrong = replace(capture, deployment=apply_settings(capture.deployment, [("tensor_parallel", "4")]))
+    sentence = what_if(wrong, [], calibrated=False).trust.sentence()
+    assert sentence.startswith("The replay is not trustworthy: its baseline misses the capture by -")
+    assert "%" in sentence
+
+
+def test_replay_prints_a_table_per_variant_and_writes_the_json_document(two_models: Path, tmp_path: Path) -> None:
+    out = tmp_path / "whatif.json"
+    result = infertrace("replay", "--store", str(two_models), "--model", "llama-3-8b", "--set", "chunk=512",
+                        "--set", "replicas=1,tp=2", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    for row in ("captured", "baseline replay", "chunk=512", "replicas=1 tensor_parallel=2", "TTFT p99", "ITL p99"):
+        assert row in result.stdout, (row, result.stdout)
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "infertrace.whatif/1"
+    assert [v["name"] for v in doc["variants"]] == ["chunk=512", "replicas=1 tensor_parallel=2"]
+    second = doc["variants"][1]["deployment"]
+    assert (second["replicas"], second["tensor_parallel"]) == (1, 2)
+    assert doc["trust"]["trustworthy"] is True
+
+
+def test_replay_bad_settings_exit_2_naming_the_setting(two_models: Path) -> None:
+    for args, named in ((("--set", "warp=9"), "warp"), (("--set", "tp=two"), "tp=two"),
+                        (("--set", "pd=2"), "pd=2"), (("--model", "gpt-7"), "gpt-7")):
+        result = infertrace("replay", "--store", str(two_models), "--model", "llama-3-8b", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert named in result.stderr, (args, result.stderr)
+
+
+def test_settings_parse_into_a_variant_of_the_captured_deployment(two_models: Path) -> None:
+    with Store.open(two_models) as store:
+        base = read_capture(store, "llama-3-8b").deployment
+    v = apply_settings(base, [parse_setting(s) for s in ("chunk=256", "pd=1:2", "microbatch=512")])
+    assert (v.policy, v.chunked_prefill, v.max_num_batched_tokens, v.max_num_seqs) == ("decode_first", True, 256, 256)
+    assert (v.prefill_replicas, v.decode_replicas, v.prefill_microbatch) == (1, 2, 512)
+
+
+def test_a_replay_of_config_a_under_b_predicts_the_actual_run_of_b_on_the_same_requests(whatif_bank: Path) -> None:
+    """Replay and actual run share the simulator: this pins that the reconstruction from the store (arrivals,
+    routing times, lengths, prefix sharing, the captured config) loses nothing a prediction depends on."""
+    section = evaluate_whatif(whatif_bank, replay_distribution)
+    assert section["scenarios"] == 2
+    assert {r["knob"] for r in section["per_scenario"]} == {"chunk", "policy"}
+    for row in section["per_scenario"]:
+        assert row["baseline_ok"], row
+        assert row["prediction_ok"], row
+        # config B really changes what the requests see, so the prediction is not the baseline again
+        assert row["actual"] != row["captured"], row
+
+
+def test_evaluate_whatif_section_on_a_bank_without_whatif_scenarios_says_nothing_was_evaluated(
+        tmp_path: Path) -> None:
+    section = evaluate_whatif(tmp_path, replay_distribution)
+    assert section["scenarios"] == 0 and "nothing was evaluated" in section["note"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden_cost", [False, True])
+def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(tmp_path: Path,
+                                                                                 hidden_cost: bool) -> None:
+    """With hidden costs the engines compute with parameters the spans do not carry: the uncalibrated baseline
+    misses (and says so), the replay calibrated on the capture's steps meets the criteria."""
+    from infertrace.cli.replay import calibrate_from_capture
+    from reference_engine.api import WHATIF_KNOBS, generate_whatif
+
+    generate_whatif(seed=0, count=24, duration_s=120.0, out_dir=tmp_path, jobs=2, hidden_cost=hidden_cost)
+    section = evaluate_whatif(tmp_path, replay_distribution, calibrate_from_capture)
+    assert section["scenarios"] == 24 and section["calibrated"] == (24 if hidden_cost else 0)
+    assert set(section["per_knob"]) == set(WHATIF_KNOBS)
+    assert section["baseline_ok"] == 24, section
+    assert section["prediction_ok"] == 24, [r for r in section["per_scenario"] if not r["prediction_ok"]]
+    if hidden_cost:
+        assert max(section["worst_uncalibrated_baseline_error"].values()) > 0.05
+
+
+def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so(
+        tmp_path: Path) -> None:
+    import shutil
+
+    from infertrace.replay.saved import load_whatifs, save_whatif
+    from infertrace.report import build_report
+    from tests.incident_stores import sample_store
+
+    store_dir = tmp_path / "store"  # a copy: the sample's store is shared by the session's tests
+    shutil.copytree(sample_store("prefill_storm").store, store_dir)
+    with Store.open(store_dir) as store:
+        before = [r for r in build_report(store)["recommendations"] if r["id"].startswith("chunked_prefill:")]
+    assert before and all("replay" not in r["because"] for r in before)  # the analyzer's bound alone
+    rec = before[0]
+    model = rec["action"].split("(")[1].split(")")[0]
+    budget = rec["evidence"]["chunk_budget_tokens"]
+    with Store.open(store_dir) as store:
+        capture = read_capture(store, model)
+    variant = apply_settings(capture.deployment, [("chunk", str(budget))])
+    result = what_if(capture, [(f"chunk={budget}", variant)], calibrated=False)
+    assert result.trust.trustworthy
+    save_whatif(store_dir, result.to_json())
+    assert [d["model"] for d in load_whatifs(store_dir)] == [model]
+    with Store.open(store_dir) as store:
+        after = {r["id"]: r for r in build_report(store)["recommendations"]}[rec["id"]]
+    assert after["evidence"]["prediction"] == "replay" and after["evidence"]["calibrated"] is False
+    assert f"A replay of {len(capture.requests)} captured requests under chunk={budget}" in after["because"]
+    assert "uncalibrated roofline cost model" in after["because"]
+
+
+def test_replay_calibrate_fits_the_cost_model_to_the_captured_steps_and_says_the_replay_is_calibrated(
+        two_models: Path) -> None:
+    result = infertrace("replay", "--store", str(two_models), "--model", "llama-3-8b", "--calibrate", "--no-save",
+                        "--set", "chunk=512")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"cost model fitted to \d+ measured steps of llama-3-8b: median error prefill", result.stderr)
+    assert "(calibrated cost model)" in result.stdout
+    assert "reproduces the capture" in result.stdout
+
+
+def test_a_capture_without_step_spans_is_checked_on_ttft_alone_and_the_sentence_says_what_was_not_checked() -> None:
+    import numpy as np
+
+    from infertrace.replay.capture import Distribution
+    from infertrace.replay.compare import trust
+
+    ttft = np.array([10_000_000, 20_000_000, 30_000_000])
+    observed = Distribution.from_arrays(ttft, np.zeros(0, np.int64), ttft * 10, 300, 10**9, None, None, 0)
+    replayed = Distribution.from_arrays(ttft, np.array([5_000_000] * 10), ttft * 10, 300, 10**9, (0.1, 0.2), 0, 0)
+    t = trust(observed, replayed)
+    assert t.trustworthy is True and set(t.errors) == {"ttft_p50_ms", "ttft_p99_ms"}
+    assert "not checked, the capture lacks them: itl p50, itl p99" in t.sentence()
