@@ -130,4 +130,4 @@ def test_the_real_executors_steps_fit_the_cost_model_roughly() -> None:
     assert {s.is_prefill for s in steps} == {True, False}
     result = calibrate(steps, model("tiny"), hardware("CPU-host"))
     assert result.median_error < 0.5
-    assert all(v > 0 for v in vars(result.params).values())
+    assert all(v > 0 for v in vars(result.params).values() if v is not None)  # None: a term not fitted here
