@@ -74,11 +74,17 @@ def _open_text(path: Path) -> IO[str]:
     return open(path, encoding="utf-8", errors="replace")
 
 
+SNIFF_BYTES = 1 << 20  # of a line looked at to tell what the file is
+
+
 def sniff(path: Path) -> str | None:
     """'client-tokens', 'vllm-iteration-log' or None (OTLP or unknown), from the first lines of a file."""
     try:
         with _open_text(path) as f:
-            for _, line in zip(range(50), f, strict=False):
+            for _ in range(50):
+                line = f.readline(SNIFF_BYTES)  # never a whole huge line: ingest quarantines those unread
+                if not line:
+                    break
                 text = line.strip()
                 if not text:
                     continue
