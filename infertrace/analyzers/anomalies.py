@@ -56,7 +56,14 @@ COMPONENT_METRICS: dict[str, tuple[str, str, str]] = {
     "errors": ("failed", "rate", "error (5xx) and timeout rate"),
     "rate_limited": ("rejected", "rate", "429 rate"),
 }
-ALL_METRICS = {**COMPONENT_METRICS, **METRICS}
+# A tenant's first attempts to a model as a share of everybody's first attempts (retries excluded; a diurnal rise of
+# everybody's traffic cancels): one tenant's surge is an incident of the model it reached even when the model's
+# latency, noisy minute to minute, moves less than its own noise.
+TRAFFIC_METRICS: dict[str, tuple[str, str, str]] = {
+    "traffic": ("first_attempt", "rate", "share of all first attempts"),
+}
+ALL_METRICS = {**COMPONENT_METRICS, **METRICS, **TRAFFIC_METRICS}
+MIN_TRAFFIC_FACTOR = 2.0  # a traffic bucket counts only at twice its usual share (bursts and drift do ×1.5)
 SCOPES = ("model", "tenant")
 POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
 TRAILING_BUCKETS = 45  # a bucket is scored against up to this many normal buckets before it (15 min) ...
@@ -101,7 +108,7 @@ class MetricShift:
 class SeriesAnomaly:
     """A model (or tenant) whose metrics departed from its own baseline between onset and end."""
 
-    scope: str  # "model", "tenant" or "component"
+    scope: str  # "model", "tenant", "component" or "traffic" (key: "tenant → model")
     key: str
     onset_ns: int
     end_ns: int
@@ -133,6 +140,10 @@ class Incident:
     def sentence(self) -> str:
         models = ", ".join(self.models)
         members = self.anomalies or self.component_anomalies
+        if all(a.scope == "traffic" for a in members):  # a surge whose model's latency stayed within its noise
+            surges = "; ".join(f"{a.key}, {a.shifts[0].phrase()}" for a in members)
+            return (f"Incident {self.id}: traffic to {models} surged from {_clock(self.onset_ns)} to "
+                    f"{_clock(self.end_ns)} ({surges}).")
         lead = min(members, key=lambda a: a.onset_ns)
         stagger = max(a.onset_ns for a in members) - lead.onset_ns
         onset = _clock(self.onset_ns)
@@ -435,7 +446,7 @@ def _group(models: list[SeriesAnomaly], tenants: list[SeriesAnomaly], components
         severity = sum(a.anomalous_buckets * np.log1p(a.peak_score / config.threshold) for a in members)
         attached = tuple(t for t in tenants if t.onset_ns < end and onset < t.end_ns)
         on_models = tuple(a for a in members if a.scope == "model")
-        on_components = tuple(a for a in members if a.scope == "component")
+        on_components = tuple(a for a in members if a.scope != "model")  # components' own calls, traffic
         keys = {a.key for a in on_models} or {m for a in on_components for m in served.get(a.key, ())}
         if not keys:
             continue
@@ -458,6 +469,60 @@ def calls_by_component(paths: pd.DataFrame) -> pd.DataFrame:
                          "service_ns": latency - np.where(np.isfinite(queue), queue, 0.0),
                          "failed": np.isin(outcome, ["error", "timeout"]),
                          "rejected": outcome == "rejected"})
+
+
+def _traffic_table(requests: pd.DataFrame, start_ns: int, bucket_ns: int, config: DetectionConfig) -> pd.DataFrame:
+    """Per (tenant → model, bucket): everybody's first attempts (`n`) and the pair's share of them (`traffic`),
+    scored as a rate against the pair's own buckets, and only where the share is at least MIN_TRAFFIC_FACTOR
+    times its usual one (a binomial test alone calls a ×1.3 drift of a busy tenant significant)."""
+    resend = pd.to_numeric(requests["resend_count"], errors="coerce").fillna(0).to_numpy()
+    first = requests[(resend == 0) & requests["tenant"].notna().to_numpy() & requests["model"].notna().to_numpy()]
+    bucket = (first["arrival_ns"].to_numpy() - start_ns) // bucket_ns
+    total = pd.Series(bucket).value_counts().sort_index()
+    pairs = pd.DataFrame({"traffic": first["tenant"].astype(str).to_numpy() + " → " + first["model"].astype(str)
+                          .to_numpy(), "bucket": bucket}).value_counts().rename("k").reset_index()
+    rows = []
+    for key, part in pairs.groupby("traffic"):
+        k = part.set_index("bucket")["k"].reindex(total.index, fill_value=0).to_numpy(dtype=float)
+        n = total.to_numpy(dtype=float)
+        share = k / n
+        if len(share) < 4:
+            continue
+        scores = _trailing_scores(share, n, "rate", config)
+        usual = _baseline_rate(share, n, config)
+        scores = np.where(share >= MIN_TRAFFIC_FACTOR * usual, scores, 0.0)
+        rows.append(pd.DataFrame({"traffic": key, "bucket": total.index.to_numpy(), "n": n, "traffic_count": k,
+                                  "traffic_share": share, "traffic_score": scores}))
+    columns = ["traffic", "bucket", "n", "traffic_count", "traffic_share", "traffic_score"]
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=columns)
+
+
+def _traffic_anomalies(table: pd.DataFrame, start_ns: int, bucket_ns: int,
+                       config: DetectionConfig) -> list[SeriesAnomaly]:
+    """Runs of a tenant → model pair's buckets whose traffic share scored above the threshold (as `_runs` groups
+    any series' buckets), from the first to the last bucket of the run above twice the usual share."""
+    gap = max(round(config.merge_gap_s * 1e9 / bucket_ns), 1)
+    found = []
+    for key, part in table.groupby("traffic", sort=True):
+        hot = part[part["traffic_score"].to_numpy(dtype=float) >= config.threshold]
+        if hot.empty:
+            continue
+        n, k = part["n"].to_numpy(dtype=float), part["traffic_count"].to_numpy(dtype=float)
+        usual = _baseline_rate(part["traffic_share"].to_numpy(dtype=float), n, config)
+        high = part["traffic_share"].to_numpy(dtype=float) >= MIN_TRAFFIC_FACTOR * usual
+        buckets = part["bucket"].to_numpy()
+        surging = set(buckets[high].tolist())
+        for first, last, count in _runs(hot["bucket"].to_numpy(), gap, config.min_buckets):
+            earliest = first - max(POOLED_BUCKETS) + 1  # a pooled window fires a few buckets after the rise began
+            while first - 1 >= earliest and first - 1 in surging:
+                first -= 1
+            inside = (buckets >= first) & (buckets <= last)
+            observed = float(k[inside].sum() / max(n[inside].sum(), 1.0))
+            peak = float(part["traffic_score"].to_numpy(dtype=float)[inside].max())
+            found.append(SeriesAnomaly("traffic", str(key), start_ns + int(first) * bucket_ns,
+                                       start_ns + int(last + 1) * bucket_ns, "traffic", peak, int(count),
+                                       (MetricShift("traffic", usual, observed, peak),)))
+    return found
 
 
 def _heatmap(table: pd.DataFrame, scope: str, start_ns: int, bucket_ns: int,
@@ -498,8 +563,11 @@ def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = 
         table = _bucket_table(rows, scope, start_ns, bucket_ns, config, metrics)
         found[scope] = _series_anomalies(rows, table, scope, start_ns, bucket_ns, config, metrics)
         heatmap += _heatmap(table, scope, start_ns, bucket_ns, metrics)
-    incidents = _group(found["model"], found["tenant"], found["component"], served, config)
-    anomalies = tuple(sorted(found["model"] + found["tenant"] + found["component"],
+    found["traffic"] = _traffic_anomalies(_traffic_table(requests, start_ns, bucket_ns, config), start_ns,
+                                          bucket_ns, config)
+    served.update({a.key: (a.key.split(" → ", 1)[1],) for a in found["traffic"]})
+    incidents = _group(found["model"], found["tenant"], found["component"] + found["traffic"], served, config)
+    anomalies = tuple(sorted(found["model"] + found["tenant"] + found["component"] + found["traffic"],
                              key=lambda a: (a.onset_ns, a.scope, a.key)))
     return AnomalyReport(start_ns, end_ns, config, len(requests), anomalies, tuple(incidents), tuple(heatmap))
 

@@ -213,6 +213,10 @@ def _hold_cause(queue: str, model: str, engines_id: str, router: str | None, ctx
     downstream = [(c, ctx.significant[c]) for c in (*sorted(routers), engines_id) if c in ctx.significant]
     if downstream:
         return [(max(downstream, key=lambda x: x[1])[0], 1.0)]
+    if not ctx.strict and router is not None:
+        # finding candidates: the router the queue released the request to may be what held it, though its
+        # change shows only over the time it held requests (its calls were few then: the backlog waited here)
+        return [(router, 0.5), (queue, 0.5)]
     return _loads_on(model, ctx) or _own(queue, ctx)
 
 

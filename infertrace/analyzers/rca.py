@@ -318,23 +318,43 @@ def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: li
                                               strict=True)), released_to, service_rise, load_through)
 
 
-def _local_own(inputs: RcaInputs, w: Window, c: Candidate, reqs: np.ndarray, weights: np.ndarray,
-               config: DetectionConfig) -> OwnAnomaly | None:
-    """A candidate's own signals over the part of the window where the requests it could be blamed for arrived
-    (weighted 5th to 95th percentile, padded by a bucket): a short slowdown of one model's engines, diluted over
-    a long incident, is significant over its own minute."""
+def _arrival_span(inputs: RcaInputs, reqs: np.ndarray, weights: np.ndarray) -> tuple[int, int]:
+    """When the requests `reqs` arrived: the weighted 5th and 95th percentiles of their arrival times."""
     arrivals = inputs.requests["arrival_ns"].to_numpy()[reqs]
     order = np.argsort(arrivals)
     cumulative = np.cumsum(weights[order]) / weights.sum()
     lo = int(arrivals[order][np.searchsorted(cumulative, 0.05)])
     hi = int(arrivals[order][min(np.searchsorted(cumulative, 0.95), len(order) - 1)])
-    pad = int(config.bucket_s * 1e9)
-    local = Window(max(lo - pad, w.lo), min(hi + pad, w.hi), w.baseline_end, w.others, w.start)
-    own = OwnAnomaly(tuple(own_signals(inputs, c, local)), window_ns=(local.lo, local.hi))
-    return own if own.significant else None
+    return lo, hi
 
 
 LOCAL_MIN_WEIGHT = 5.0  # a candidate that could be blamed for this much is tested over its own part of the window
+LOCAL_SCAN_PARTS = 4  # ... and over its halves, thirds and quarters
+
+
+def _local_own(inputs: RcaInputs, w: Window, c: Candidate, reqs: np.ndarray, weights: np.ndarray,
+               config: DetectionConfig) -> OwnAnomaly | None:
+    """A candidate's own signals over the part of the window where the requests it could be blamed for arrived
+    (weighted 5th to 95th percentile, padded by a bucket): a short slowdown of one model's engines, diluted over
+    a long incident, is significant over its own minute. A change confined to part of that span is found by a
+    scan over its halves, thirds and quarters, each p-value multiplied by the number of spans tested
+    (Bonferroni): a router saturated by load nobody traces serves few traced calls while it is slow, and many,
+    at its usual speed, once it drains the backlog its slowness built up; the drain outnumbers the slow calls."""
+    lo, hi = _arrival_span(inputs, reqs, weights)
+    pad = int(config.bucket_s * 1e9)
+    lo, hi = max(lo - pad, w.lo), min(hi + pad, w.hi)
+    spans = [(lo + (hi - lo) * k // parts, lo + (hi - lo) * (k + 1) // parts)
+             for parts in range(1, LOCAL_SCAN_PARTS + 1) for k in range(parts)]
+    best: OwnAnomaly | None = None
+    for a, b in spans:
+        if b - a < pad:
+            continue
+        local = Window(a, b, w.baseline_end, w.others, w.start)
+        signals = tuple(replace(s, p_value=min(1.0, s.p_value * len(spans))) for s in own_signals(inputs, c, local))
+        own = OwnAnomaly(signals, window_ns=(a, b))
+        if own.significant and (best is None or own.score > best.score):
+            best = own
+    return best
 
 
 def _rank(inputs: RcaInputs, models: tuple[str, ...], w: Window, config: DetectionConfig,
@@ -489,8 +509,9 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
     onsets: dict[str, int] = {}
     if not shift_ns:
         # each cause's own onset; the baseline then ends before the first of them, and the window starts there
-        for c in _part_tops(ranked):
-            onset = own_onset(inputs, c, ranked.own[c.id], lo, hi, start)
+        for c, part_lo in _part_tops(inputs, ranked):
+            # looked for from where its own part's trouble starts: another cause's may start minutes earlier
+            onset = own_onset(inputs, c, ranked.own[c.id], min(max(part_lo, lo), hi), hi, start)
             if onset is not None:
                 onsets[c.id] = onset
         first = min([lo, *onsets.values()])
@@ -533,17 +554,21 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
     return out
 
 
-def _part_tops(ranked: _Ranked, most: int = 3) -> list[Candidate]:
-    """The candidate blamed most in each part of the incident (`_split`), if its own change is significant."""
+def _part_tops(inputs: RcaInputs, ranked: _Ranked, most: int = 3) -> list[tuple[Candidate, int]]:
+    """The candidate blamed most in each part of the incident (`_split`), if its own change is significant, with
+    when the requests blamed on it in that part started to arrive (`_arrival_span`): where its own onset is
+    looked for."""
     rows = ranked.blamed.rows
     by_id = {c.id: c for c in ranked.cands}
     tops = []
     for reqs in _split(ranked)[:most]:
-        mass = rows[np.isin(rows["req"].to_numpy(), reqs)].groupby("target")["weight"].sum()
+        mine = rows[np.isin(rows["req"].to_numpy(), reqs)]
+        mass = mine.groupby("target")["weight"].sum()
         if len(mass):
             top = by_id.get(str(mass.idxmax()))
             if top is not None and ranked.own[top.id].significant:
-                tops.append(top)
+                blamed = mine[mine["target"] == top.id].groupby("req")["weight"].sum()
+                tops.append((top, _arrival_span(inputs, blamed.index.to_numpy(), blamed.to_numpy())[0]))
     return tops
 
 
