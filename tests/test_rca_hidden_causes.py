@@ -115,3 +115,12 @@ def test_one_tenants_surge_to_one_model_is_an_incident_of_that_model() -> None:
 def test_everybodys_traffic_rising_together_is_not_a_surge() -> None:
     report = detect_in_requests(_requests(surge=1.0, everybody=3.0))
     assert not [a for a in report.anomalies if a.scope == "traffic"]
+
+
+def test_a_models_only_caller_always_sending_all_of_its_traffic_is_not_a_surge() -> None:
+    # one tenant, one model: its share of first attempts is 100% in every bucket, which is its usual share
+    requests = _requests(surge=1.0)
+    requests = requests[(requests["tenant"] == "tenant-a") & (requests["model"] == "model-x")].reset_index(drop=True)
+    report = detect_in_requests(requests)
+    assert not [a for a in report.anomalies if a.scope == "traffic"]
+    assert not report.incidents

@@ -63,6 +63,7 @@ TRAFFIC_METRICS: dict[str, tuple[str, str, str]] = {
     "traffic": ("first_attempt", "rate", "share of all first attempts"),
 }
 ALL_METRICS = {**COMPONENT_METRICS, **METRICS, **TRAFFIC_METRICS}
+RATE_CEILING = 0.5  # a failure rate's baseline is taken as at most this (a series failing half its calls is broken)
 MIN_TRAFFIC_FACTOR = 2.0  # a traffic bucket counts only at twice its usual share (bursts and drift do ×1.5)
 SCOPES = ("model", "tenant")
 POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
@@ -239,10 +240,13 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
     """Each bucket's score against the series' normal buckets before it (the last TRAILING_BUCKETS of those that
     did not score as anomalous): a fault that lasts most of the period, or drains long after, does not become
     its own baseline. The first buckets, with fewer than MIN_BASELINE normal ones before them, are scored against
-    the whole series (median and MAD; a rate's baseline the same way)."""
+    the whole series (median and MAD; a rate's baseline the same way). `kind` is "latency", "rate" (a failure
+    rate, its baseline capped at RATE_CEILING) or "share" (a share of traffic, which may usually be all of it)."""
     finite = np.isfinite(values)
     latency = kind == "latency"
-    whole = _latency_scores(values, values[finite], config) if latency else _rate_scores(values, n, config)
+    ceiling = 1.0 if kind == "share" else RATE_CEILING
+    whole = (_latency_scores(values, values[finite], config) if latency
+             else _rate_scores(values, n, config, ceiling))
     scores = np.full(len(values), np.nan)
     normal: list[int] = []
     for i in range(len(values)):
@@ -254,19 +258,22 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
         elif latency:
             scores[i] = _latency_scores(values[i:i + 1], values[base], config)[0]
         else:
-            scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config))
+            scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config, ceiling))
         if not scores[i] >= config.threshold:
             normal.append(i)
     return scores
 
 
-def _baseline_rate(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> float:
+def _baseline_rate(rates: np.ndarray, n: np.ndarray, config: DetectionConfig,
+                   ceiling: float = RATE_CEILING) -> float:
     """The larger of the median bucket rate and the pooled rate of the buckets at or below it, smoothed by one
-    event in the pooled count (so a series that never failed still has a finite, small rate)."""
+    event in the pooled count (so a series that never failed still has a finite, small rate), at most `ceiling`.
+    A share of traffic needs ceiling 1: a tenant that is a model's only caller always has all of its traffic, and
+    a baseline capped below that would call every bucket a surge."""
     median = float(np.median(rates))
     low = rates <= median
     pooled = (np.round(rates * n)[low].sum() + 1.0) / (n[low].sum() + 2.0)
-    return min(max(median, pooled, config.rate_floor), 0.5)
+    return min(max(median, pooled, config.rate_floor), ceiling)
 
 
 def _tail_score(k: np.ndarray, m: np.ndarray, p: float) -> np.ndarray:
@@ -279,13 +286,14 @@ def _tail_score(k: np.ndarray, m: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
-def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig) -> np.ndarray:
+def _rate_scores(rates: np.ndarray, n: np.ndarray, config: DetectionConfig,
+                 ceiling: float = RATE_CEILING) -> np.ndarray:
     """Per bucket, the binomial upper tail of its count under the series' baseline rate (`_baseline_rate`), as
     a normal score (exact for the small counts that a rare event gives). A rare event spread thinly over a long
     fault (a component failing a few percent of its calls) shows in buckets pooled over a few minutes before it
     shows in one: the bucket alone, and with the 1, 3 and 7 before."""
     counts = np.round(rates * n)
-    p = _baseline_rate(rates, n, config)
+    p = _baseline_rate(rates, n, config, ceiling)
     best = _tail_score(counts, n, p)
     for width in POOLED_BUCKETS:
         pooled_k = np.convolve(counts, np.ones(width))[:len(counts)]
@@ -488,8 +496,8 @@ def _traffic_table(requests: pd.DataFrame, start_ns: int, bucket_ns: int, config
         share = k / n
         if len(share) < 4:
             continue
-        scores = _trailing_scores(share, n, "rate", config)
-        usual = _baseline_rate(share, n, config)
+        scores = _trailing_scores(share, n, "share", config)
+        usual = _baseline_rate(share, n, config, ceiling=1.0)
         scores = np.where(share >= MIN_TRAFFIC_FACTOR * usual, scores, 0.0)
         rows.append(pd.DataFrame({"traffic": key, "bucket": total.index.to_numpy(), "n": n, "traffic_count": k,
                                   "traffic_share": share, "traffic_score": scores}))
@@ -508,7 +516,7 @@ def _traffic_anomalies(table: pd.DataFrame, start_ns: int, bucket_ns: int,
         if hot.empty:
             continue
         n, k = part["n"].to_numpy(dtype=float), part["traffic_count"].to_numpy(dtype=float)
-        usual = _baseline_rate(part["traffic_share"].to_numpy(dtype=float), n, config)
+        usual = _baseline_rate(part["traffic_share"].to_numpy(dtype=float), n, config, ceiling=1.0)
         high = part["traffic_share"].to_numpy(dtype=float) >= MIN_TRAFFIC_FACTOR * usual
         buckets = part["bucket"].to_numpy()
         surging = set(buckets[high].tolist())
