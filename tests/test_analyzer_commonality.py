@@ -63,3 +63,13 @@ def test_requests_rejected_before_any_engine_have_no_system_prompt_value_not_non
     result = attribute_lift(requests, rejected)
     assert not any(x.attribute in ("system_prompt", "prefix_cache_hit", "assistant_prefill", "route_target")
                    for x in result.over_represented), [x.sentence() for x in result.over_represented]
+
+
+def test_engine_requests_without_a_system_prompt_are_said_to_have_none_not_system_prompt_none() -> None:
+    rng = np.random.default_rng(5)
+    requests = _requests(3000, rng)
+    selected = requests["system_prompt_id"].isna().to_numpy() & (rng.random(len(requests)) < 0.5)
+    found = {x.attribute: x for x in attribute_lift(requests, selected).over_represented}
+    assert found["system_prompt"].value == "none"
+    assert "had no system prompt" in found["system_prompt"].sentence()
+    assert "system prompt none" not in found["system_prompt"].sentence()

@@ -64,7 +64,7 @@ ATTRIBUTES: dict[str, tuple[Callable[[pd.DataFrame], pd.Series], Callable[[str],
     "model": (lambda r: r["model"].fillna("unknown").astype(str), lambda v: f"model {v}"),
     "route_target": (lambda r: r["route_target"].astype(object), lambda v: f"route target {v}"),
     "system_prompt": (lambda r: _engine_value(r, r["system_prompt_id"].fillna("none").astype(str).to_numpy()),
-                      lambda v: f"system prompt {v}"),
+                      lambda v: "no system prompt" if v == "none" else f"system prompt {v}"),
 }
 
 
