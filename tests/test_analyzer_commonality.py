@@ -73,3 +73,13 @@ def test_engine_requests_without_a_system_prompt_are_said_to_have_none_not_syste
     assert found["system_prompt"].value == "none"
     assert "had no system prompt" in found["system_prompt"].sentence()
     assert "system prompt none" not in found["system_prompt"].sentence()
+
+
+def test_a_request_with_no_tenant_or_prompt_length_recorded_has_no_value_of_either() -> None:
+    rng = np.random.default_rng(6)
+    requests = _requests(3000, rng)
+    unknown = rng.random(len(requests)) < 0.1  # e.g. rejected before the gateway read the caller or the prompt
+    requests["tenant"] = requests["tenant"].astype(object).where(~unknown, None)
+    requests["input_tokens"] = requests["input_tokens"].astype(float).where(~unknown, np.nan)
+    result = attribute_lift(requests, unknown)
+    assert not [x.sentence() for x in result.over_represented if "unknown" in x.sentence()]

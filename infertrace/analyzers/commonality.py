@@ -29,12 +29,17 @@ PROMPT_BUCKETS = (512, 1024, 2048, 4096, 8192)
 
 def _prompt_bucket(tokens: pd.Series) -> pd.Series:
     values = tokens.to_numpy(dtype=float)
-    labels = np.full(len(values), "unknown", dtype=object)
+    labels = np.full(len(values), None, dtype=object)  # no prompt length recorded: unknown, not a bucket
     edges = (0, *PROMPT_BUCKETS, np.inf)
     for lo, hi in itertools.pairwise(edges):
         label = f"≥ {lo}" if hi == np.inf else f"< {hi}" if lo == 0 else f"{lo}–{hi - 1}"
         labels[(values >= lo) & (values < hi)] = label
     return pd.Series(labels, index=tokens.index)
+
+
+def _known(values: pd.Series) -> pd.Series:
+    """The values as objects, None where the store has none (NULL is unknown, never a value of its own)."""
+    return values.astype(object).where(values.notna(), None)
 
 
 def _reached_engine(requests: pd.DataFrame) -> np.ndarray:
@@ -60,9 +65,9 @@ ATTRIBUTES: dict[str, tuple[Callable[[pd.DataFrame], pd.Series], Callable[[str],
     "prefix_cache_hit": (lambda r: _yes_no(r, r["cached_tokens"].fillna(0) > 0),
                          lambda v: "a prefix-cache hit" if v == "yes" else "no prefix-cache hit"),
     "prompt_tokens": (lambda r: _prompt_bucket(r["input_tokens"]), lambda v: f"a prompt of {v} tokens"),
-    "tenant": (lambda r: r["tenant"].fillna("unknown").astype(str), lambda v: f"tenant {v}"),
-    "model": (lambda r: r["model"].fillna("unknown").astype(str), lambda v: f"model {v}"),
-    "route_target": (lambda r: r["route_target"].astype(object), lambda v: f"route target {v}"),
+    "tenant": (lambda r: _known(r["tenant"]), lambda v: f"tenant {v}"),
+    "model": (lambda r: _known(r["model"]), lambda v: f"model {v}"),
+    "route_target": (lambda r: _known(r["route_target"]), lambda v: f"route target {v}"),
     "system_prompt": (lambda r: _engine_value(r, r["system_prompt_id"].fillna("none").astype(str).to_numpy()),
                       lambda v: "no system prompt" if v == "none" else f"system prompt {v}"),
 }
