@@ -17,23 +17,25 @@ spans and the token times, per engine instance:
    stall, is judged against the engine's step);
 3. a spike is a gap whose excess over the baseline is at least `stall_ratio` times the baseline and at least
    `min_excess_ns`, plus the timing noise (a gap between two client-timed tokens carries two jitters);
-4. a candidate is every request's prefill interval (first scheduling to first token). It stalled the spikes
-   of other requests that overlap its interval by more than the tolerance (a prefill that touches a gap by a
-   nanosecond, e.g. times rebuilt from float seconds, did not stall it). Its window is its interval
-   intersected with the common part of those gaps; victims whose gaps share no common part make one window
-   each group. Prefills run back to back (prefill-first) keep their own windows: the next one starts where
-   the last ended, so neither overlaps the other's by more than the tolerance;
-   Among every gap of another request that overlaps the prefill the same way (spike or not), the median
-   excess must be a stall as well, by a margin of twice the timing noise over the square root of their number:
-   a true stall delays every request decoding then, while a client's per-token jitter lengthens one request's
-   gap at a time;
-5. a candidate is cleared when some request on the instance had a whole normal gap (no spike) inside its
-   prefill interval before its last step: its chunks demonstrably did not stall the decodes beside them;
-6. culprit windows on an instance that overlap by more than the tolerance are one stall (prefills batched in
-   one step); each culprit's confidence is its share of the stall's estimated prefill work (uncached prompt
-   tokens spread evenly over its interval), times how clearly it overlaps the window beyond the timing noise
-   (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill that meets a client-timed
-   window by about a jitter);
+4. a candidate is every request's prefill interval (first scheduling to first token). The requests decoding
+   across it are the gaps of other requests that overlap it by more than the tolerance (a prefill that touches
+   a gap by a nanosecond, e.g. times rebuilt from float seconds, did not stall it). Each such request's delay
+   there is the sum of its gaps' excess over the engine's median normal gap (the baseline is a low quantile,
+   so a normal gap's excess over it is positive on average; summed over many gaps that would read as a stall).
+   Summing keeps a stall whole when a client's jitter splits it over two gaps, and a chunked prefill spread
+   over several steps adds up. A true stall delays every request decoding then, while one request's jitter
+   moves one gap: the median delay must be a stall by a margin of 1.5 times the timing noise over the square
+   root of their number. Victims are the requests delayed by a stall plus the noise; the window is the
+   candidate's interval narrowed to their stalled gaps. Prefills run back to back (prefill-first) keep their
+   own windows: the next one starts where the last ended;
+5. a candidate is cleared when some request on the instance had a clearly normal gap (short by more than two
+   tokens' jitter could make a stalled one) wholly inside its prefill interval, away from its ends by the
+   tolerance plus that jitter: one of its steps demonstrably did not stall the decodes beside it;
+6. culprit windows on an instance that overlap by more than the tolerance and half the shorter window are one
+   stall (prefills batched in the same steps); each culprit's confidence is its share of the stall's estimated
+   prefill work (uncached prompt tokens spread evenly over its interval), times how clearly it overlaps the
+   window beyond the timing noise (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill
+   that meets a client-timed window by about a jitter);
 7. spikes no candidate explains are reported as windows without a culprit (`unexplained`): without step
    spans a preemption's recompute and a host pause look alike (no request was prefilling).
 
@@ -262,10 +264,17 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     every = np.argsort(g.start, kind="stable")
     e_start, e_end = g.start[every], g.end[every]
     longest = int((e_end - e_start).max()) if len(every) else 0
-    normal = np.flatnonzero(~spike)
+    threshold = np.maximum(p.stall_ratio * base, p.min_excess_ns)
+    # The baseline is a low quantile: a normal gap's excess over it is positive on average (client jitter, the
+    # steps' own spread). Summed over many gaps that bias would read as a stall, so sums are taken over the
+    # median normal gap instead.
+    centred = excess - (int(np.median(excess[~spike])) if (~spike).any() else 0)
+    # A gap is shown normal only beyond what two tokens' jitter could take off a stalled one.
+    normal = np.flatnonzero(centred < threshold - 2 * noise)
     normal = normal[np.argsort(g.start[normal], kind="stable")]
     n_start = g.start[normal]
     n_earliest_end = np.minimum.accumulate(g.end[normal][::-1])[::-1] if len(normal) else normal
+    margin = tol + 2 * noise  # another request's token is off the candidate's own by up to about this
     claims: list[_Claim] = []
     for j in range(len(cands.ids)):
         s, f = int(cands.start[j]), int(cands.end[j])
@@ -273,24 +282,26 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         b = int(np.searchsorted(e_start, f - tol, "left"))
         over = every[a:b]
         over = over[(g.end[over] > s + tol) & (g.rid[over] != cands.ids[j])]
-        hit = over[spike[over]]
+        if not len(over):
+            continue
+        # Every request decoding across the prefill: its delay there is the sum of its gaps' excess (a stall that
+        # jitter splits over two gaps, or a prefill spread over several steps, still adds up). A true stall delays
+        # all of them; one request's jitter does not.
+        requests, which = np.unique(g.rid[over], return_inverse=True)
+        delay = np.bincount(which, weights=centred[over].astype(np.float64), minlength=len(requests))
+        needed = float(np.median(threshold[over]))
+        if np.median(delay) < needed + 1.5 * noise / np.sqrt(len(requests)):
+            continue
+        k = int(np.searchsorted(n_start, s + margin, "left"))
+        if k < len(normal) and int(n_earliest_end[k]) < f - margin:
+            continue  # a clearly normal gap inside its prefill: one of its steps did not stall the decodes
+        victim = delay >= needed + noise
+        hit = over[victim[which] & ((centred[over] >= threshold[over] - noise) | spike[over])]
         if not len(hit):
             continue
-        # Decoders across the prefill: their median excess must be a stall too (one request's jitter is not).
-        threshold = max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns)
-        if np.median(excess[over]) < threshold + 2 * noise / np.sqrt(len(over)):
-            continue
-        k = int(np.searchsorted(n_start, s + tol, "left"))
-        if k < len(normal) and int(n_earliest_end[k]) < f - tol:
-            continue  # a whole normal gap inside its prefill: its chunks did not stall the decodes
-        hit = hit[np.argsort(g.start[hit], kind="stable")]
-        for group in _common_groups(g.start[hit], g.end[hit]):
-            gaps = hit[group]
-            lo, hi = max(s, int(g.start[gaps].max())), min(f, int(g.end[gaps].min()))
-            if hi - lo > tol or (hi > lo and f - s <= tol):
-                # the victims' token times are uncertain by the timing noise: so is the window's edge
-                lo, hi = max(s, lo - noise), min(f, hi + noise)
-                claims.append(_Claim(j, lo, hi, gaps.tolist()))
+        lo, hi = max(s, int(g.start[hit].min()) - noise), min(f, int(g.end[hit].max()) + noise)
+        if hi - lo > tol or (hi > lo and f - s <= tol):
+            claims.append(_Claim(j, lo, hi, hit.tolist()))
     stalls: list[RequestStall] = []
     claimed = np.zeros(len(g), dtype=bool)
     claims.sort(key=lambda c: (c.lo, c.hi))
@@ -298,7 +309,10 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     while i < len(claims):
         lo, hi, members = claims[i].lo, claims[i].hi, [claims[i]]
         i += 1
-        while i < len(claims) and min(hi, claims[i].hi) - claims[i].lo > tol:
+        # prefills batched in the same steps are one stall; ones that merely touch (chunks of the next prompt in
+        # the last step of this one) keep their own windows
+        while i < len(claims) and min(hi, claims[i].hi) - claims[i].lo > max(
+                tol, min(hi - lo, claims[i].hi - claims[i].lo) // 2):
             hi = max(hi, claims[i].hi)
             members.append(claims[i])
             i += 1
