@@ -65,6 +65,7 @@ class RequestOnlyParams:
     baseline_window_ns: int = 10_000_000_000
     baseline_min_gaps: int = 20
     tolerance_floor_ns: int = 100_000
+    smooth_gaps: int = 4  # client times: the decode step is read from means of this many consecutive gaps
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
         notes.append("no request has two token times: no gap between tokens to judge")
         return RequestOnlyAttribution(p, (), 0, n_requests, clock, median_offset, noise, tol, notes=tuple(notes))
     g = _Gaps(rid[ends], inst[ends], t[ends - 1], t[ends])
-    base = _engine_baseline(g, p)
+    base = _engine_baseline(g, _smoothed_gaps(same, t, p.smooth_gaps if clock == "client" else 1)[ends], p)
     excess = g.itl - base
     spike = excess >= np.maximum(np.rint(p.stall_ratio * base).astype(np.int64), p.min_excess_ns) + noise
 
@@ -206,15 +207,26 @@ class _Gaps:
         return len(self.rid)
 
 
-def _engine_baseline(g: _Gaps, p: RequestOnlyParams) -> np.ndarray:
-    """Per gap: the `baseline_quantile` of the gaps of every request on its instance ending within
+def _smoothed_gaps(same: np.ndarray, t: np.ndarray, k: int) -> np.ndarray:
+    """Per token (sorted by request, then time; `same`: the token before is the same request's): the mean of the
+    up to `k` gaps of its request ending at it. A client's jitter, and tokens it received in one burst (gaps of
+    zero), cancel in the sum; a decode step is then not read as shorter than it is."""
+    start = np.flatnonzero(~same)
+    first = start[np.cumsum(~same) - 1]  # the request's first token
+    back = np.minimum(np.arange(len(t)) - first, k)
+    n = np.maximum(back, 1)
+    return (t - t[np.arange(len(t)) - back]) // n
+
+
+def _engine_baseline(g: _Gaps, smoothed: np.ndarray, p: RequestOnlyParams) -> np.ndarray:
+    """Per gap: the `baseline_quantile` of the (smoothed) gaps of every request on its instance ending within
     `baseline_window_ns` (centred) of its end, in buckets of a quarter window."""
     base = np.empty(len(g), dtype=np.int64)
     width = max(p.baseline_window_ns // 4, 1)
     for instance in set(g.instance.tolist()):
         idx = np.flatnonzero(g.instance == instance)
         order = idx[np.argsort(g.end[idx], kind="stable")]
-        itl = g.itl[order]
+        itl = smoothed[order]
         bucket = (g.end[order] - g.end[order][0]) // width
         whole = round(float(np.quantile(itl, p.baseline_quantile)))
         buckets, first = np.unique(bucket, return_index=True)
@@ -268,7 +280,12 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     # The baseline is a low quantile: a normal gap's excess over it is positive on average (client jitter, the
     # steps' own spread). Summed over many gaps that bias would read as a stall, so sums are taken over the
     # median normal gap instead.
-    centred = excess - (int(np.median(excess[~spike])) if (~spike).any() else 0)
+    shift = int(np.median(excess[~spike])) if (~spike).any() else 0
+    centred = excess - shift
+    step = base + shift  # the engine's decode step: its median normal gap
+    # What a prefill's own step may plausibly cost: four times the instance's median time per uncached token,
+    # plus 20 ms; a longer one held something else (a host pause).
+    per_token = float(np.median((cands.end - cands.start) / cands.uncached)) if len(cands.ids) else 0.0
     # A gap is shown normal only beyond what two tokens' jitter could take off a stalled one.
     normal = np.flatnonzero(centred < threshold - 2 * noise)
     normal = normal[np.argsort(g.start[normal], kind="stable")]
@@ -290,12 +307,21 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         requests, which = np.unique(g.rid[over], return_inverse=True)
         delay = np.bincount(which, weights=centred[over].astype(np.float64), minlength=len(requests))
         needed = float(np.median(threshold[over]))
-        if np.median(delay) < needed + 1.5 * noise / np.sqrt(len(requests)):
+        clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(len(requests))
+        # A prefill in one step (no decoding request got a token inside it) is timed by its own span on the
+        # engine's clock, without the client's jitter: its step less the decode step is what it added. The
+        # victims' delay need then only agree with it within the noise.
+        inside = (g.end[over] > s + margin) & (g.end[over] < f - margin)
+        one_step = np.median(np.bincount(which, weights=inside.astype(np.float64), minlength=len(requests))) == 0
+        own = (f - s) - float(np.median(step[over]))
+        timed = (one_step and needed <= own <= 4 * per_token * cands.uncached[j] + 20_000_000
+                 and np.median(delay) >= needed - noise)
+        if not (clear or timed):
             continue
         k = int(np.searchsorted(n_start, s + margin, "left"))
         if k < len(normal) and int(n_earliest_end[k]) < f - margin:
             continue  # a clearly normal gap inside its prefill: one of its steps did not stall the decodes
-        victim = delay >= needed + noise
+        victim = delay >= (needed + noise if clear else needed - noise)
         hit = over[victim[which] & ((centred[over] >= threshold[over] - noise) | spike[over])]
         if not len(hit):
             continue
