@@ -315,17 +315,18 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         one_step = np.median(np.bincount(which, weights=inside.astype(np.float64), minlength=len(requests))) == 0
         own = (f - s) - float(np.median(step[over]))
         timed = (one_step and needed <= own <= 4 * per_token * cands.uncached[j] + 20_000_000
-                 and np.median(delay) >= needed - noise)
+                 and np.median(delay) >= needed)
         if not (clear or timed):
             continue
         k = int(np.searchsorted(n_start, s + margin, "left"))
         if k < len(normal) and int(n_earliest_end[k]) < f - margin:
             continue  # a clearly normal gap inside its prefill: one of its steps did not stall the decodes
-        victim = delay >= (needed + noise if clear else needed - noise)
+        victim = delay >= (needed + noise if clear else needed)
         hit = over[victim[which] & ((centred[over] >= threshold[over] - noise) | spike[over])]
         if not len(hit):
             continue
-        lo, hi = max(s, int(g.start[hit].min()) - noise), min(f, int(g.end[hit].max()) + noise)
+        # another request's token is off the candidate's own by up to two jitters: so is the window's edge
+        lo, hi = max(s, int(g.start[hit].min()) - margin), min(f, int(g.end[hit].max()) + margin)
         if hi - lo > tol or (hi > lo and f - s <= tol):
             claims.append(_Claim(j, lo, hi, hit.tolist()))
     stalls: list[RequestStall] = []
