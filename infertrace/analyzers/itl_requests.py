@@ -304,18 +304,27 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         # Every request decoding across the prefill: its delay there is the sum of its gaps' excess (a stall that
         # jitter splits over two gaps, or a prefill spread over several steps, still adds up). A true stall delays
         # all of them; one request's jitter does not.
+        # A gap can have been delayed inside the prefill by no more than the time it spends there (its edges are
+        # uncertain by the timing noise).
         requests, which = np.unique(g.rid[over], return_inverse=True)
-        delay = np.bincount(which, weights=centred[over].astype(np.float64), minlength=len(requests))
+        spent = np.minimum(g.end[over], f) - np.maximum(g.start[over], s) + noise
+        delay = np.bincount(which, weights=np.minimum(centred[over], spent).astype(np.float64),
+                            minlength=len(requests))
         needed = float(np.median(threshold[over]))
         clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(len(requests))
         # A prefill in one step (no decoding request got a token inside it) is timed by its own span on the
-        # engine's clock, without the client's jitter: its step less the decode step is what it added. The
-        # victims' delay need then only agree with it within the noise.
+        # engine's clock, without the client's jitter: its step less the decode step is what it added when the
+        # decodes ran beside it, its whole step when they waited for it (prefill-first). The victims' delay tells
+        # the two apart where the noise is well under a decode step (else the smaller is taken), and need then
+        # only reach a stall, not clear the noise too.
         inside = (g.end[over] > s + margin) & (g.end[over] < f - margin)
         one_step = np.median(np.bincount(which, weights=inside.astype(np.float64), minlength=len(requests))) == 0
-        own = (f - s) - float(np.median(step[over]))
-        timed = (one_step and needed <= own <= 4 * per_token * cands.uncached[j] + 20_000_000
-                 and np.median(delay) >= needed)
+        decode_step = float(np.median(step[over]))
+        waited = decode_step >= 4 * noise and np.median(delay) >= (f - s) - decode_step / 2
+        own = (f - s) - (0 if waited else decode_step)
+        if own > 4 * per_token * cands.uncached[j] + 20_000_000:
+            continue  # far longer than its prompt can cost: it was held by something else (a host pause)
+        timed = one_step and own >= needed and np.median(delay) >= needed
         if not (clear or timed):
             continue
         k = int(np.searchsorted(n_start, s + margin, "left"))
