@@ -163,3 +163,18 @@ def test_a_prefill_that_meets_only_the_last_milliseconds_of_a_long_stalled_gap_i
     result = attribute_from_requests(requests, tokens)
     assert "p" not in {c.request_id for s in result.stalls for c in s.culprits}
     assert any(not s.culprits and s.end_ns == T0 + 300 * MS for s in result.stalls)
+
+
+def test_a_stall_that_a_clients_late_token_splits_over_two_gaps_is_still_found() -> None:
+    # Decode steps of 10 ms; "p" prefilled in a mixed step 100–118 ms (8 ms over the decode step: a stall). The
+    # client got every decoder's token of 100 ms 4 ms late, so the stall shows as two gaps of 14 ms (4 ms over
+    # the step each, neither a spike); each decoder's delay across p's prefill is their sum.
+    engine = [*_steady("x", -490, 100), *_steady("x", 118, 600)]
+    requests = _requests([(f"d{k}", "e0", -500, -490, 100) for k in range(4)] + [("p", "e0", 100, 118, 1500)])
+    parts = [[(f"d{k}", T0 + (t + k) * MS + (4 * MS if t == 100 else 0)) for t in engine] for k in range(4)]
+    parts.append([("p", T0 + 119 * MS + MS // 2), ("p", T0 + 129 * MS + MS // 2)])
+    result = attribute_from_requests(requests, _table(*parts), clock="client")
+    assert result.spikes == 0  # no single gap shows the stall
+    (stall,) = [s for s in result.stalls if s.culprits]
+    assert [c.request_id for c in stall.culprits] == ["p"]
+    assert stall.start_ns <= T0 + 118 * MS <= stall.end_ns  # the step's end, back on the spans' clock
