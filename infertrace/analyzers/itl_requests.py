@@ -312,13 +312,14 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
                             minlength=len(requests))
         needed = float(np.median(threshold[over]))
         clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(len(requests))
-        # A prefill in one step (no decoding request got a token inside it) is timed by its own span on the
-        # engine's clock, without the client's jitter: its step less the decode step is what it added when the
+        # A prefill in one step (a gap of each decoding request spans it: no token inside) is timed by its own span
+        # on the engine's clock, without the client's jitter: its step less the decode step is what it added when the
         # decodes ran beside it, its whole step when they waited for it (prefill-first). The victims' delay tells
         # the two apart where the noise is well under a decode step (else the smaller is taken), and need then
         # only reach a stall, not clear the noise too.
-        inside = (g.end[over] > s + margin) & (g.end[over] < f - margin)
-        one_step = np.median(np.bincount(which, weights=inside.astype(np.float64), minlength=len(requests))) == 0
+        spanning = np.zeros(len(requests), dtype=np.int64)
+        np.maximum.at(spanning, which, g.itl[over])
+        one_step = np.median(spanning) >= (f - s) - noise
         decode_step = float(np.median(step[over]))
         waited = decode_step >= 4 * noise and np.median(delay) >= (f - s) - decode_step / 2
         own = (f - s) - (0 if waited else decode_step)
