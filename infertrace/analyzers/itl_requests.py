@@ -292,7 +292,7 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     n_start = g.start[normal]
     n_earliest_end = np.minimum.accumulate(g.end[normal][::-1])[::-1] if len(normal) else normal
     margin = tol + 2 * noise  # another request's token is off the candidate's own by up to about this
-    claims: list[_Claim] = []
+    evidence = []
     for j in range(len(cands.ids)):
         s, f = int(cands.start[j]), int(cands.end[j])
         a = int(np.searchsorted(e_start, s - longest, "left"))
@@ -303,26 +303,32 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
             continue
         # Every request decoding across the prefill: its delay there is the sum of its gaps' excess (a stall that
         # jitter splits over two gaps, or a prefill spread over several steps, still adds up). A true stall delays
-        # all of them; one request's jitter does not.
-        # A gap can have been delayed inside the prefill by no more than the time it spends there (its edges are
-        # uncertain by the timing noise).
+        # all of them; one request's jitter does not. A gap can have been delayed inside the prefill by no more
+        # than the time it spends there (its edges are uncertain by the timing noise).
         requests, which = np.unique(g.rid[over], return_inverse=True)
         spent = np.minimum(g.end[over], f) - np.maximum(g.start[over], s) + noise
         delay = np.bincount(which, weights=np.minimum(centred[over], spent).astype(np.float64),
                             minlength=len(requests))
-        needed = float(np.median(threshold[over]))
-        clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(len(requests))
-        # A prefill in one step (a gap of each decoding request spans it: no token inside) is timed by its own span
-        # on the engine's clock, without the client's jitter: its step less the decode step is what it added when the
-        # decodes ran beside it, its whole step when they waited for it (prefill-first). The victims' delay tells
-        # the two apart where the noise is well under a decode step (else the smaller is taken), and need then
-        # only reach a stall, not clear the noise too.
-        spanning = np.zeros(len(requests), dtype=np.int64)
+        spanning = np.zeros(len(requests), dtype=np.int64)  # each request's longest gap across the prefill
         np.maximum.at(spanning, which, g.itl[over])
-        one_step = np.median(spanning) >= (f - s) - noise
-        decode_step = float(np.median(step[over]))
-        waited = decode_step >= 4 * noise and np.median(delay) >= (f - s) - decode_step / 2
-        own = (f - s) - (0 if waited else decode_step)
+        evidence.append((j, s, f, over, which, delay, float(np.median(spanning))))
+    # Whether the decodes wait for a prefill (prefill-first: a decoding request's gap spans the decode step and
+    # the prefill) or share its step (decode-first, chunked: its gap is the prefill's step) is the engine's
+    # policy: read from all its one-step prefills at once, where one request's jitter averages out.
+    lag = [sp - (f - s) for _, s, f, over, _, _, sp in evidence if sp >= (f - s) - noise]
+    # (measured on the bank: a whole step under prefill-first, at most half of one under chunked scheduling)
+    decodes_wait = len(lag) >= 5 and float(np.median(lag)) >= 0.75 * float(np.median(step))
+    claims: list[_Claim] = []
+    for j, s, f, over, which, delay, spanning in evidence:
+        n = len(delay)
+        needed = float(np.median(threshold[over]))
+        clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(n)
+        # A prefill in one step (a gap of each decoding request spans it: no token inside) is timed by its own span
+        # on the engine's clock, without the client's jitter: its step less the decode step is what it added when
+        # the decodes ran beside it, its whole step when they waited for it. The victims' delay need then only
+        # reach a stall, not clear the noise too.
+        one_step = spanning >= (f - s) - noise
+        own = (f - s) - (0 if decodes_wait else float(np.median(step[over])))
         if own > 4 * per_token * cands.uncached[j] + 20_000_000:
             continue  # far longer than its prompt can cost: it was held by something else (a host pause)
         timed = one_step and own >= needed and np.median(delay) >= needed
