@@ -10,24 +10,32 @@ spans and the token times, per engine instance:
    candidate's prefill interval is moved onto the client's clock by its own offset (the median offset when it
    has no token times), and the spread of the offsets (half the 10–90% range) is the timing noise. The
    tolerance below is that noise, and never less than `tolerance_floor_ns`;
-2. the decode baseline is the engine's, not each victim's: the `baseline_quantile` of every gap between two
-   tokens of any request on the instance within `baseline_window_ns` of the gap (the whole instance when
-   fewer than `baseline_min_gaps` are there). Stalled steps make gaps longer, never shorter, so a low quantile
-   stays at the decode step while most gaps are stalled (a request with few tokens, whose own median is a
-   stall, is judged against the engine's step);
+2. the decode baseline is the engine's, not each victim's: the `baseline_quantile` of every gap (on a client's
+   clock, the mean of up to `smooth_gaps` consecutive gaps of a request: tokens received in one burst read as
+   gaps of zero) between two tokens of any request on the instance within `baseline_window_ns` of the gap (the
+   whole instance when fewer than `baseline_min_gaps` are there). Stalled steps make gaps longer, never
+   shorter, so a low quantile stays at the decode step while most gaps are stalled (a request with few tokens,
+   whose own median is a stall, is judged against the engine's step);
 3. a spike is a gap whose excess over the baseline is at least `stall_ratio` times the baseline and at least
    `min_excess_ns`, plus the timing noise (a gap between two client-timed tokens carries two jitters);
 4. a candidate is every request's prefill interval (first scheduling to first token). The requests decoding
    across it are the gaps of other requests that overlap it by more than the tolerance (a prefill that touches
    a gap by a nanosecond, e.g. times rebuilt from float seconds, did not stall it). Each such request's delay
    there is the sum of its gaps' excess over the engine's median normal gap (the baseline is a low quantile,
-   so a normal gap's excess over it is positive on average; summed over many gaps that would read as a stall).
-   Summing keeps a stall whole when a client's jitter splits it over two gaps, and a chunked prefill spread
-   over several steps adds up. A true stall delays every request decoding then, while one request's jitter
-   moves one gap: the median delay must be a stall by a margin of 1.5 times the timing noise over the square
-   root of their number. Victims are the requests delayed by a stall plus the noise; the window is the
-   candidate's interval narrowed to their stalled gaps. Prefills run back to back (prefill-first) keep their
-   own windows: the next one starts where the last ended;
+   so a normal gap's excess over it is positive on average; summed over many gaps that would read as a stall),
+   each capped at the time the gap spends inside the interval plus the noise (a prefill meeting the last
+   milliseconds of a long pause is not blamed for the pause). Summing keeps a stall whole when a client's jitter
+   splits it over two gaps, and a chunked prefill spread over several steps adds up. A true stall delays every
+   request decoding then, while one request's jitter moves one gap: the median delay must be a stall by a
+   margin of 1.5 times the timing noise over the square root of their number. A prefill in one step (a gap of
+   each decoding request spans it) is also timed by its own span, without the client's jitter: its length less
+   the decode step, or its whole length on an engine whose decodes wait for prefills (prefill-first: read from
+   all its one-step prefills at once, a decoding request's gap across one being longer by a whole decode step);
+   that, and a median delay reaching a stall, names it. A prefill longer than four times the instance's median
+   time per uncached token times its tokens, plus 20 ms, was held by something else (a host pause) and is not
+   blamed. Victims are the requests delayed by a stall (plus the noise); the window is the candidate's interval
+   narrowed to their stalled gaps, widened by the tolerance plus two jitters. Prefills run back to back
+   (prefill-first) keep their own windows: the next one starts where the last ended;
 5. a candidate is cleared when some request on the instance had a clearly normal gap (short by more than two
    tokens' jitter could make a stalled one) wholly inside its prefill interval, away from its ends by the
    tolerance plus that jitter: one of its steps demonstrably did not stall the decodes beside it;
