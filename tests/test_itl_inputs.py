@@ -146,8 +146,12 @@ def test_evaluate_scores_each_input_combination_of_a_vllm_bank(tmp_path: Path) -
         section = result["inputs"][key]
         assert section["scenarios_run"] == 1 and section["tp"] + section["fn"] > 0, key
     assert result["iteration_timing"]["stalls"] > 0
+    baseline = result["baseline"]  # the naive overlap rule, scored the same way beside the methods
+    assert baseline["scenarios_run"] == 1 and baseline["tp"] + baseline["fn"] == result["inputs"]["tokens"]["tp"] + \
+        result["inputs"]["tokens"]["fn"]
     out = _invoke("evaluate", str(bank), "--section", "itl")
-    for title in ("spans + client tokens", "spans + iteration log", "spans + tokens + iteration log"):
+    for title in ("spans + client tokens", "spans + iteration log", "spans + tokens + iteration log",
+                  "baseline: prefill overlaps gap"):
         assert title in out
     assert "code_completion/" in out
 

@@ -27,8 +27,9 @@ elapsed time, stamped with the logging process's local wall clock in whole secon
    candidates were more than the line's count or their tokens fall short.
 
 Iterations with no context tokens that still ran long (host pauses) are stalls without a culprit, as is a stall
-far longer than its context tokens can cost (four times the log's median excess per context token, plus 20 ms:
-a host pause during a small chunk). A preemption's recompute is logged as context tokens and is not told apart.
+far longer than its context tokens can cost (four times the median excess per context token of the log's mixed
+iterations, plus 20 ms: a host pause during a small chunk). A preemption's recompute is logged as context tokens
+and is not told apart.
 """
 
 from __future__ import annotations
@@ -328,11 +329,14 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
     tol = 2 * p.match_window_ns
     out: list[IterationStall] = []
     rows = log.to_dict("records")
+    per_token: list[float] = []  # every mixed iteration's excess per context token: what a prompt token costs
     for i, row in enumerate(rows):
         if row["dummy"]:
             continue
         end, elapsed = int(ends[i]), int(row["elapsed_ns"])
         gen = int(row["generation_requests"])
+        if gen and row["context_tokens"]:
+            per_token.append(max(elapsed - decode_only(gen), 0) / row["context_tokens"])
         if row["context_tokens"] == 0:
             base = decode_only(gen)
             if gen and elapsed - base >= max(p.stall_ratio * base, p.min_excess_ns):
@@ -364,16 +368,19 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
         out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]), elapsed,
                                   base, excess, int(row["context_requests"]), int(row["context_tokens"]), gen,
                                   culprits))
-    return _implausible_cleared(out), sum(1 for s in out if not s.culprits)
+    out = _implausible_cleared(out, per_token)
+    return out, sum(1 for s in out if not s.culprits)
 
 
-def _implausible_cleared(stalls: list[IterationStall], factor: float = 4.0) -> list[IterationStall]:
-    """A stall far longer than its context tokens can cost (the log's median excess per context token, `factor`
-    times over) had another cause too, e.g. a host pause during a small chunk: its prefills are not named."""
-    named = [s for s in stalls if s.culprits and s.context_tokens]
-    if len(named) < 5:
+def _implausible_cleared(stalls: list[IterationStall], per_token: list[float],
+                         factor: float = 4.0) -> list[IterationStall]:
+    """A stall far longer than its context tokens can cost (the median excess per context token of the log's
+    mixed iterations, stalled or not, `factor` times over, plus 20 ms) had another cause too, e.g. a host pause
+    during a small chunk: its prefills are not named. (The rate is read from every mixed iteration: on a
+    stall-free engine too few iterations stall to read it from the stalls alone.)"""
+    if len(per_token) < 5:
         return stalls
-    rate = float(np.median([s.excess_ns / s.context_tokens for s in named]))
+    rate = float(np.median(per_token))
     return [replace(s, culprits=()) if s.culprits and s.excess_ns > factor * rate * s.context_tokens + 2 * 10**7
             else s for s in stalls]
 

@@ -10,30 +10,40 @@ spans and the token times, per engine instance:
    candidate's prefill interval is moved onto the client's clock by its own offset (the median offset when it
    has no token times), and the spread of the offsets (half the 10–90% range) is the timing noise. The
    tolerance below is that noise, and never less than `tolerance_floor_ns`;
-2. the decode baseline is the engine's, not each victim's: the `baseline_quantile` of every gap between two
-   tokens of any request on the instance within `baseline_window_ns` of the gap (the whole instance when
-   fewer than `baseline_min_gaps` are there). Stalled steps make gaps longer, never shorter, so a low quantile
-   stays at the decode step while most gaps are stalled (a request with few tokens, whose own median is a
-   stall, is judged against the engine's step);
+2. the decode baseline is the engine's, not each victim's: the `baseline_quantile` of every gap (on a client's
+   clock, the mean of up to `smooth_gaps` consecutive gaps of a request: tokens received in one burst read as
+   gaps of zero) between two tokens of any request on the instance within `baseline_window_ns` of the gap (the
+   whole instance when fewer than `baseline_min_gaps` are there). Stalled steps make gaps longer, never
+   shorter, so a low quantile stays at the decode step while most gaps are stalled (a request with few tokens,
+   whose own median is a stall, is judged against the engine's step);
 3. a spike is a gap whose excess over the baseline is at least `stall_ratio` times the baseline and at least
    `min_excess_ns`, plus the timing noise (a gap between two client-timed tokens carries two jitters);
-4. a candidate is every request's prefill interval (first scheduling to first token). It stalled the spikes
-   of other requests that overlap its interval by more than the tolerance (a prefill that touches a gap by a
-   nanosecond, e.g. times rebuilt from float seconds, did not stall it). Its window is its interval
-   intersected with the common part of those gaps; victims whose gaps share no common part make one window
-   each group. Prefills run back to back (prefill-first) keep their own windows: the next one starts where
-   the last ended, so neither overlaps the other's by more than the tolerance;
-   Among every gap of another request that overlaps the prefill the same way (spike or not), the median
-   excess must be a stall as well, by a margin of twice the timing noise over the square root of their number:
-   a true stall delays every request decoding then, while a client's per-token jitter lengthens one request's
-   gap at a time;
-5. a candidate is cleared when some request on the instance had a whole normal gap (no spike) inside its
-   prefill interval before its last step: its chunks demonstrably did not stall the decodes beside them;
-6. culprit windows on an instance that overlap by more than the tolerance are one stall (prefills batched in
-   one step); each culprit's confidence is its share of the stall's estimated prefill work (uncached prompt
-   tokens spread evenly over its interval), times how clearly it overlaps the window beyond the timing noise
-   (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill that meets a client-timed
-   window by about a jitter);
+4. a candidate is every request's prefill interval (first scheduling to first token). The requests decoding
+   across it are the gaps of other requests that overlap it by more than the tolerance (a prefill that touches
+   a gap by a nanosecond, e.g. times rebuilt from float seconds, did not stall it). Each such request's delay
+   there is the sum of its gaps' excess over the engine's median normal gap (the baseline is a low quantile,
+   so a normal gap's excess over it is positive on average; summed over many gaps that would read as a stall),
+   each capped at the time the gap spends inside the interval plus the noise (a prefill meeting the last
+   milliseconds of a long pause is not blamed for the pause). Summing keeps a stall whole when a client's jitter
+   splits it over two gaps, and a chunked prefill spread over several steps adds up. A true stall delays every
+   request decoding then, while one request's jitter moves one gap: the median delay must be a stall by a
+   margin of 1.5 times the timing noise over the square root of their number. A prefill in one step (a gap of
+   each decoding request spans it) is also timed by its own span, without the client's jitter: its length less
+   the decode step, or its whole length on an engine whose decodes wait for prefills (prefill-first: read from
+   all its one-step prefills at once, a decoding request's gap across one being longer by a whole decode step);
+   that, and a median delay reaching a stall, names it. A prefill longer than four times the instance's median
+   time per uncached token times its tokens, plus 20 ms, was held by something else (a host pause) and is not
+   blamed. Victims are the requests delayed by a stall (plus the noise); the window is the candidate's interval
+   narrowed to their stalled gaps, widened by the tolerance plus two jitters. Prefills run back to back
+   (prefill-first) keep their own windows: the next one starts where the last ended;
+5. a candidate is cleared when some request on the instance had a clearly normal gap (short by more than two
+   tokens' jitter could make a stalled one) wholly inside its prefill interval, away from its ends by the
+   tolerance plus that jitter: one of its steps demonstrably did not stall the decodes beside it;
+6. culprit windows on an instance that overlap by more than the tolerance and half the shorter window are one
+   stall (prefills batched in the same steps); each culprit's confidence is its share of the stall's estimated
+   prefill work (uncached prompt tokens spread evenly over its interval), times how clearly it overlaps the
+   window beyond the timing noise (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill
+   that meets a client-timed window by about a jitter);
 7. spikes no candidate explains are reported as windows without a culprit (`unexplained`): without step
    spans a preemption's recompute and a host pause look alike (no request was prefilling).
 
@@ -63,6 +73,7 @@ class RequestOnlyParams:
     baseline_window_ns: int = 10_000_000_000
     baseline_min_gaps: int = 20
     tolerance_floor_ns: int = 100_000
+    smooth_gaps: int = 4  # client times: the decode step is read from means of this many consecutive gaps
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
         notes.append("no request has two token times: no gap between tokens to judge")
         return RequestOnlyAttribution(p, (), 0, n_requests, clock, median_offset, noise, tol, notes=tuple(notes))
     g = _Gaps(rid[ends], inst[ends], t[ends - 1], t[ends])
-    base = _engine_baseline(g, p)
+    base = _engine_baseline(g, _smoothed_gaps(same, t, p.smooth_gaps if clock == "client" else 1)[ends], p)
     excess = g.itl - base
     spike = excess >= np.maximum(np.rint(p.stall_ratio * base).astype(np.int64), p.min_excess_ns) + noise
 
@@ -204,15 +215,26 @@ class _Gaps:
         return len(self.rid)
 
 
-def _engine_baseline(g: _Gaps, p: RequestOnlyParams) -> np.ndarray:
-    """Per gap: the `baseline_quantile` of the gaps of every request on its instance ending within
+def _smoothed_gaps(same: np.ndarray, t: np.ndarray, k: int) -> np.ndarray:
+    """Per token (sorted by request, then time; `same`: the token before is the same request's): the mean of the
+    up to `k` gaps of its request ending at it. A client's jitter, and tokens it received in one burst (gaps of
+    zero), cancel in the sum; a decode step is then not read as shorter than it is."""
+    start = np.flatnonzero(~same)
+    first = start[np.cumsum(~same) - 1]  # the request's first token
+    back = np.minimum(np.arange(len(t)) - first, k)
+    n = np.maximum(back, 1)
+    return (t - t[np.arange(len(t)) - back]) // n
+
+
+def _engine_baseline(g: _Gaps, smoothed: np.ndarray, p: RequestOnlyParams) -> np.ndarray:
+    """Per gap: the `baseline_quantile` of the (smoothed) gaps of every request on its instance ending within
     `baseline_window_ns` (centred) of its end, in buckets of a quarter window."""
     base = np.empty(len(g), dtype=np.int64)
     width = max(p.baseline_window_ns // 4, 1)
     for instance in set(g.instance.tolist()):
         idx = np.flatnonzero(g.instance == instance)
         order = idx[np.argsort(g.end[idx], kind="stable")]
-        itl = g.itl[order]
+        itl = smoothed[order]
         bucket = (g.end[order] - g.end[order][0]) // width
         whole = round(float(np.quantile(itl, p.baseline_quantile)))
         buckets, first = np.unique(bucket, return_index=True)
@@ -262,35 +284,75 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     every = np.argsort(g.start, kind="stable")
     e_start, e_end = g.start[every], g.end[every]
     longest = int((e_end - e_start).max()) if len(every) else 0
-    normal = np.flatnonzero(~spike)
+    threshold = np.maximum(p.stall_ratio * base, p.min_excess_ns)
+    # The baseline is a low quantile: a normal gap's excess over it is positive on average (client jitter, the
+    # steps' own spread). Summed over many gaps that bias would read as a stall, so sums are taken over the
+    # median normal gap instead.
+    shift = int(np.median(excess[~spike])) if (~spike).any() else 0
+    centred = excess - shift
+    step = base + shift  # the engine's decode step: its median normal gap
+    # What a prefill's own step may plausibly cost: four times the instance's median time per uncached token,
+    # plus 20 ms; a longer one held something else (a host pause).
+    per_token = float(np.median((cands.end - cands.start) / cands.uncached)) if len(cands.ids) else 0.0
+    # A gap is shown normal only beyond what two tokens' jitter could take off a stalled one.
+    normal = np.flatnonzero(centred < threshold - 2 * noise)
     normal = normal[np.argsort(g.start[normal], kind="stable")]
     n_start = g.start[normal]
     n_earliest_end = np.minimum.accumulate(g.end[normal][::-1])[::-1] if len(normal) else normal
-    claims: list[_Claim] = []
+    margin = tol + 2 * noise  # another request's token is off the candidate's own by up to about this
+    evidence = []
     for j in range(len(cands.ids)):
         s, f = int(cands.start[j]), int(cands.end[j])
         a = int(np.searchsorted(e_start, s - longest, "left"))
         b = int(np.searchsorted(e_start, f - tol, "left"))
         over = every[a:b]
         over = over[(g.end[over] > s + tol) & (g.rid[over] != cands.ids[j])]
-        hit = over[spike[over]]
+        if not len(over):
+            continue
+        # Every request decoding across the prefill: its delay there is the sum of its gaps' excess (a stall that
+        # jitter splits over two gaps, or a prefill spread over several steps, still adds up). A true stall delays
+        # all of them; one request's jitter does not. A gap can have been delayed inside the prefill by no more
+        # than the time it spends there (its edges are uncertain by the timing noise).
+        requests, which = np.unique(g.rid[over], return_inverse=True)
+        spent = np.minimum(g.end[over], f) - np.maximum(g.start[over], s) + noise
+        delay = np.bincount(which, weights=np.minimum(centred[over], spent).astype(np.float64),
+                            minlength=len(requests))
+        spanning = np.zeros(len(requests), dtype=np.int64)  # each request's longest gap across the prefill
+        np.maximum.at(spanning, which, g.itl[over])
+        evidence.append((j, s, f, over, which, delay, float(np.median(spanning))))
+    # Whether the decodes wait for a prefill (prefill-first: a decoding request's gap spans the decode step and
+    # the prefill) or share its step (decode-first, chunked: its gap is the prefill's step) is the engine's
+    # policy: read from all its one-step prefills at once, where one request's jitter averages out.
+    lag = [sp - (f - s) for _, s, f, over, _, _, sp in evidence if sp >= (f - s) - noise]
+    # (measured on the bank: a whole step under prefill-first, at most half of one under chunked scheduling)
+    decodes_wait = len(lag) >= 5 and float(np.median(lag)) >= 0.75 * float(np.median(step))
+    claims: list[_Claim] = []
+    for j, s, f, over, which, delay, spanning in evidence:
+        n = len(delay)
+        needed = float(np.median(threshold[over]))
+        clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(n)
+        # A prefill in one step (a gap of each decoding request spans it: no token inside) is timed by its own span
+        # on the engine's clock, without the client's jitter: its step less the decode step is what it added when
+        # the decodes ran beside it, its whole step when they waited for it. The victims' delay need then only
+        # reach a stall, not clear the noise too.
+        one_step = spanning >= (f - s) - noise
+        own = (f - s) - (0 if decodes_wait else float(np.median(step[over])))
+        if own > 4 * per_token * cands.uncached[j] + 20_000_000:
+            continue  # far longer than its prompt can cost: it was held by something else (a host pause)
+        timed = one_step and own >= needed and np.median(delay) >= needed
+        if not (clear or timed):
+            continue
+        k = int(np.searchsorted(n_start, s + margin, "left"))
+        if k < len(normal) and int(n_earliest_end[k]) < f - margin:
+            continue  # a clearly normal gap inside its prefill: one of its steps did not stall the decodes
+        victim = delay >= (needed + noise if clear else needed)
+        hit = over[victim[which] & ((centred[over] >= threshold[over] - noise) | spike[over])]
         if not len(hit):
             continue
-        # Decoders across the prefill: their median excess must be a stall too (one request's jitter is not).
-        threshold = max(p.stall_ratio * float(np.median(base[over])), p.min_excess_ns)
-        if np.median(excess[over]) < threshold + 2 * noise / np.sqrt(len(over)):
-            continue
-        k = int(np.searchsorted(n_start, s + tol, "left"))
-        if k < len(normal) and int(n_earliest_end[k]) < f - tol:
-            continue  # a whole normal gap inside its prefill: its chunks did not stall the decodes
-        hit = hit[np.argsort(g.start[hit], kind="stable")]
-        for group in _common_groups(g.start[hit], g.end[hit]):
-            gaps = hit[group]
-            lo, hi = max(s, int(g.start[gaps].max())), min(f, int(g.end[gaps].min()))
-            if hi - lo > tol or (hi > lo and f - s <= tol):
-                # the victims' token times are uncertain by the timing noise: so is the window's edge
-                lo, hi = max(s, lo - noise), min(f, hi + noise)
-                claims.append(_Claim(j, lo, hi, gaps.tolist()))
+        # another request's token is off the candidate's own by up to two jitters: so is the window's edge
+        lo, hi = max(s, int(g.start[hit].min()) - margin), min(f, int(g.end[hit].max()) + margin)
+        if hi - lo > tol or (hi > lo and f - s <= tol):
+            claims.append(_Claim(j, lo, hi, hit.tolist()))
     stalls: list[RequestStall] = []
     claimed = np.zeros(len(g), dtype=bool)
     claims.sort(key=lambda c: (c.lo, c.hi))
@@ -298,7 +360,10 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     while i < len(claims):
         lo, hi, members = claims[i].lo, claims[i].hi, [claims[i]]
         i += 1
-        while i < len(claims) and min(hi, claims[i].hi) - claims[i].lo > tol:
+        # prefills batched in the same steps are one stall; ones that merely touch (chunks of the next prompt in
+        # the last step of this one) keep their own windows
+        while i < len(claims) and min(hi, claims[i].hi) - claims[i].lo > max(
+                tol, min(hi - lo, claims[i].hi - claims[i].lo) // 2):
             hi = max(hi, claims[i].hi)
             members.append(claims[i])
             i += 1

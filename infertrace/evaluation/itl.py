@@ -15,6 +15,11 @@ False attribution on negative controls (scenarios whose `negative_control` lists
 host pauses, on engines whose chunk budget makes prefills stall-free): on the faulty engines, the share of
 spikes (stalled steps in the truth or the analysis; windows for the request-only method) that the method
 blames on a fresh prefill while the truth has no prefill cause there.
+
+Beside the methods, a naive baseline on the same inputs (spans + client tokens), to show that the bank separates
+methods: a spike is a gap at least 1.5 times its own request's median gap (and 2 ms over it), and every other
+request on the instance whose prefill interval (first scheduling to first token on the span) overlaps the gap
+is blamed, with equal shares; the client's times are taken as they are (no clock offset).
 """
 
 from __future__ import annotations
@@ -25,9 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from infertrace.analyzers.itl import ItlAnalysis, analyze_itl
-from infertrace.analyzers.itl_requests import RequestOnlyAttribution, attribute_store_requests
+from infertrace.analyzers.itl_requests import (
+    RequestCulprit,
+    RequestOnlyAttribution,
+    RequestOnlyParams,
+    RequestStall,
+    attribute_store_requests,
+)
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 
@@ -152,7 +164,36 @@ COMBINATIONS = {
     "tokens": "spans + client tokens",
     "iterations": "spans + iteration log",
     "all": "spans + tokens + iteration log",
+    "naive": "baseline: prefill overlaps gap",
 }
+
+
+def naive_overlap(requests: pd.DataFrame, token_times: pd.DataFrame, ratio: float = 1.5,
+                  min_excess_ns: int = 2_000_000) -> RequestOnlyAttribution:
+    """The naive baseline (module docstring): each spike gap is a window, blaming every prefill overlapping it."""
+    placed = requests.dropna(subset=["request_id", "instance"]).drop_duplicates("request_id", keep="last")
+    instance_of = dict(zip(placed["request_id"].astype(str), placed["instance"].astype(str), strict=True))
+    tok = token_times.dropna(subset=["request_id", "time_ns"]).astype({"request_id": str, "time_ns": np.int64})
+    tok = tok[tok["request_id"].isin(instance_of)].sort_values(["request_id", "time_ns"], kind="stable")
+    rid, t = tok["request_id"].to_numpy(), tok["time_ns"].to_numpy(dtype=np.int64)
+    same = np.flatnonzero(rid[1:] == rid[:-1]) + 1
+    gaps = pd.DataFrame({"rid": rid[same], "start": t[same - 1], "end": t[same]})
+    gaps["itl"] = gaps["end"] - gaps["start"]
+    gaps["median"] = gaps.groupby("rid")["itl"].transform("median")
+    spikes = gaps[(gaps["itl"] >= ratio * gaps["median"]) & (gaps["itl"] - gaps["median"] >= min_excess_ns)]
+    prefill = placed.dropna(subset=["scheduled_ns", "first_token_ns"])
+    intervals = {inst: (rows["request_id"].astype(str).to_numpy(), rows["scheduled_ns"].to_numpy(dtype=np.int64),
+                        rows["first_token_ns"].to_numpy(dtype=np.int64))
+                 for inst, rows in prefill.groupby(prefill["instance"].astype(str))}
+    stalls = []
+    for victim, start, end, itl, med in spikes[["rid", "start", "end", "itl", "median"]].itertuples(index=False):
+        inst = instance_of[victim]
+        ids, s, f = intervals.get(inst, (np.array([], dtype=str), np.array([], dtype=np.int64),
+                                         np.array([], dtype=np.int64)))
+        hit = ids[(s < end) & (f > start) & (ids != victim)]
+        culprits = tuple(RequestCulprit(str(r), None, 0, 1 / len(hit), False) for r in hit)
+        stalls.append(RequestStall(inst, int(start), int(end), (victim,), int(itl), int(itl - med), culprits))
+    return RequestOnlyAttribution(RequestOnlyParams(), tuple(stalls), len(spikes), len(instance_of), "client")
 
 
 def _family_key(truth: dict[str, Any]) -> str:
@@ -173,6 +214,9 @@ def _attributions(store: Any) -> dict[str, Any]:
     has_client = store.sql("SELECT count(*) FROM client_tokens").fetchall()[0][0] > 0
     if has_client:
         out["tokens"] = attribute_store_requests(store, tokens="client_tokens")
+        out["naive"] = naive_overlap(
+            store.sql("SELECT request_id, instance, scheduled_ns, first_token_ns FROM requests").df(),
+            store.sql("SELECT request_id, time_ns FROM client_tokens").df())
     if store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]:
         iterations = attribute_store_iterations(store)
         out["iterations"] = as_windows(iterations)
@@ -210,6 +254,7 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
     per_family: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
     per_policy: dict[str, dict[str, _Counts]] = defaultdict(lambda: {m: _Counts() for m in methods})
     negative = {m: [0, 0] for m in methods}  # [false, spikes]
+    family_negative: dict[str, dict[str, list[int]]] = defaultdict(lambda: {m: [0, 0] for m in methods})
     calibration = {m: {label: [0, 0] for label in CONFIDENCE_BINS} for m in methods}
     ran: dict[str, int] = defaultdict(int)  # scenarios each method ran on
     labels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -233,8 +278,9 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
             for policy, counts in result["per_policy"].items():
                 for target in (overall[method], per_family[family][method], per_policy[policy][method]):
                     target.add(counts.tp, counts.fp, counts.fn, counts.named_ok)
-            negative[method][0] += result["negative_false"]
-            negative[method][1] += result["negative_spikes"]
+            for target in (negative[method], family_negative[family][method]):
+                target[0] += result["negative_false"]
+                target[1] += result["negative_spikes"]
             for label, (named, right) in result.get("calibration", {}).items():
                 calibration[method][label][0] += named
                 calibration[method][label][1] += right
@@ -254,12 +300,17 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
         false, spikes = negative[method]
         return _r(false / spikes) if spikes else None
 
+    def family_scores(family: str, counts: dict[str, _Counts], method: str) -> dict[str, Any]:
+        false, spikes = family_negative[family][method]
+        return {**counts[method].scores(), "false_attribution_rate": _r(false / spikes) if spikes else None,
+                "negative_control_false": false, "negative_control_spikes": spikes}
+
     def section(method: str) -> dict[str, Any]:
         return {**overall[method].scores(), "scenarios_run": ran[method], "false_attribution_rate": rate(method),
                 "calibration": {label: {"named": n, "right": r, "share_right": _r(r / n) if n else None}
                                 for label, (n, r) in calibration[method].items()},
                 "negative_control_spikes": negative[method][1], "negative_control_false": negative[method][0],
-                "per_family": {f: c[method].scores() for f, c in sorted(per_family.items())},
+                "per_family": {f: family_scores(f, c, method) for f, c in sorted(per_family.items())},
                 "per_policy": {p: c[method].scores() for p, c in sorted(per_policy.items())}}
 
     def timing_summary(t: dict[str, Any]) -> dict[str, Any]:
@@ -274,7 +325,8 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
                                         for cause, (n, same) in sorted(labels.items()) if cause != "prefill"}
     return {**steps, "scenarios": len(scenarios), "families": dict(sorted(families.items())),
             "request_only": section("requests"),
-            "inputs": {m: section(m) for m in methods if m not in ("steps", "requests")},
+            "inputs": {m: section(m) for m in methods if m not in ("steps", "requests", "naive")},
+            "baseline": section("naive"),
             "iteration_timing": {**timing_summary(timing),
                                  "per_family": {f: timing_summary(t) for f, t in sorted(family_timing.items())}},
             "seconds": round(time.perf_counter() - started, 1)}
@@ -286,7 +338,8 @@ def _fmt(x: float | None) -> str:
 
 def render_itl(result: dict[str, Any]) -> str:
     """The `itl` section as a plain-text table: every input combination overall, then per family."""
-    sections = {"steps": result, "requests": result["request_only"], **result.get("inputs", {})}
+    sections = {"steps": result, "requests": result["request_only"], **result.get("inputs", {}),
+                "naive": result.get("baseline", {})}
     lines = [
         f"ITL spike attribution — {result['scenarios']} scenarios "
         f"({', '.join(f'{f} {n}' for f, n in result['families'].items())})",
@@ -317,20 +370,25 @@ def render_itl(result: dict[str, Any]) -> str:
         lines.append(f"  iteration log: {timing['found_within_5ms']} of {timing['stalls']} prefill stalls found within "
                      f"5 ms (recall {_fmt(timing['stall_recall'])}); timing error p50 "
                      f"{_fmt(timing['timing_error_p50_ms'])} ms, p95 {_fmt(timing['timing_error_p95_ms'])} ms")
-    lines += ["", "by family (precision / recall, pairs in the truth):"]
-    header = f"  {'family':30}" + "".join(f" {COMBINATIONS[k]:>22}" for k in COMBINATIONS)
-    lines.append(header)
+    lines += ["", "by family (false attr.: named windows on negative-control engines with no prefill cause; "
+              "timing: stalls found within 5 ms, and the p95 error):",
+              f"  {'family':28} {'inputs':32} {'precision':>9} {'recall':>7} {'pairs':>6} {'false attr.':>16}"]
     for family in result["families"]:
-        cells = []
-        for key in COMBINATIONS:
+        name = family
+        for key, title in COMBINATIONS.items():
             s = sections.get(key, {}).get("per_family", {}).get(family)
-            cells.append("—" if s is None or (s["tp"] + s["fp"] + s["fn"]) == 0 else
-                         f"{_fmt(s['precision'])}/{_fmt(s['recall'])} ({s['tp'] + s['fn']})")
-        lines.append(f"  {family:30}" + "".join(f" {c:>22}" for c in cells))
-        t = timing.get("per_family", {}).get(family)
-        if t and t["stalls"]:
-            lines.append(f"  {'':30} iteration log: stall recall {_fmt(t['stall_recall'])} of {t['stalls']}, "
-                         f"timing p95 {_fmt(t['timing_error_p95_ms'])} ms")
+            if s is None or (s["tp"] + s["fp"] + s["fn"] + s.get("negative_control_spikes", 0)) == 0:
+                continue
+            false = (f"{_fmt(s['false_attribution_rate'])} ({s['negative_control_false']}/"
+                     f"{s['negative_control_spikes']})" if s.get("negative_control_spikes") else "—")
+            line = (f"  {name:28} {title:32} {_fmt(s['precision']):>9} {_fmt(s['recall']):>7} "
+                    f"{s['tp'] + s['fn']:>6} {false:>16}")
+            t = timing.get("per_family", {}).get(family)
+            if key == "iterations" and t and t["stalls"]:
+                line += (f"  timing: {_fmt(t['stall_recall'])} of {t['stalls']} within 5 ms, p95 "
+                         f"{_fmt(t['timing_error_p95_ms'])} ms")
+            lines.append(line)
+            name = ""
     lines += ["", "by policy (step spans | spans only):"]
     for name, s in result["per_policy"].items():
         r = result["request_only"]["per_policy"].get(name, {"precision": None, "recall": None})
