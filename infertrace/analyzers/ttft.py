@@ -1,8 +1,8 @@
 """TTFT decomposition and prefill scaling.
 
 Time to first token is gateway (auth, rate limit, route, global queue) + engine queue + prefill (its own
-chunks' steps, and the waits between chunks behind other prefills) + KV transfer when prefill and decode
-are disaggregated. `analyze_ttft(store)` reports, per model, the median share of each component and the one
+chunks' steps, and the waits between chunks behind other prefills), and when prefill and decode are
+disaggregated + KV transfer + the decode worker's queue + its first decode step (each from its own leg). `analyze_ttft(store)` reports, per model, the median share of each component and the one
 that dominates, per model and time bucket the TTFT p50/p99, and per engine a fit of prefill compute time
 against the uncached prompt tokens n over c cached ones (scipy, non-negative, robust loss):
 
@@ -22,7 +22,8 @@ from scipy.optimize import least_squares
 from infertrace.analyzers import materialize_once, query_text
 from infertrace.store.store import Store
 
-COMPONENTS = ("gateway_ns", "queue_ns", "prefill_compute_ns", "prefill_wait_ns", "kv_transfer_ns")
+COMPONENTS = ("gateway_ns", "queue_ns", "prefill_compute_ns", "prefill_wait_ns", "kv_transfer_ns", "decode_queue_ns",
+              "first_decode_ns")
 
 
 @dataclass(frozen=True)

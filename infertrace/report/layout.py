@@ -153,7 +153,7 @@ def _itl(section: dict[str, Any]) -> list[Block]:
 
 
 def _ttft(section: dict[str, Any]) -> list[Block]:
-    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer")
+    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer", "decode_queue", "first_decode")
     blocks: list[Block] = [Paragraph("Share of summed TTFT per component, and the dominant one (TTFT from the "
                                      "gateway).")]
     blocks.append(Table(("model", "requests", "ttft p50 ms", "ttft p99 ms", *components, "dominant"),

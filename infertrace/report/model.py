@@ -516,7 +516,7 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
             from infertrace.analyzers.itl_iterations import attribute_store_iterations, join_iterations
 
             attr, source = join_iterations(attr, attribute_store_iterations(store)), "joined"
-        models = dict(store.sql("SELECT instance, any_value(model) FROM requests GROUP BY instance").fetchall())
+        models = dict(store.sql("SELECT instance, any_value(model) FROM request_legs GROUP BY instance").fetchall())
         tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
         sections["itl"] = itl_request_section(attr, source, models, o, tenants)
     elif "itl" in o.sections and not coverage.step_spans and coverage.iteration_lines:

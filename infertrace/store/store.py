@@ -42,7 +42,7 @@ from infertrace.store.side_inputs import (
 from infertrace.store.values import merge_counts
 
 # Derived relations, in dependency order; each is `relations/<name>.sql`.
-RELATIONS: tuple[str, ...] = ("requests", "steps", "step_membership", "tokens", "component_calls")
+RELATIONS: tuple[str, ...] = ("request_legs", "steps", "step_membership", "tokens", "component_calls", "requests")
 # Relations of inputs that are not spans (infertrace/store/side_inputs.py): name → (directory, schema)
 SIDE_RELATIONS: dict[str, tuple[str, pa.Schema]] = {
     "client_tokens": (CLIENT_TOKENS_DIR, CLIENT_TOKENS_SCHEMA),

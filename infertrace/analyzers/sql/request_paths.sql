@@ -26,5 +26,5 @@ UNION ALL
 SELECT trace_id, component_kind AS kind, instance, source AS span_name, source AS operation, service,
        'engine' AS found_by, model, tenant, arrival_ns AS start_ns, e2e_ns AS latency_ns, outcome,
        NULL::BIGINT AS http_status, NULL::BIGINT AS queue_ns
-FROM requests
+FROM request_legs
 WHERE instance IS NOT NULL
