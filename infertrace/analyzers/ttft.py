@@ -2,9 +2,10 @@
 
 Time to first token is gateway (auth, rate limit, route, global queue) + engine queue + prefill (its own
 chunks' steps, and the waits between chunks behind other prefills), and when prefill and decode are
-disaggregated + KV transfer + the decode worker's queue + its first decode step (each from its own leg). `analyze_ttft(store)` reports, per model, the median share of each component and the one
-that dominates, per model and time bucket the TTFT p50/p99, and per engine a fit of prefill compute time
-against the uncached prompt tokens n over c cached ones (scipy, non-negative, robust loss):
+disaggregated + KV transfer + the decode worker's queue + its first decode step (each from its own leg).
+`analyze_ttft(store)` reports, per model, the median share of each component and the one that dominates, per
+model and time bucket the TTFT p50/p99, and per engine a fit of prefill compute time against the uncached
+prompt tokens n over c cached ones (scipy, non-negative, robust loss):
 
     t ≈ a + b·n + q·(n·c + n²/2)        (linear layers; attention's quadratic term)
 
