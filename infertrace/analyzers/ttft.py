@@ -21,6 +21,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from infertrace.analyzers import materialize_once, query_text
+from infertrace.analyzers.disaggregation import DisaggregationAnalysis, analyze_disaggregation
 from infertrace.store.store import Store
 
 COMPONENTS = ("gateway_ns", "queue_ns", "prefill_compute_ns", "prefill_wait_ns", "kv_transfer_ns", "decode_queue_ns",
@@ -67,6 +68,7 @@ class TtftAnalysis:
     models: tuple[TtftBreakdown, ...]
     fits: tuple[PrefillFit, ...]
     buckets: tuple[TtftBucket, ...]
+    disaggregation: DisaggregationAnalysis  # P/D models' transfer and legs; GPU prefill host for CPU-only hosts
 
 
 def fit_prefill(instance: str, model: str | None, uncached: np.ndarray, cached: np.ndarray,
@@ -117,4 +119,4 @@ def analyze_ttft(store: Store, bucket_s: float = 60.0) -> TtftAnalysis:
         grouped = df.groupby(["model", "bucket"], sort=True)["client_ttft_ns"]
         stats = pd.DataFrame({"n": grouped.size(), "p50": grouped.quantile(0.5), "p99": grouped.quantile(0.99)})
         buckets = [TtftBucket(str(m), int(b), int(r.n), int(r.p50), int(r.p99)) for (m, b), r in stats.iterrows()]
-    return TtftAnalysis(tuple(models), tuple(fits), tuple(buckets))
+    return TtftAnalysis(tuple(models), tuple(fits), tuple(buckets), analyze_disaggregation(store))
