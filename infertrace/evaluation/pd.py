@@ -55,8 +55,8 @@ def evaluate_pd(bank: str | Path) -> dict[str, Any]:
 
 
 def render_pd(section: dict[str, Any]) -> str:
-    lines = [f"P/D recommendations: {section['within_tolerance']} of {section['cases']} scenarios quote the GPU prefill "
-             f"host's TTFT p50 within {section['tolerance']:.0%} of the disaggregated simulation"]
+    lines = [f"P/D recommendations: {section['within_tolerance']} of {section['cases']} scenarios quote the GPU "
+             f"prefill host's TTFT p50 within {section['tolerance']:.0%} of the disaggregated simulation"]
     for r in section["scenarios"]:
         lines.append(f"  {r['scenario']}: measured {r['measured_ttft_p50_ms']} ms, quoted {r['quoted_ttft_p50_ms']} ms"
                      f", error {r['relative_error']}" + (f" ({r['why']})" if r["why"] else ""))
