@@ -8,10 +8,11 @@ For each model served colocated on a CPU-only host (hardware whose "device" is t
 prompt there is prefilled at the host's few TFLOP/s, so long prompts take minutes and queue behind each other.
 The fix is a GPU prefill host in front of it: prefill there, move the KV over a link, decode on the CPU host.
 `gpu_prefill_estimates` predicts, per such model, the client TTFT with that fix, from each request's own
-gateway time and prompt, the roofline prefill time on the GPU (`roofline.prefill_step_seconds`), the KV
-transfer over the link (`2·layers·kv_heads·head_dim·dtype_bytes` bytes per prompt token at the link's
-bandwidth, plus its latency), the wait at the GPU host (M/D/1 at the observed arrival rate and mean prefill
-time) and one decode step of the CPU host (the median of its decode-only steps).
+gateway time and prompt: the roofline prefill time on the GPU (`roofline.prefill_step_seconds`), the wait at
+the GPU host (its prefills one after another in arrival order, at the requests' observed arrival times: a
+FIFO queue, Lindley's recursion), the KV transfer over the link (`2·layers·kv_heads·head_dim·dtype_bytes` bytes
+per prompt token at the link's bandwidth, plus its latency) and one decode step of the CPU host at the
+request's context (the roofline: every weight and the request's KV read once from host memory).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from infertrace.analyzers import query_text
-from infertrace.analyzers.roofline import HARDWARE, MODELS, Accelerator, ModelShape, prefill_step_seconds
+from infertrace.analyzers.roofline import (
+    HARDWARE,
+    MODELS,
+    Accelerator,
+    Efficiency,
+    ModelShape,
+    prefill_step_seconds,
+)
 from infertrace.store.store import Store
 
 GPU_PREFILL_HARDWARE = "L4"
@@ -57,10 +65,10 @@ class GpuPrefillEstimate:
     link_latency_ms: float
     predicted_ttft_p50_ns: int | None  # None: the GPU host would saturate too (utilization ≥ 1)
     predicted_prefill_p50_ns: int  # on the GPU, without queueing
-    predicted_wait_ns: int | None  # mean wait at the GPU host (M/D/1)
+    predicted_wait_ns: int | None  # median wait at the GPU host (FIFO at the observed arrivals)
     gpu_utilization: float
     kv_transfer_p50_ns: int
-    decode_step_ns: int  # the CPU host's median decode-only step: the first decode after the transfer
+    decode_step_ns: int  # the CPU host's decode step at the median request's context: the first decode
     prefill_saved_p50_ns: int  # observed queue + prefill − predicted wait + prefill, at the median request
 
 
@@ -95,6 +103,26 @@ def disaggregated_models(store: Store) -> tuple[DisaggregatedModel, ...]:
     return tuple(out)
 
 
+def decode_step_seconds(model: ModelShape, hw: Accelerator, context: int, eff: Efficiency | None = None) -> float:
+    """One decode step of one sequence at `context` tokens: every weight and the sequence's KV read once."""
+    e = eff or Efficiency()
+    weights = model.bytes_per_weight * (model.attention_params + model.num_experts * model.expert_params
+                                        + model.head_params)
+    return (weights + model.kv_bytes_per_token * context) / (hw.mem_bandwidth * e.memory) + e.step_overhead_s
+
+
+def fifo_waits(arrival_ns: np.ndarray, service_ns: np.ndarray) -> np.ndarray:
+    """Each job's wait at one server taking them in arrival order (Lindley's recursion)."""
+    order = np.argsort(arrival_ns, kind="stable")
+    waits = np.zeros(len(arrival_ns))
+    free = -np.inf
+    for i in order:
+        start = max(float(arrival_ns[i]), free)
+        waits[i] = start - float(arrival_ns[i])
+        free = start + float(service_ns[i])
+    return waits
+
+
 def cpu_only(hw: Accelerator) -> bool:
     """The accelerator is the host itself: no host link to a device."""
     return hw.host_link_bandwidth == 0
@@ -111,32 +139,28 @@ def gpu_prefill_estimates(store: Store, gpu: str = GPU_PREFILL_HARDWARE, link_gb
         if hw is None or not cpu_only(hw):
             continue
         spec: ModelShape | None = MODELS.get(str(model))
-        steps = part["decode_step_ns"].dropna()
         if spec is None:
             skipped.append(f"{instance}: model {model} has no shape in the roofline table")
-            continue
-        if steps.empty:
-            skipped.append(f"{instance}: no decode-only step spans, so no decode step time")
             continue
         n = len(part)
         uncached = (part["input_tokens"] - part["cached_tokens"].fillna(0)).clip(lower=1).to_numpy(dtype=int)
         service = np.array([prefill_step_seconds(spec, gpu_hw, int(u)) for u in uncached]) * 1e9
-        span_ns = float(part["arrival_ns"].max() - part["arrival_ns"].min())
-        rate = (n - 1) / span_ns if n > 1 and span_ns > 0 else 0.0  # arrivals per ns
-        utilization = float(rate * service.mean())
-        wait = utilization * service.mean() / (2 * (1 - utilization)) if utilization < 1 else None
-        transfer = spec.kv_bytes_per_token * part["input_tokens"].to_numpy(dtype=float) / (link_gb_s * 1e9) * 1e9 \
-            + link_latency_ms * 1e6
-        decode_step = float(steps.iloc[0])
+        arrival = part["arrival_ns"].to_numpy(dtype=np.int64)
+        span_ns = float(arrival.max() - arrival.min())
+        utilization = float(service[1:].sum() / span_ns) if n > 1 and span_ns > 0 else 0.0
+        wait = fifo_waits(arrival, service)
+        inputs = part["input_tokens"].to_numpy(dtype=float)
+        transfer = spec.kv_bytes_per_token * inputs / (link_gb_s * 1e9) * 1e9 + link_latency_ms * 1e6
+        decode = np.array([decode_step_seconds(spec, hw, int(c)) for c in inputs]) * 1e9
         gateway = part["gateway_ns"].fillna(0).to_numpy(dtype=float)
         observed_prefill = (part["queue_ns"] + part["prefill_ns"]).to_numpy(dtype=float)
-        predicted = None if wait is None else gateway + wait + service + transfer + decode_step
+        predicted = gateway + wait + service + transfer + decode
         estimates.append(GpuPrefillEstimate(
             str(model), str(instance), str(hardware), n, int(np.median(part["client_ttft_ns"])),
             int(np.median(observed_prefill)), gpu, link_gb_s, link_latency_ms,
-            None if predicted is None else int(np.median(predicted)), int(np.median(service)),
-            None if wait is None else int(wait), round(utilization, 4), int(np.median(transfer)), int(decode_step),
-            int(np.median(observed_prefill - (wait or 0.0) - service))))
+            None if utilization >= 1 else int(np.median(predicted)), int(np.median(service)),
+            int(np.median(wait)), round(utilization, 4), int(np.median(transfer)), int(np.median(decode)),
+            int(np.median(observed_prefill - wait - service))))
     return tuple(estimates), tuple(skipped)
 
 
