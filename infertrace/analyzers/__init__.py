@@ -13,6 +13,9 @@ render what they return.
   prefills) and KV transfer; a fit of prefill time against prompt length per engine.
 - `prefix_cache.analyze_prefix_cache`: prefix-cache hit rates, cache-busting tenants, billed-token savings.
 - `roofline.analyze_prefill_roofline`: prefill throughput against the hardware roofline.
+- `disaggregation.analyze_disaggregation`: prefill/decode disaggregated models (KV transfer, unmatched legs) and
+  the TTFT a GPU prefill host would give an engine on a CPU-only host (part of the TTFT analysis).
+- `pools.pools`: each disaggregated model's prefill and decode pools, as root-cause candidates.
 """
 
 from __future__ import annotations
