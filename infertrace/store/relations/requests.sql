@@ -30,7 +30,8 @@
 --   worker's one-token recompute),
 --   A request with only a prefill leg has no first_token_ns, ttft, decode_ns nor output_tokens.
 --   leg_problem (NULL when the legs make one whole request; else why they do not: 'decode leg without a
---   prefill leg', 'prefill leg without a decode leg', 'several legs of one role' — such rows are kept, with
+--   prefill leg', 'prefill leg without a decode leg' (and it did not fail there: a request that failed on its
+--   prefill worker never reaches a decode worker), 'several legs of one role' — such rows are kept, with
 --   the phases that can be known).
 -- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
 -- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
@@ -98,7 +99,7 @@ joined AS (
              WHEN c.prefills > 1 OR c.decodes > 1 OR c.colocated > 1 OR (c.colocated > 0 AND c.legs > 1)
                  THEN 'several legs of one role'
              WHEN c.prefills = 0 THEN 'decode leg without a prefill leg'
-             WHEN c.decodes = 0 THEN 'prefill leg without a decode leg'
+             WHEN c.decodes = 0 AND NOT c.any_error THEN 'prefill leg without a decode leg'
         END AS leg_problem
     FROM counts c
 )
