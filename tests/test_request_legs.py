@@ -239,3 +239,33 @@ def test_a_decode_leg_without_its_prefill_leg_is_kept_and_says_so(runs: dict[str
         assert client_ttft_ns > 0  # the gateway still dates the client's wait
     assert dict(zip(breakdown["phase"], breakdown["requests"], strict=True))[
         "unmatched legs: decode leg without a prefill leg"] == 3
+
+
+def test_the_report_counts_a_disaggregated_request_once_in_slo_and_ttft(runs: dict[str, Run]) -> None:
+    from infertrace.report.model import ReportOptions, build_report
+
+    with Store.open(runs["disaggregated"].store) as store:
+        doc = build_report(store, ReportOptions(sections=("slo", "ttft")))
+        gateway = dict(store.sql("SELECT model, count(*) FROM component_calls WHERE component = 'gateway' "
+                                 "GROUP BY model").fetchall())
+    slo = {m["model"]: m for m in doc["sections"]["slo"]["models"]}
+    for model, n in gateway.items():
+        assert slo[model]["engine_requests"] == slo[model]["gateway_requests"] == n
+    [pd] = doc["sections"]["ttft"]["disaggregated"]
+    assert (pd["model"], pd["requests"], pd["unmatched"], pd["links"]) == ("llama-3-8b", gateway["llama-3-8b"], {},
+                                                                          ["dc1-dc2"])
+    assert 0 < pd["kv_share_of_ttft"] < 1
+    shares = {m["model"]: m["shares"] for m in doc["sections"]["ttft"]["models"]}
+    assert shares["llama-3-8b"]["kv_transfer"] > 0 and shares["qwen-2.5-1.5b"]["kv_transfer"] == 0
+
+
+def test_each_disaggregated_models_prefill_and_decode_pools_are_rca_candidates(runs: dict[str, Run]) -> None:
+    from infertrace.analyzers.candidates import RcaInputs, candidates
+
+    with Store.open(runs["disaggregated"].store) as store:
+        inputs = RcaInputs.load(store)
+    found = {c.id: c.instances for c in candidates(inputs.topology)}
+    assert found["llama-3-8b prefill pool"] == ("llama-3-8b-prefill-0",)
+    assert found["llama-3-8b decode pool"] == ("llama-3-8b-decode-0", "llama-3-8b-decode-1")
+    assert found["dc1-dc2"] == ("dc1-dc2",)
+    assert not any(k.startswith("qwen-2.5-1.5b") and k.endswith("pool") for k in found)  # colocated: no pools
