@@ -269,3 +269,41 @@ def test_each_disaggregated_models_prefill_and_decode_pools_are_rca_candidates(r
     assert found["llama-3-8b decode pool"] == ("llama-3-8b-decode-0", "llama-3-8b-decode-1")
     assert found["dc1-dc2"] == ("dc1-dc2",)
     assert not any(k.startswith("qwen-2.5-1.5b") and k.endswith("pool") for k in found)  # colocated: no pools
+
+
+def test_vllm_legs_behind_a_pd_proxy_are_joined_by_their_timing_and_counted_once(runs: dict[str, Run],
+                                                                                tmp_path: Path) -> None:
+    """vLLM's `llm_request` spans say nothing of P/D: two legs in one trace, the first with one output token
+    ending before the second arrives, are the prefill and the decode leg (docs/sources.md)."""
+    from typer.testing import CliRunner
+
+    from infertrace.cli import app
+
+    traces = tmp_path / "vllm.jsonl"
+    result = CliRunner().invoke(app, ["simulate", "--fleet", str(ROOT / "examples" / "fleets" / "disaggregated.toml"),
+                                      "--telemetry", "vllm-v1", "--duration", "30", "--seed", "1", "--out",
+                                      str(traces)])
+    assert result.exit_code == 0, result.output
+    ingest_paths(tmp_path / "store", [traces])
+    with Store.open(tmp_path / "store") as store:
+        rows = store.sql("""
+            SELECT request_id, serving, leg_roles, leg_problem, kv_transfer_ns, client_ttft_ns,
+                   gateway_ns + queue_ns + prefill_ns + coalesce(kv_transfer_ns, 0) + coalesce(decode_queue_ns, 0)
+                       + coalesce(first_decode_ns, 0) AS phases
+            FROM requests WHERE model = 'llama-3-8b'""").df().set_index("request_id")
+        legs = set(store.sql("SELECT DISTINCT role FROM request_legs").fetchall())
+    assert legs == {("colocated",)}  # vLLM declares no role: the legs' own relation says so
+    truth = runs["disaggregated"].truth
+    expected = {r for r, legs_of in truth.legs.items() if "decode" in legs_of}
+    assert set(rows.index) == expected
+    assert (rows["serving"] == "disaggregated").all() and (rows["leg_roles"] == "inferred").all()
+    assert rows["leg_problem"].isna().all()
+    assert ((rows["phases"] - rows["client_ttft_ns"]).abs() <= 1_000_000).all()
+    # The same simulation, seen through vLLM's spans: they start at the API server and time the request on its
+    # clock, so each leg's edges move by the frontend's latency (a few ms): the gap between the legs is the
+    # engines' transfer within that.
+    errors = []
+    for request_id, row in rows.iterrows():
+        prefill, decode = truth.legs[request_id]["prefill"], truth.legs[request_id]["decode"]
+        errors.append(abs(row["kv_transfer_ns"] - (decode.arrival_ns - prefill.token_ns[-1])))
+    assert max(errors) <= 5_000_000, max(errors)

@@ -33,6 +33,9 @@
 --   prefill leg', 'prefill leg without a decode leg' (and it did not fail there: a request that failed on its
 --   prefill worker never reaches a decode worker), 'several legs of one role' — such rows are kept, with
 --   the phases that can be known).
+--   leg_roles (disaggregated: 'declared' when the engines' resources (or SGLang's span names) say which leg is
+--   which; 'inferred' when a trace held exactly two legs that declared nothing, the first generating one token
+--   and ending before the second arrived, as behind vLLM's P/D proxy; NULL when colocated).
 -- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
 -- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
 -- gateway_ns + queue_ns + prefill_ns = client_ttft_ns for a colocated one.
@@ -40,13 +43,38 @@
 -- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
 -- otherwise legs are matched on (trace, request id).
 WITH
+ordered AS (
+    SELECT
+        l.*,
+        count(*) OVER (PARTITION BY l.trace_id) AS trace_legs,
+        count(*) FILTER (WHERE l.role = 'colocated') OVER (PARTITION BY l.trace_id) AS trace_undeclared,
+        row_number() OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS position,
+        lead(l.arrival_ns) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS next_arrival_ns,
+        lag(l.output_tokens) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS previous_output,
+        lag(l.finish_ns) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS previous_finish_ns
+    FROM request_legs l
+),
+-- A trace of exactly two legs whose engines declare no role (vLLM's `llm_request` spans behind a P/D proxy): the
+-- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
+-- prefill request with max_tokens 1, then the decode request).
+inferred AS (
+    SELECT * REPLACE (
+        CASE WHEN trace_legs = 2 AND trace_undeclared = 2 AND position = 1 AND output_tokens = 1
+                  AND finish_ns <= next_arrival_ns THEN 'prefill'
+             WHEN trace_legs = 2 AND trace_undeclared = 2 AND position = 2 AND previous_output = 1
+                  AND previous_finish_ns <= arrival_ns THEN 'decode'
+             ELSE role END AS role),
+        trace_legs = 2 AND trace_undeclared = 2 AND role = 'colocated' AS undeclared
+    FROM ordered
+),
 legs AS (
     SELECT
         l.*,
+        bool_or(l.undeclared AND l.role <> 'colocated') OVER (PARTITION BY l.trace_id) AS roles_inferred,
         count(*) FILTER (WHERE l.role = 'prefill') OVER (PARTITION BY l.trace_id) AS trace_prefills,
         count(*) FILTER (WHERE l.role = 'decode') OVER (PARTITION BY l.trace_id) AS trace_decodes,
         count(*) FILTER (WHERE l.role = 'colocated') OVER (PARTITION BY l.trace_id) AS trace_colocated
-    FROM request_legs l
+    FROM inferred l
 ),
 keyed AS (
     SELECT *,
@@ -61,6 +89,7 @@ counts AS (
         count(*) FILTER (WHERE role = 'prefill') AS prefills,
         count(*) FILTER (WHERE role = 'decode') AS decodes,
         count(*) FILTER (WHERE role = 'colocated') AS colocated,
+        bool_or(roles_inferred) AS roles_inferred,
         sum(preemptions)::BIGINT AS all_preemptions,
         max(status_code) AS all_status_code,
         bool_or(outcome = 'error') AS any_error
@@ -155,7 +184,9 @@ SELECT
     i.arrival_ns - gw.gateway_start_ns AS gateway_ns,
     CASE WHEN j.disaggregated THEN o.queue_ns END AS decode_queue_ns,
     CASE WHEN j.disaggregated THEN o.first_token_ns - o.scheduled_ns END AS first_decode_ns,
-    j.leg_problem
+    j.leg_problem,
+    CASE WHEN j.prefills + j.decodes = 0 THEN NULL
+         WHEN j.roles_inferred THEN 'inferred' ELSE 'declared' END AS leg_roles
 FROM joined j
 JOIN out_leg o ON o.request_key = j.request_key
 JOIN in_leg i ON i.request_key = j.request_key
