@@ -28,7 +28,6 @@
 --   to arrival at the first engine: auth, rate limit, global queue, route), decode_queue_ns (arrival at the
 --   decode worker to its first scheduling), first_decode_ns (that scheduling to the first token: the decode
 --   worker's one-token recompute),
---   A request with only a prefill leg has no first_token_ns, ttft, decode_ns nor output_tokens.
 --   leg_problem (NULL when the legs make one whole request; else why they do not: 'decode leg without a
 --   prefill leg', 'prefill leg without a decode leg' (and it did not fail there: a request that failed on its
 --   prefill worker never reaches a decode worker), 'several legs of one role' — such rows are kept, with
@@ -36,6 +35,7 @@
 --   leg_roles (disaggregated: 'declared' when the engines' resources (or SGLang's span names) say which leg is
 --   which; 'inferred' when a trace held exactly two legs that declared nothing, the first generating one token
 --   and ending before the second arrived, as behind vLLM's P/D proxy; NULL when colocated).
+--   A request with only a prefill leg has no first_token_ns, ttft, decode_ns nor output_tokens.
 -- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
 -- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
 -- gateway_ns + queue_ns + prefill_ns = client_ttft_ns for a colocated one.
