@@ -43,44 +43,38 @@
 -- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
 -- otherwise legs are matched on (trace, request id).
 WITH
-ordered AS (
+trace_legs AS MATERIALIZED (
     SELECT
         l.*,
-        count(*) OVER (PARTITION BY l.trace_id) AS trace_legs,
-        count(*) FILTER (WHERE l.role = 'colocated') OVER (PARTITION BY l.trace_id) AS trace_undeclared,
-        row_number() OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS position,
-        lead(l.arrival_ns) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS next_arrival_ns,
-        lag(l.output_tokens) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS previous_output,
-        lag(l.finish_ns) OVER (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id) AS previous_finish_ns
+        count(*) OVER t AS trace_legs,
+        count(*) FILTER (WHERE l.role = 'prefill') OVER t AS declared_prefills,
+        count(*) FILTER (WHERE l.role = 'decode') OVER t AS declared_decodes,
+        count(*) FILTER (WHERE l.role = 'colocated') OVER t AS declared_colocated,
+        row_number() OVER o AS position,
+        first_value(l.output_tokens) OVER o AS first_output,
+        first_value(l.finish_ns) OVER o AS first_finish_ns,
+        last_value(l.arrival_ns) OVER t_all AS last_arrival_ns
     FROM request_legs l
+    WINDOW t AS (PARTITION BY l.trace_id),
+           o AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id),
+           t_all AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ),
 -- A trace of exactly two legs whose engines declare no role (vLLM's `llm_request` spans behind a P/D proxy): the
 -- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
 -- prefill request with max_tokens 1, then the decode request).
-inferred AS (
-    SELECT * REPLACE (
-        CASE WHEN trace_legs = 2 AND trace_undeclared = 2 AND position = 1 AND output_tokens = 1
-                  AND finish_ns <= next_arrival_ns THEN 'prefill'
-             WHEN trace_legs = 2 AND trace_undeclared = 2 AND position = 2 AND previous_output = 1
-                  AND previous_finish_ns <= arrival_ns THEN 'decode'
-             ELSE role END AS role),
-        trace_legs = 2 AND trace_undeclared = 2 AND role = 'colocated' AS undeclared
-    FROM ordered
-),
-legs AS (
-    SELECT
-        l.*,
-        bool_or(l.undeclared AND l.role <> 'colocated') OVER (PARTITION BY l.trace_id) AS roles_inferred,
-        count(*) FILTER (WHERE l.role = 'prefill') OVER (PARTITION BY l.trace_id) AS trace_prefills,
-        count(*) FILTER (WHERE l.role = 'decode') OVER (PARTITION BY l.trace_id) AS trace_decodes,
-        count(*) FILTER (WHERE l.role = 'colocated') OVER (PARTITION BY l.trace_id) AS trace_colocated
-    FROM inferred l
+paired AS (
+    SELECT *,
+           trace_legs = 2 AND declared_colocated = 2 AND first_output = 1 AND first_finish_ns <= last_arrival_ns
+               AS roles_inferred
+    FROM trace_legs
 ),
 keyed AS (
-    SELECT *,
-           CASE WHEN trace_colocated = 0 AND trace_prefills <= 1 AND trace_decodes <= 1 THEN trace_id
-                ELSE trace_id || '/' || request_id END AS request_key
-    FROM legs
+    SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE position WHEN 1 THEN 'prefill' ELSE 'decode' END
+                           ELSE role END AS role),
+           CASE WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
+                THEN trace_id ELSE trace_id || '/' || request_id END AS request_key
+    FROM paired
 ),
 counts AS (
     SELECT
@@ -112,13 +106,17 @@ in_leg AS (
     QUALIFY row_number() OVER (PARTITION BY request_key
                                ORDER BY role = 'prefill' DESC, role = 'colocated' DESC, arrival_ns, span_id) = 1
 ),
+calls AS MATERIALIZED (
+    SELECT component, trace_id, request_id, start_ns, kv_link, kv_bytes
+    FROM component_calls WHERE component IN ('gateway', 'kv_transfer')
+),
 gateway AS (
     SELECT trace_id, min(start_ns) AS gateway_start_ns
-    FROM component_calls WHERE component = 'gateway' GROUP BY trace_id
+    FROM calls WHERE component = 'gateway' GROUP BY trace_id
 ),
 kv AS (
     SELECT trace_id, request_id, any_value(kv_link) AS kv_link, sum(kv_bytes)::BIGINT AS kv_bytes
-    FROM component_calls WHERE component = 'kv_transfer' GROUP BY ALL
+    FROM calls WHERE component = 'kv_transfer' GROUP BY ALL
 ),
 joined AS (
     SELECT
