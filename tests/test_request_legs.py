@@ -201,6 +201,11 @@ def test_the_ttft_breakdown_query_counts_each_request_once_with_every_phase(runs
     assert list(phases) == ["gateway", "prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_decode",
                             "ttft_engine", "ttft_client"]
     assert set(phases.values()) == {n}
+    with Store.open(runs["cpu_decode"].store) as store:
+        share = run_query(store, "pd_ttft_transfer_share", {})
+        expected = store.sql("SELECT sum(kv_transfer_ns) / sum(client_ttft_ns) FROM requests").fetchall()[0][0]
+    assert share["requests"].tolist() == [n] and share["unmatched"].tolist() == [0]
+    assert share["kv_share_of_total"].iloc[0] == pytest.approx(expected, abs=1e-4)
 
 
 def _drop_prefill_legs(source: Path, target: Path, request_ids: set[str]) -> None:
