@@ -28,6 +28,7 @@ pages = [
     st.Page(VIEWS / "itl_spikes.py", title="ITL spikes", url_path="itl"),
     st.Page(VIEWS / "incidents.py", title="Incidents", url_path="incidents"),
     st.Page(VIEWS / "prefix_cache.py", title="Prefix cache", url_path="cache"),
+    st.Page(VIEWS / "disaggregation.py", title="Disaggregation", url_path="pd"),
     st.Page(VIEWS / "runbook.py", title="Runbook", url_path="runbook"),
     st.Page(VIEWS / "request.py", title="Request waterfall", url_path="request"),
     st.Page(VIEWS / "whatif.py", title="What if", url_path="whatif"),

@@ -128,6 +128,12 @@ def prefix_cache(root: str, snapshot: tuple[str, ...]) -> Any:
         return result(store, "prefix_cache")
 
 
+@st.cache_resource(max_entries=2, show_spinner="TTFT and disaggregation …")
+def ttft(root: str, snapshot: tuple[str, ...]) -> Any:
+    with reader(root, snapshot) as store:
+        return result(store, "ttft")
+
+
 @st.cache_resource(max_entries=2, show_spinner="What the store can answer …")
 def coverage(root: str, snapshot: tuple[str, ...]) -> Any:
     from infertrace.sources.capabilities import store_coverage

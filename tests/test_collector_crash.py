@@ -147,6 +147,7 @@ def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> N
     batches, spans_per_batch = 30, 50
     writing = threading.Event()
     finished = threading.Event()
+    looked = threading.Event()  # the reader finished one more snapshot
     observed: list[int] = []
     errors: list[BaseException] = []
 
@@ -160,6 +161,7 @@ def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> N
                     rows = s.sql("SELECT count(*) FROM requests").fetchall()[0][0]
                     assert spans == rows
                     observed.append(spans)
+                    looked.set()
         except BaseException as e:
             errors.append(e)
 
@@ -172,6 +174,9 @@ def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> N
                               timeout=10)
             assert r.status_code == 200
             time.sleep(0.01)
+            if b % 5 == 4:  # let the reader take a snapshot mid-write however slow its queries are on this machine
+                looked.clear()
+                looked.wait(30)
     finally:
         finished.set()
         thread.join(30)

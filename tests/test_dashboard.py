@@ -276,3 +276,21 @@ def test_pages_refresh_when_new_segments_arrive(tmp_path: Path, monkeypatch: pyt
         summary = slo_summary(opened)
     assert list(after["requests"]) == [m.gateway_requests for m in summary.models]
     assert after["requests"].sum() > before["requests"].sum()
+
+
+def test_disaggregation_page_counts_each_request_once_with_its_transfer_and_pools(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sample = sample_store("kv_transfer_congestion")
+    at = app(sample.store, monkeypatch, "views/disaggregation.py")
+    models = frame(at, "kv share of ttft")
+    with Store.open(sample.store) as store:
+        counts = dict(store.sql("SELECT model, count(*) FROM requests WHERE serving = 'disaggregated' "
+                                "GROUP BY model").fetchall())
+        transferred = store.sql("SELECT count(*) FROM requests WHERE kv_transfer_ns IS NOT NULL").fetchall()[0][0]
+        gateway = dict(store.sql("SELECT model, count(*) FROM component_calls WHERE component = 'gateway' "
+                                 "GROUP BY model").fetchall())
+    assert dict(zip(models["model"], models["requests"], strict=True)) == counts
+    assert all(counts[m] == gateway[m] for m in counts)
+    pools = frame(at, "pool")
+    assert {"prefill", "decode"} <= set(pools["pool"])
+    assert frame(at, "size_from_mb")["transfers"].sum() == transferred > 0.9 * sum(counts.values())

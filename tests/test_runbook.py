@@ -59,7 +59,7 @@ def test_every_query_runs_on_a_real_store_and_most_return_rows(demo: Store) -> N
         if frame.empty:
             empty.append(q.name)
     # the demo fleet is not disaggregated (no KV transfers) and its KV cache never runs out (no preemptions)
-    assert set(empty) <= {"kv_transfer_by_link", "preemptions"}, empty
+    assert set(empty) <= {"kv_transfer_by_link", "kv_transfer_by_size", "pd_ttft_transfer_share", "preemptions"}, empty
 
 
 def test_slowest_requests_returns_exactly_the_top_ttfts_of_the_requests_relation(demo: Store) -> None:

@@ -349,10 +349,11 @@ def test_a_tenant_scoped_latency_blip_slows_only_that_tenants_calls(tmp_path: Pa
 
 
 def test_the_bank_draws_every_family_and_is_reproducible() -> None:
-    first, again = bank(11, 24, 300.0), bank(11, 24, 300.0)
+    count = 2 * len(FAMILIES)
+    first, again = bank(11, count, 300.0), bank(11, count, 300.0)
     assert first == again
     assert Counter(s.family for s in first) == dict.fromkeys(FAMILIES, 2)
-    assert len({(s.fleet.model_names, repr(s.fault)) for s in first}) == 24
+    assert len({(s.fleet.model_names, repr(s.fault), repr(s.fleet.tenants)) for s in first}) == count
     windows = [s.window_s for s in first if s.window_s is not None]
     assert all(30 < a < b <= 300 * 0.92 + 1e-9 for a, b in windows)
 

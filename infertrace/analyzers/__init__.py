@@ -13,6 +13,9 @@ render what they return.
   prefills) and KV transfer; a fit of prefill time against prompt length per engine.
 - `prefix_cache.analyze_prefix_cache`: prefix-cache hit rates, cache-busting tenants, billed-token savings.
 - `roofline.analyze_prefill_roofline`: prefill throughput against the hardware roofline.
+- `disaggregation.analyze_disaggregation`: prefill/decode disaggregated models (KV transfer, unmatched legs) and
+  the TTFT a GPU prefill host would give an engine on a CPU-only host (part of the TTFT analysis).
+- `pools.pools`: each disaggregated model's prefill and decode pools, as root-cause candidates.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ def query_text(name: str) -> str:
 def materialize_once(store: Store, names: tuple[str, ...]) -> None:
     """Computes the named derived relations into temporary tables of the store's connection, unless they
     already are: several analyzers over one snapshot then read each relation once."""
+    from infertrace.store.store import READS
+
     done = {row[0] for row in store.con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
-    missing = tuple(n for n in names if f"{n}_m" not in done)
+    wanted = dict.fromkeys(r for n in names for r in (*READS.get(n, ()), n))  # what they read first
+    missing = tuple(n for n in wanted if f"{n}_m" not in done)
     if missing:
         store.materialize(missing)

@@ -1,7 +1,8 @@
 """The candidate causes of an incident and what their own telemetry says.
 
 Candidates are every component instance the traces show (auth, rate limiter, router, global queue, KV link),
-each model's engines (all its replicas and workers together), and each tenant's traffic (load). A candidate's
+each model's engines (all its replicas and workers together), each disaggregated model's prefill and decode
+pools (`pools.py`), and each tenant's traffic (load). A candidate's
 own signals (`signals.py`) compare a window of the incident with a baseline before it (`Window`); its onset is
 where its main signal started to rise (`changepoint.trend_onset`).
 
@@ -21,6 +22,7 @@ from infertrace.analyzers import materialize_once, query_text
 from infertrace.analyzers.anomalies import _clock, load_requests
 from infertrace.analyzers.blame import COMPONENT_WORDS
 from infertrace.analyzers.changepoint import trend_onset
+from infertrace.analyzers.pools import pools
 from infertrace.analyzers.signals import (
     Signal,
     rate_signal,
@@ -167,6 +169,7 @@ def candidates(topology: Topology, requests: pd.DataFrame | None = None) -> list
         engines = topology.engines(model)
         if engines:
             out.append(Candidate(f"{model} engines", "engines", engines, (model,)))
+    out += [Candidate(p.id, "engines", p.instances, (p.model,)) for p in pools(topology)]
     if requests is not None and len(requests):
         for tenant in sorted(requests["tenant"].dropna().unique()):
             models = tuple(sorted(requests.loc[requests["tenant"] == tenant, "model"].dropna().unique()))

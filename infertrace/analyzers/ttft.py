@@ -1,10 +1,11 @@
 """TTFT decomposition and prefill scaling.
 
 Time to first token is gateway (auth, rate limit, route, global queue) + engine queue + prefill (its own
-chunks' steps, and the waits between chunks behind other prefills) + KV transfer when prefill and decode
-are disaggregated. `analyze_ttft(store)` reports, per model, the median share of each component and the one
-that dominates, per model and time bucket the TTFT p50/p99, and per engine a fit of prefill compute time
-against the uncached prompt tokens n over c cached ones (scipy, non-negative, robust loss):
+chunks' steps, and the waits between chunks behind other prefills), and when prefill and decode are
+disaggregated + KV transfer + the decode worker's queue + its first decode step (each from its own leg).
+`analyze_ttft(store)` reports, per model, the median share of each component and the one that dominates, per
+model and time bucket the TTFT p50/p99, and per engine a fit of prefill compute time against the uncached
+prompt tokens n over c cached ones (scipy, non-negative, robust loss):
 
     t ≈ a + b·n + q·(n·c + n²/2)        (linear layers; attention's quadratic term)
 
@@ -20,9 +21,11 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from infertrace.analyzers import materialize_once, query_text
+from infertrace.analyzers.disaggregation import DisaggregationAnalysis, analyze_disaggregation
 from infertrace.store.store import Store
 
-COMPONENTS = ("gateway_ns", "queue_ns", "prefill_compute_ns", "prefill_wait_ns", "kv_transfer_ns")
+COMPONENTS = ("gateway_ns", "queue_ns", "prefill_compute_ns", "prefill_wait_ns", "kv_transfer_ns", "decode_queue_ns",
+              "first_decode_ns")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class TtftAnalysis:
     models: tuple[TtftBreakdown, ...]
     fits: tuple[PrefillFit, ...]
     buckets: tuple[TtftBucket, ...]
+    disaggregation: DisaggregationAnalysis  # P/D models' transfer and legs; GPU prefill host for CPU-only hosts
 
 
 def fit_prefill(instance: str, model: str | None, uncached: np.ndarray, cached: np.ndarray,
@@ -115,4 +119,4 @@ def analyze_ttft(store: Store, bucket_s: float = 60.0) -> TtftAnalysis:
         grouped = df.groupby(["model", "bucket"], sort=True)["client_ttft_ns"]
         stats = pd.DataFrame({"n": grouped.size(), "p50": grouped.quantile(0.5), "p99": grouped.quantile(0.99)})
         buckets = [TtftBucket(str(m), int(b), int(r.n), int(r.p50), int(r.p99)) for (m, b), r in stats.iterrows()]
-    return TtftAnalysis(tuple(models), tuple(fits), tuple(buckets))
+    return TtftAnalysis(tuple(models), tuple(fits), tuple(buckets), analyze_disaggregation(store))

@@ -89,8 +89,21 @@ def _render_rca(section: dict[str, Any]) -> str:
     return render_rca(section)
 
 
+def _pd(bank: Path) -> dict[str, Any]:
+    from infertrace.evaluation.pd import evaluate_pd
+
+    return evaluate_pd(bank)
+
+
+def _render_pd(section: dict[str, Any]) -> str:
+    from infertrace.evaluation.pd import render_pd
+
+    return render_pd(section)
+
+
 # Section name → (evaluator over a bank directory, table renderer of its result).
 EVALUATORS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "itl": (_itl, _render_itl),
     "rca": (_rca, _render_rca),
+    "pd": (_pd, _render_pd),
 }

@@ -153,7 +153,7 @@ def _itl(section: dict[str, Any]) -> list[Block]:
 
 
 def _ttft(section: dict[str, Any]) -> list[Block]:
-    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer")
+    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer", "decode_queue", "first_decode")
     blocks: list[Block] = [Paragraph("Share of summed TTFT per component, and the dominant one (TTFT from the "
                                      "gateway).")]
     blocks.append(Table(("model", "requests", "ttft p50 ms", "ttft p99 ms", *components, "dominant"),
@@ -166,6 +166,28 @@ def _ttft(section: dict[str, Any]) -> list[Block]:
                         tuple((f["instance"], f["model"], f["requests"], f["intercept_ms"], f["us_per_token"],
                                f["ns_per_attention_pair"], f["tokens_per_s"], f["median_relative_error"])
                               for f in section["prefill_fits"])))
+    if section["disaggregated"]:
+        blocks.append(Paragraph("Disaggregated models (each request once, its prefill and decode legs joined; "
+                                "unmatched legs are kept and counted): the KV transfer and its share of the client "
+                                "TTFT, the decode worker's queue and first decode."))
+        blocks.append(Table(("model", "requests", "unmatched", "kv p50 ms", "kv p99 ms", "kv share of ttft",
+                             "decode queue p50 ms", "first decode p50 ms", "links"),
+                            tuple((d["model"], d["requests"],
+                                   ", ".join(f"{n} {why}" for why, n in d["unmatched"].items()) or "0",
+                                   d["kv_transfer_p50_ms"], d["kv_transfer_p99_ms"], d["kv_share_of_ttft"],
+                                   d["decode_queue_p50_ms"], d["first_decode_p50_ms"], ", ".join(d["links"]))
+                                  for d in section["disaggregated"])))
+    if section["gpu_prefill_host"]:
+        blocks.append(Paragraph("Engines on a CPU-only host, and the TTFT predicted with a GPU prefill host in front "
+                                "(prefill there, KV over the link, decode here)."))
+        blocks.append(Table(("engine", "model", "requests", "ttft p50 ms", "prefill p50 ms", "gpu", "link GB/s",
+                             "predicted ttft p50 ms", "predicted prefill p50 ms", "gpu utilization"),
+                            tuple((g["instance"], g["model"], g["requests"], g["ttft_p50_ms"], g["prefill_p50_ms"],
+                                   g["gpu_hardware"], g["link_gb_s"], g["predicted_ttft_p50_ms"],
+                                   g["predicted_prefill_p50_ms"], g["gpu_utilization"])
+                                  for g in section["gpu_prefill_host"])))
+    for why in section["not_estimated"]:
+        blocks.append(Paragraph(f"Not estimated: {why}."))
     return blocks
 
 

@@ -313,6 +313,23 @@ def ttft_section(ttft: TtftAnalysis, options: ReportOptions) -> dict[str, Any]:
                           "tokens_per_s": _r(f.tokens_per_s, 1),
                           "median_relative_error": _r(f.median_relative_error, 4)}
                          for f in ttft.fits if keep(f.model)],
+        "disaggregated": [{"model": d.model, "requests": d.requests, "unmatched": d.unmatched,
+                           "kv_transfer_p50_ms": ms(d.kv_transfer_p50_ns),
+                           "kv_transfer_p99_ms": ms(d.kv_transfer_p99_ns),
+                           "kv_share_of_ttft": d.kv_share_of_ttft, "decode_queue_p50_ms": ms(d.decode_queue_p50_ns),
+                           "first_decode_p50_ms": ms(d.first_decode_p50_ns), "links": list(d.links)}
+                          for d in ttft.disaggregation.models if keep(d.model)],
+        "gpu_prefill_host": [{"model": g.model, "instance": g.instance, "hardware": g.hardware,
+                              "requests": g.requests, "ttft_p50_ms": ms(g.ttft_p50_ns),
+                              "prefill_p50_ms": ms(g.prefill_p50_ns), "gpu_hardware": g.gpu_hardware,
+                              "link_gb_s": g.link_gb_s, "link_latency_ms": g.link_latency_ms,
+                              "predicted_ttft_p50_ms": ms(g.predicted_ttft_p50_ns),
+                              "predicted_prefill_p50_ms": ms(g.predicted_prefill_p50_ns),
+                              "predicted_wait_ms": ms(g.predicted_wait_ns), "gpu_utilization": g.gpu_utilization,
+                              "kv_transfer_p50_ms": ms(g.kv_transfer_p50_ns), "decode_step_ms": ms(g.decode_step_ns),
+                              "prefill_saved_p50_ms": ms(g.prefill_saved_p50_ns)}
+                             for g in ttft.disaggregation.gpu_prefill if keep(g.model)],
+        "not_estimated": list(ttft.disaggregation.not_estimated),
     }
 
 
@@ -516,7 +533,7 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
             from infertrace.analyzers.itl_iterations import attribute_store_iterations, join_iterations
 
             attr, source = join_iterations(attr, attribute_store_iterations(store)), "joined"
-        models = dict(store.sql("SELECT instance, any_value(model) FROM requests GROUP BY instance").fetchall())
+        models = dict(store.sql("SELECT instance, any_value(model) FROM request_legs GROUP BY instance").fetchall())
         tenants = dict(store.sql("SELECT request_id, tenant FROM requests").fetchall()) if o.tenant else {}
         sections["itl"] = itl_request_section(attr, source, models, o, tenants)
     elif "itl" in o.sections and not coverage.step_spans and coverage.iteration_lines:

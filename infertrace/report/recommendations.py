@@ -7,6 +7,8 @@ it computes nothing new.
   traffic with that budget (`infertrace replay`), the predicted TTFT and ITL come from the replay, and say so;
 - disaggregation: with that budget the engine's ITL p99 would still exceed the model's ITL target, while
   without prefill interference it would meet it: only separating prefill from decode removes the rest;
+- GPU prefill host: the TTFT analyzer found an engine on a CPU-only host and predicts (roofline prefill on a GPU,
+  KV transfer, M/D/1 wait, one decode step of the host) the TTFT with a GPU prefill host in front of it;
 - incident: look first at the top-ranked cause of each incident, with its evidence;
 - prefill micro-batch: the roofline analyzer found an engine's micro-batch memory-bound and names a larger
   one with its predicted throughput;
@@ -78,6 +80,26 @@ def recommend(doc: dict[str, Any], whatifs: list[dict[str, Any]] | None = None) 
                            f"{clean} ms.",
                 "evidence": {**evidence, "target": target[0], "threshold": target[1]},
             })
+    for g in sections.get("ttft", {}).get("gpu_prefill_host", []):
+        if g["predicted_ttft_p50_ms"] is None or g["predicted_ttft_p50_ms"] >= g["ttft_p50_ms"]:
+            continue
+        out.append({
+            "id": f"gpu_prefill_host:{g['instance']}", "section": "ttft",
+            "action": f"Put a GPU prefill host ({g['gpu_hardware']}) in front of {g['instance']} ({g['model']}, "
+                      f"{g['hardware']}): prefill there, send the KV cache over a {g['link_gb_s']} GB/s link, keep "
+                      f"decoding on this host (prefill/decode disaggregation).",
+            "because": f"Prompts wait and prefill {g['prefill_p50_ms']} ms at the median on the CPU-only host (TTFT "
+                       f"p50 {g['ttft_p50_ms']} ms). The roofline prefills them in {g['predicted_prefill_p50_ms']} ms "
+                       f"on the {g['gpu_hardware']} (utilization {g['gpu_utilization']:.0%}, mean wait "
+                       f"{g['predicted_wait_ms']} ms); with the KV transfer ({g['kv_transfer_p50_ms']} ms) and one "
+                       f"decode step of this host ({g['decode_step_ms']} ms) the predicted TTFT p50 is "
+                       f"{g['predicted_ttft_p50_ms']} ms, saving {g['prefill_saved_p50_ms']} ms of prefill per "
+                       f"median request.",
+            "evidence": {k: g[k] for k in ("ttft_p50_ms", "prefill_p50_ms", "predicted_ttft_p50_ms",
+                                           "predicted_prefill_p50_ms", "predicted_wait_ms", "gpu_utilization",
+                                           "kv_transfer_p50_ms", "decode_step_ms", "prefill_saved_p50_ms",
+                                           "gpu_hardware", "link_gb_s")},
+        })
     for inc in sections.get("incidents", {}).get("incidents", []):
         if not inc["causes"]:
             continue

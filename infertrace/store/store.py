@@ -42,7 +42,10 @@ from infertrace.store.side_inputs import (
 from infertrace.store.values import merge_counts
 
 # Derived relations, in dependency order; each is `relations/<name>.sql`.
-RELATIONS: tuple[str, ...] = ("requests", "steps", "step_membership", "tokens", "component_calls")
+RELATIONS: tuple[str, ...] = ("request_legs", "steps", "step_membership", "tokens", "component_calls", "requests")
+# The costly relations each one reads (materialized first, so that it reads them instead of recomputing them)
+READS: dict[str, tuple[str, ...]] = {"component_calls": ("request_legs",),
+                                     "requests": ("request_legs", "component_calls")}
 # Relations of inputs that are not spans (infertrace/store/side_inputs.py): name → (directory, schema)
 SIDE_RELATIONS: dict[str, tuple[str, pa.Schema]] = {
     "client_tokens": (CLIENT_TOKENS_DIR, CLIENT_TOKENS_SCHEMA),
@@ -239,8 +242,8 @@ class Store:
 
     def materialize(self, names: Sequence[str] = RELATIONS) -> None:
         """Computes relations once into temporary tables of this connection (faster repeated queries on a
-        fixed snapshot; `refresh()` turns them back into views)."""
-        for name in names:
+        fixed snapshot; `refresh()` turns them back into views), in dependency order."""
+        for name in sorted(names, key=lambda n: RELATIONS.index(n) if n in RELATIONS else len(RELATIONS)):
             self.relation(name)
             self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name}_m AS SELECT * FROM {name}")
             self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {name}_m")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reference_engine.engine.llm_engine import EngineObserver, LLMEngine
-from reference_engine.engine.sequence import Request
+from reference_engine.engine.llm_engine import EngineObserver, LLMEngine, StepReport
+from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.fleet.config import FaultSpec, FleetSpec, fleet_to_toml
 from reference_engine.fleet.fleet import Fleet, FleetSummary
 from reference_engine.fleet.workload import fleet_requests, prefill_failures
@@ -20,6 +20,7 @@ from reference_engine.scenarios.families import FAMILIES, Scenario, engines_of, 
 from reference_engine.scenarios.ground_truth import StallRecorder, itl_truth
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.profiles import TelemetrySpec
+from reference_engine.telemetry.timeline import Timeline
 from reference_engine.workload import DEFAULT_EPOCH_NS
 
 SCHEMA = "infertrace.ground_truth/1"
@@ -63,6 +64,39 @@ def _cause_truth(cause: dict[str, Any], epoch_ns: int) -> dict[str, Any]:
     return out
 
 
+class _FirstTokens:
+    """When each request got its first token on one engine."""
+
+    def __init__(self, first: dict[str, int]) -> None:
+        self.first, self.timeline = first, Timeline(with_steps=False)
+
+    def on_step(self, report: StepReport) -> None:
+        self.timeline.on_step(report)
+
+    def on_finish(self, seq: Sequence) -> None:
+        tokens = self.timeline.pop(seq.request_id).token_ns
+        if tokens and seq.error is None:
+            self.first[seq.request_id] = tokens[0]
+
+
+def run_twin(fleet: FleetSpec, duration_s: float, seed: int, epoch_ns: int = DEFAULT_EPOCH_NS) -> dict[str, Any]:
+    """The scenario's traffic on another deployment, without spans: its client TTFT (gateway arrival to the first
+    token of the engine the client's tokens come from: a decode worker, else the engine) per request, summarised."""
+    requests = fleet_requests(fleet, duration_s, seed, epoch_ns)
+    arrived = {r.request_id: r.arrival_ns for r in requests}  # the gateway's arrival (routing moves arrival_ns)
+    roles = {i: role for m in fleet.model_names for i, role in fleet.engine_instances(m)}
+    first: dict[str, int] = {}
+
+    def observe(instance: str, engine: LLMEngine) -> list[EngineObserver]:
+        return [] if roles[instance] == "prefill_worker" else [_FirstTokens(first)]
+
+    summary = Fleet(fleet, None, seed, epoch_ns, observe).run(requests)
+    ttft = sorted(first[r] - arrived[r] for r in first)
+    median = (ttft[(len(ttft) - 1) // 2] + ttft[len(ttft) // 2]) / 2 if ttft else None
+    return {"requests": summary.requests, "answered": len(ttft),
+            "ttft_p50_ms": None if median is None else round(median / 1e6, 3)}
+
+
 def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAULT_EPOCH_NS,
                  on_progress: Callable[[int], None] | None = None,
                  telemetry: TelemetrySpec | None = None) -> dict[str, Any]:
@@ -98,6 +132,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, epoch_ns: int = DEFAUL
         details["runaway_requests"] = runaway
     if failing:
         details["failed_requests"] = failing
+    if scenario.twin is not None:
+        details["twin"] = run_twin(scenario.twin, scenario.duration_s, scenario.seed, epoch_ns)
     confounders = []
     for c in scenario.confounders:
         f: FaultSpec = c["fault"]

@@ -17,6 +17,9 @@ Families (what the fault does, and which analysis the scenario exercises):
 | prefill_microbatch_misconfig | a model prefills in micro-batches of 128 tokens instead of 1024 | roofline |
 | kv_transfer_congestion | the link between prefill and decode workers loses bandwidth | rca, ttft |
 | assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens (or fail) | lift |
+| cpu_decode_host | a CPU-only host serves a model: prompts prefill for minutes (fix: a GPU prefill host) | pd |
+| cross_dc_read_write | prefill and decode pools in two data centres over fibre: the link congests, or a surge of long
+  prompts saturates the prefill pool | rca, ttft |
 
 Every scenario's ground truth also carries the ITL truth (stalled steps with victims and culprits,
 preemptions, host pauses) recorded by the simulator, whatever the family.
@@ -60,7 +63,7 @@ from reference_engine.workload import SyntheticWorkload
 
 FAMILIES = ("prefill_storm", "router_degradation", "rate_limiter_flapping", "auth_slowdown", "global_queue_stall",
             "engine_regression", "preemption_storm", "host_pauses", "cache_busting", "prefill_microbatch_misconfig",
-            "kv_transfer_congestion", "assistant_prefill_runaway")
+            "kv_transfer_congestion", "assistant_prefill_runaway", "cpu_decode_host", "cross_dc_read_write")
 # Every family `make_scenario` knows: the ones above (the default bank) and the root-cause families on large
 # fleets (`large_fleets.py`), which a bank draws only when asked for them.
 ALL_FAMILIES = FAMILIES + LARGE_FAMILIES
@@ -93,6 +96,9 @@ class Scenario:
     # root_cause; and the components expected to look anomalous without being a cause
     root_causes: tuple[dict[str, Any], ...] = ()
     symptoms: tuple[str, ...] = ()
+    # the same traffic on another deployment, run beside the scenario (no spans): the ground truth records what it
+    # measured, e.g. the TTFT a recommended fix gives (bank.run_scenario, `details["twin"]`)
+    twin: FleetSpec | None = None
 
     @property
     def fault(self) -> FaultSpec | None:
@@ -383,6 +389,69 @@ def _kv_congestion(rng: random.Random, fleet: FleetSpec, name: str, seed: int, d
     return _scenario("kv_transfer_congestion", name, seed, duration_s, fleet, ("rca", "ttft"), root, fault)
 
 
+# The CPU-only host story: a machine without a GPU serves a model; its long prompts prefill at the host's few
+# TFLOP/s (≈ 107 s for 8k tokens of llama-3-8b) and queue behind each other for many minutes. The fix is a GPU
+# prefill host in front of it over a 100 Gbit/s link: the scenario's twin, whose measured TTFT the report's
+# recommendation must quote within 15% (`infertrace evaluate --section pd`).
+CPU_HOST_MODEL, CPU_HOST_HARDWARE, GPU_PREFILL_HARDWARE = "llama-3-8b", "CPU-host", "L4"
+CPU_HOST_LINK = LinkSpec("lan", bandwidth_gb_s=12.5, latency_ms=0.5)
+
+
+def _cpu_decode_host(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+                     onset: float, length: float) -> Scenario:
+    model = CPU_HOST_MODEL
+    workload = SyntheticWorkload(rate=round(rng.uniform(0.03, 0.06), 4), prompt_mean=float(rng.choice([6000, 8000])),
+                                 prompt_sigma=0.2, max_prompt_tokens=12000, output_mean=60.0, output_sigma=0.3,
+                                 max_tokens=256, tenants=("rag",), system_prompt_fraction=0.0,
+                                 assistant_prefill_fraction=0.0)
+    colocated = ModelDeployment(model, 1, CPU_HOST_HARDWARE, fleet.region, {"max_num_batched_tokens": 16384})
+    alone = FleetSpec(name, fleet.region, (colocated,), (TenantSpec("rag", {model: 1.0}, "synthetic", workload),),
+                      routers=(RouterSpec("router-0", (model,)),), timeout_s=3600.0)
+    d = DisaggregationSpec(1, 1, CPU_HOST_LINK.id, CPU_HOST_HARDWARE, fleet.region, {})
+    twin = replace(alone, models=(replace(colocated, hardware=GPU_PREFILL_HARDWARE, disaggregation=d),),
+                   links=(CPU_HOST_LINK,))
+    root = {"kind": "engine", "instances": engines_of(alone, model), "models": [model], "shared": False}
+    details = {"gpu_prefill_host": {"hardware": GPU_PREFILL_HARDWARE, "link_gb_s": CPU_HOST_LINK.bandwidth_gb_s,
+                                    "link_latency_ms": CPU_HOST_LINK.latency_ms}}
+    return replace(_scenario("cpu_decode_host", name, seed, duration_s, alone, ("pd",), root, None, details=details),
+                   twin=twin)
+
+
+def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
+              onset: float, length: float) -> Scenario:
+    """Read/write separation across data centres: the fleet's largest dense model gets a prefill pool in dc1 (a
+    70B on 8-GPU machines, TP 8) and a decode pool on large-memory machines (H200) in dc2, the KV over a
+    400 Gbit/s fibre link of 200–1000 km (≈ 5 µs/km one way, plus switching); its other models stay colocated.
+    The incident: the link congests (the KV of every request crawls: only the disaggregated model degrades), or a
+    tenant's surge of long prompts saturates the prefill pool."""
+    model = _dense_model(fleet, largest=True)
+    km = rng.uniform(200, 1000)
+    link = LinkSpec("fibre-dc1-dc2", bandwidth_gb_s=50.0, latency_ms=round(km * 0.005 + 0.2, 2))
+    m = fleet.deployment(model)
+    engine = {**m.engine, "tensor_parallel": 8} if model == "llama-3-70b" else dict(m.engine)
+    d = DisaggregationSpec(1, rng.randint(1, 2), link.id, "H200", "dc2",
+                           {"tensor_parallel": engine["tensor_parallel"]} if "tensor_parallel" in engine else {})
+    models = tuple(replace(x, engine=engine, region="dc1", disaggregation=d) if x.name == model else x
+                   for x in fleet.models)
+    fleet = replace(fleet, models=models, links=(link,))
+    prefill = [i for i, role in fleet.engine_instances(model) if role == "prefill_worker"]
+    details = {"link_km": round(km), "link": link.id, "model": model}
+    if rng.random() < 0.6:
+        fault = FaultSpec("link_congestion", link.id, onset, length,
+                          {"bandwidth_fraction": round(rng.uniform(0.005, 0.03), 4)})
+        root = {"kind": "link", "instances": [link.id], "models": [model], "shared": False}
+        details["mode"] = "link"
+    else:
+        tenant = rng.choice([t.name for t in fleet.tenants if model in t.models] or [t.name for t in fleet.tenants])
+        fault = FaultSpec("request_surge", model, onset, length, {
+            "tenant": tenant, "rate": round(rng.uniform(2.0, 4.0), 2), "prompt_mean": 12000.0, "prompt_sigma": 0.2,
+            "output_mean": 32.0, "output_sigma": 0.3, "max_tokens": 64.0})
+        root = {"kind": "engine", "instances": prefill, "models": [model], "shared": False, "tenant": tenant}
+        details["mode"] = "prefill_pool"
+    return _scenario("cross_dc_read_write", name, seed, duration_s, fleet, ("rca", "ttft"), root, fault,
+                     details=details)
+
+
 RUNAWAY_MIN_AFFECTED = 30  # expected requests a runaway (or failure) fault hits: well above a bucket's noise
 
 
@@ -510,6 +579,8 @@ _BUILDERS: dict[str, Callable[..., Scenario]] = {
     "prefill_microbatch_misconfig": _microbatch,
     "kv_transfer_congestion": _kv_congestion,
     "assistant_prefill_runaway": _runaway,
+    "cpu_decode_host": _cpu_decode_host,
+    "cross_dc_read_write": _cross_dc,
 }
 
 

@@ -36,7 +36,6 @@ class ClientTokenLog:
         self._rng = random.Random(f"client-{seed}")
         self._file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._sent: dict[str, int] = {}
-        self._held: dict[str, list[int]] = {}  # a disaggregated request's first token, until its decode worker ends
         self.lines = 0
 
     def expect(self, requests: list[Request]) -> None:
@@ -49,12 +48,7 @@ class ClientTokenLog:
 
     def received(self, seq: Sequence, token_ns: list[int], role: str) -> None:
         rid = seq.request_id
-        if role == "prefill_worker":
-            if token_ns and seq.error is None:
-                self._held[rid] = token_ns
-            return
-        token_ns = self._held.pop(rid, []) + token_ns
-        if not token_ns:
+        if role == "prefill_worker" or not token_ns:  # a prefill worker's one token goes to the proxy, not the client
             return
         arrived, last = [], 0
         for t in token_ns:

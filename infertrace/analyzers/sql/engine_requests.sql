@@ -17,5 +17,5 @@ SELECT
     queue_ns AS engine_queue_ns,
     CASE WHEN output_tokens > 1 THEN decode_ns / (output_tokens - 1) END AS tpot_ns,
     outcome = 'error' AS failed
-FROM requests
+FROM request_legs
 WHERE instance IS NOT NULL

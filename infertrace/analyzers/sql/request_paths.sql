@@ -23,8 +23,9 @@ SELECT trace_id, 'link' AS kind, kv_link AS instance, 'kv_transfer', 'kv_transfe
 FROM component_calls
 WHERE role = 'kv_transfer' AND kv_link IS NOT NULL
 UNION ALL
-SELECT trace_id, component_kind AS kind, instance, source AS span_name, source AS operation, service,
-       'engine' AS found_by, model, tenant, arrival_ns AS start_ns, e2e_ns AS latency_ns, outcome,
+SELECT trace_id,
+       CASE role WHEN 'prefill' THEN 'prefill_worker' WHEN 'decode' THEN 'decode_worker' ELSE component_kind END AS kind,
+       instance, source AS span_name, source AS operation, service, 'engine' AS found_by, model, tenant, arrival_ns AS start_ns, e2e_ns AS latency_ns, outcome,
        NULL::BIGINT AS http_status, NULL::BIGINT AS queue_ns
-FROM requests
+FROM request_legs
 WHERE instance IS NOT NULL

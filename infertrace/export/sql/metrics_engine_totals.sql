@@ -21,7 +21,7 @@ SELECT r.model, r.instance, coalesce(r.finish_reason, r.outcome) AS finish_reaso
        coalesce(sum(r.preemptions), 0)::BIGINT AS preemptions,
        any_value(s.running) AS running, any_value(s.waiting) AS waiting,
        any_value(s.kv_used_blocks) AS kv_used_blocks, any_value(s.kv_total_blocks) AS kv_total_blocks
-FROM requests r
+FROM request_legs r
 LEFT JOIN last_step s USING (instance)
 WHERE r.instance IS NOT NULL
 GROUP BY ALL

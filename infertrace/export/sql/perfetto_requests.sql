@@ -6,7 +6,7 @@
 --   $instances (list of engine instances; NULL: all).
 SELECT request_id, instance, model, tenant, arrival_ns, scheduled_ns, first_token_ns, finish_ns,
        input_tokens, output_tokens, cached_tokens, preemptions, outcome
-FROM requests
+FROM request_legs
 WHERE arrival_ns IS NOT NULL AND finish_ns IS NOT NULL AND instance IS NOT NULL
   AND ($since IS NULL OR finish_ns >= $since) AND ($until IS NULL OR arrival_ns < $until)
   AND ($instances IS NULL OR list_contains($instances, instance))

@@ -16,9 +16,8 @@ WITH routes AS (
     GROUP BY trace_id
 ),
 rows AS (
-    SELECT r.*, s."res.infertrace.component.kind" AS role, routes.route_ns
-    FROM requests r
-    JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+    SELECT r.*, routes.route_ns
+    FROM request_legs r
     LEFT JOIN routes ON routes.trace_id = r.trace_id
     WHERE r.model = $model
 )

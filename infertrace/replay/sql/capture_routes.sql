@@ -12,7 +12,7 @@ WITH routed AS (
 )
 SELECT r.start_ns, r.target, any_value(q.system_prompt_id) AS system_prompt_id
 FROM routed r
-JOIN requests q ON q.trace_id = r.trace_id AND q.instance = r.target
+JOIN request_legs q ON q.trace_id = r.trace_id AND q.instance = r.target
 WHERE q.model = $model
 GROUP BY r.trace_id, r.start_ns, r.target
 ORDER BY r.start_ns

@@ -7,7 +7,7 @@
 -- param request_id text: The request id (gen_ai.request.id).
 -- example: request_id=tenant-a-000010
 WITH req AS (
-    SELECT * FROM requests WHERE request_id = $request_id
+    SELECT * FROM request_legs WHERE request_id = $request_id
 ),
 stage AS (
     SELECT CASE component WHEN 'gateway' THEN 0 ELSE 1 END AS depth, component AS stage, instance, start_ns, end_ns,

@@ -5,7 +5,7 @@
 -- Answers: which component handled a request, how long it took, what it decided (ok, rejected, timeout,
 -- error; HTTP-style status), where the router sent it. Use it when several models degrade at once: a
 -- shared component whose latency or rejections rose across exactly those models is the likely cause.
--- Components are found in the trace tree, not by name: in a trace with an engine request (`requests`) or an
+-- Components are found in the trace tree, not by name: in a trace with an engine request (`request_legs`) or an
 -- entry, a call is any span that is not the entry, not an engine's request span nor one of that engine's own
 -- spans (same service), not a wrapper around the engine's span (its direct parent, ending past the middle
 -- of it: a proxy's call to the engine), and that runs on another service than the entry or carries
@@ -29,7 +29,7 @@
 WITH
 eng AS MATERIALIZED (
     SELECT trace_id, span_id, parent_span_id, arrival_ns, finish_ns, service, model, tenant, request_id
-    FROM requests
+    FROM request_legs
 ),
 around AS MATERIALIZED (
     -- every span that could be a component or an entry: not an engine's own request, phase or step span (one

@@ -1,221 +1,192 @@
--- requests: one row per engine request, from whichever engine made the spans (infertrace/sources/): the
--- reference engine's and vLLM's `llm_request` span, SGLang's `Req …` span, TGI's HTTP handler span.
+-- requests: one row per logical request, whatever engines served it. A colocated request is its one leg of
+-- `request_legs`; a disaggregated request joins its prefill leg (prompt computed on a prefill worker) and its
+-- decode leg (KV received over a link, tokens generated on a decode worker) into one row. Count requests,
+-- take TTFT/E2E percentiles and bill here; look at engines' own work in `request_legs`.
 --
--- Answers: how long did each request queue, prefill and decode; how many tokens in, out and from the
--- prefix cache; which tenant, model and engine instance; did it fail.
--- Use it for TTFT/E2E percentiles, TTFT decomposition, cache and billing analyses.
+-- Answers: how long did each request take from the gateway to the first token the client received, and
+-- where did that time go (gateway components, prefill queue, prefill, KV transfer, decode queue, first
+-- decode), each phase taken from the leg it belongs to; how many tokens in, out and from the prefix cache;
+-- which tenant, model, engines and link; did it fail; could its legs be matched.
 -- Columns: times are int64 ns since the epoch, durations int64 ns.
---   request_id, trace_id, span_id, parent_span_id, model, tenant, service, instance, component_kind, hardware,
---   region,
---   arrival_ns, scheduled_ns (first scheduling), first_token_ns, finish_ns,
---   queue_ns, ttft_ns, prefill_ns, decode_ns, e2e_ns, kv_transfer_ns,
---   input_tokens, output_tokens, cached_tokens, system_prompt_id, system_prompt_tokens,
---   assistant_prefill_tokens, max_tokens, preemptions, prefill_chunks, finish_reason, error_type,
---   status_code, outcome ('ok' | 'error'), timing_source, source, model_source, instance_source.
--- source: 'infertrace', 'vllm-v1', 'vllm-v0', 'sglang' or 'tgi'. timing_source: 'spans' when the phase times
--- come from child spans and events (the reference engine: exact; SGLang's slices; TGI's queued and
--- send_generation spans), 'gen_ai.latency' when they come from vLLM's seconds attributes (rounded to the ns).
--- vLLM V1 measures TTFT and E2E on the API server's clock but queue, prefill and decode on the engine core's:
--- its scheduling time here is the first token less the prefill (not arrival plus time_in_queue, which is early
--- by the API server's own latency), so queue_ns includes that latency.
--- Identity where a source sets none: the model is the span's response or request model, else the engine's
--- resource model, else a gen_ai.request.model elsewhere in the trace (a gateway's), else `service.name`
--- (model_source says which); the instance is `service.instance.id`, else `host.name`:`process.pid`, else
--- SGLang's scheduler thread (host id:pid), else `service.name`:`vllm.process_id`, else `service.name`
--- (instance_source says which). A request id missing on the span is taken from its trace, else the span id.
+--   Those of `request_legs` (same names), for the request as a whole: request_id, trace_id, span_id,
+--   parent_span_id (the decode leg's, else the only leg's), model, tenant, service, instance, component_kind,
+--   hardware, region (of the leg whose tokens the client receives: the decode leg, else the only leg),
+--   arrival_ns (at the first engine), scheduled_ns (first scheduling on the first engine), first_token_ns (the
+--   first token of the leg the client receives tokens from), finish_ns, queue_ns (prefill queue), ttft_ns
+--   (arrival at the first engine to first_token_ns), prefill_ns (a colocated request: first scheduling to
+--   first token; a disaggregated one: the prefill leg's first scheduling to its end), decode_ns, e2e_ns,
+--   kv_transfer_ns (disaggregated: end of the prefill leg to arrival at the decode worker, which the
+--   reference engine's `kv_transfer` span covers exactly), input_tokens, output_tokens (the decode leg's: the
+--   prefill leg's one token is not sent to the client), cached_tokens (the prefill leg's prefix-cache hit),
+--   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, max_tokens, preemptions (over all
+--   legs), prefill_chunks (the prefill leg's), finish_reason, error_type, status_code, outcome ('error' when
+--   any leg failed), timing_source, source, model_source, instance_source;
+--   and: serving ('colocated' | 'disaggregated'), legs (engine legs joined), prefill_instance,
+--   prefill_hardware, prefill_region, decode_instance (NULL when colocated), kv_link, kv_bytes (from the
+--   `kv_transfer` span; NULL without one), gateway_start_ns (start of the trace's gateway entry span; NULL
+--   without one), client_ttft_ns (gateway_start_ns to first_token_ns, else ttft_ns), gateway_ns (gateway start
+--   to arrival at the first engine: auth, rate limit, global queue, route), decode_queue_ns (arrival at the
+--   decode worker to its first scheduling), first_decode_ns (that scheduling to the first token: the decode
+--   worker's one-token recompute),
+--   leg_problem (NULL when the legs make one whole request; else why they do not: 'decode leg without a
+--   prefill leg', 'prefill leg without a decode leg' (and it did not fail there: a request that failed on its
+--   prefill worker never reaches a decode worker), 'several legs of one role' — such rows are kept, with
+--   the phases that can be known).
+--   leg_roles (disaggregated: 'declared' when the engines' resources (or SGLang's span names) say which leg is
+--   which; 'inferred' when a trace held exactly two legs that declared nothing, the first generating one token
+--   and ending before the second arrived, as behind vLLM's P/D proxy; NULL when colocated).
+--   A request with only a prefill leg has no first_token_ns, ttft, decode_ns nor output_tokens.
+-- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
+-- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
+-- gateway_ns + queue_ns + prefill_ns = client_ttft_ns for a colocated one.
+-- Matching: a trace's legs form one request when it holds at most one leg of each role (vLLM's and SGLang's
+-- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
+-- otherwise legs are matched on (trace, request id).
 WITH
--- One scan of the spans picks every row this relation reads (each further scan of a store of many segments
--- costs as much as this one): engine request spans of every source, the reference engine's queue and
--- kv_transfer spans, SGLang's stages and scheduler thread, TGI's queued and send_generation spans, and any
--- other span naming a requested model (a gateway's: the model, id and tenant of a request whose engine span
--- lacks them).
-pick AS MATERIALIZED (
+trace_legs AS MATERIALIZED (
     SELECT
-        name, trace_id, span_id, parent_span_id, start_ns, end_ns, status_code, events,
-        "attr.gen_ai.request.id", "attr.gen_ai.response.model", "attr.gen_ai.request.model",
-        "attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id",
-        "res.service.name", "res.service.instance.id", "res.host.name", "res.process.pid", "res.vllm.process_id",
-        "res.infertrace.component.kind", "res.infertrace.hardware", "res.cloud.region", "res.infertrace.engine.model",
-        "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens", "attr.gen_ai.usage.output_tokens",
-        "attr.gen_ai.usage.completion_tokens", "attr.gen_ai.usage.cache_read.input_tokens",
-        "attr.gen_ai.usage.cached_tokens", "attr.infertrace.request.system_prompt.id",
-        "attr.infertrace.request.system_prompt.tokens", "attr.infertrace.request.assistant_prefill_tokens",
-        "attr.gen_ai.request.max_tokens", "attr.infertrace.request.preemptions",
-        "attr.infertrace.request.prefill_chunks", "attr.gen_ai.response.finish_reasons", "attr.error.type",
-        "attr.gen_ai.latency.time_in_queue", "attr.gen_ai.latency.time_to_first_token",
-        "attr.gen_ai.latency.time_in_model_prefill", "attr.gen_ai.latency.e2e",
-        "attr.gen_ai.latency.time_in_model_inference", "attr.rid", "attr.module", "attr.code.namespace",
-        "attr.thread_label", "attr.host_id", "attr.pid",
-        CASE WHEN name = 'llm_request' THEN 'native'
-             WHEN "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %' THEN 'sglang'
-             WHEN "attr.code.namespace" = 'text_generation_router::server'
-                  AND name IN ('chat_completions', 'completions', 'generate', 'generate_stream') THEN 'tgi'
-        END AS form
-    FROM spans
-    WHERE name IN ('llm_request', 'queue', 'kv_transfer', 'prefill_forward', 'chunked_prefill', 'queued',
-                   'send_generation', 'chat_completions', 'completions', 'generate', 'generate_stream')
-       OR "attr.thread_label" IS NOT NULL OR "attr.rid" IS NOT NULL
-       OR ("attr.gen_ai.request.model" IS NOT NULL AND name <> 'engine_step')
+        l.*,
+        count(*) OVER t AS trace_legs,
+        count(*) FILTER (WHERE l.role = 'prefill') OVER t AS declared_prefills,
+        count(*) FILTER (WHERE l.role = 'decode') OVER t AS declared_decodes,
+        count(*) FILTER (WHERE l.role = 'colocated') OVER t AS declared_colocated,
+        row_number() OVER o AS position,
+        first_value(l.output_tokens) OVER o AS first_output,
+        first_value(l.finish_ns) OVER o AS first_finish_ns,
+        last_value(l.arrival_ns) OVER t_all AS last_arrival_ns
+    FROM request_legs l
+    WINDOW t AS (PARTITION BY l.trace_id),
+           o AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id),
+           t_all AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ),
-engine_span AS (
-    SELECT * FROM pick WHERE form IS NOT NULL
+-- A trace of exactly two legs whose engines declare no role (vLLM's `llm_request` spans behind a P/D proxy): the
+-- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
+-- prefill request with max_tokens 1, then the decode request).
+paired AS (
+    SELECT *,
+           trace_legs = 2 AND declared_colocated = 2 AND first_output = 1 AND first_finish_ns <= last_arrival_ns
+               AS roles_inferred
+    FROM trace_legs
 ),
-queue AS (
-    SELECT trace_id, parent_span_id, max(end_ns) AS scheduled_ns
-    FROM pick WHERE name = 'queue' GROUP BY ALL
+keyed AS (
+    SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE position WHEN 1 THEN 'prefill' ELSE 'decode' END
+                           ELSE role END AS role),
+           CASE WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
+                THEN trace_id ELSE trace_id || '/' || request_id END AS request_key
+    FROM paired
+),
+counts AS (
+    SELECT
+        request_key,
+        count(*) AS legs,
+        count(*) FILTER (WHERE role = 'prefill') AS prefills,
+        count(*) FILTER (WHERE role = 'decode') AS decodes,
+        count(*) FILTER (WHERE role = 'colocated') AS colocated,
+        bool_or(roles_inferred) AS roles_inferred,
+        sum(preemptions)::BIGINT AS all_preemptions,
+        max(status_code) AS all_status_code,
+        bool_or(outcome = 'error') AS any_error
+    FROM keyed
+    GROUP BY request_key
+),
+-- the leg whose tokens the client receives: the decode leg, else the only (or latest) leg; a prefill leg's one
+-- token never reaches the client, so a request with only a prefill leg has no first token nor output
+out_leg AS (
+    SELECT * REPLACE (CASE WHEN role <> 'prefill' THEN first_token_ns END AS first_token_ns,
+                      CASE WHEN role <> 'prefill' THEN decode_ns END AS decode_ns,
+                      CASE WHEN role <> 'prefill' THEN output_tokens END AS output_tokens)
+    FROM keyed
+    QUALIFY row_number() OVER (PARTITION BY request_key
+                               ORDER BY role = 'decode' DESC, role = 'colocated' DESC, arrival_ns DESC, span_id) = 1
+),
+-- the leg the request entered the engines by: the prefill leg, else the only (or earliest) leg
+in_leg AS (
+    SELECT * FROM keyed
+    QUALIFY row_number() OVER (PARTITION BY request_key
+                               ORDER BY role = 'prefill' DESC, role = 'colocated' DESC, arrival_ns, span_id) = 1
+),
+calls AS MATERIALIZED (
+    SELECT component, trace_id, request_id, start_ns, kv_link, kv_bytes
+    FROM component_calls WHERE component IN ('gateway', 'kv_transfer')
+),
+gateway AS (
+    SELECT trace_id, min(start_ns) AS gateway_start_ns
+    FROM calls WHERE component = 'gateway' GROUP BY trace_id
 ),
 kv AS (
-    SELECT trace_id, "attr.gen_ai.request.id" AS request_id, sum(end_ns - start_ns)::BIGINT AS kv_transfer_ns
-    FROM pick WHERE name = 'kv_transfer' GROUP BY ALL
+    SELECT trace_id, request_id, any_value(kv_link) AS kv_link, sum(kv_bytes)::BIGINT AS kv_bytes
+    FROM calls WHERE component = 'kv_transfer' GROUP BY ALL
 ),
--- SGLang: the scheduler's slices and thread span, per trace (one request per trace unless disaggregated)
-sglang_slices AS (
-    SELECT trace_id,
-           any_value("attr.host_id"[1:8] || ':' || CAST("attr.pid" AS VARCHAR))
-               FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS scheduler,
-           sum(len(list_filter(events, lambda e: e.name = 'retract')))
-               FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS preemptions,
-           min(start_ns) FILTER (WHERE name = 'prefill_forward') AS scheduled_ns,
-           count(*) FILTER (WHERE name = 'chunked_prefill') AS prefill_chunks
-    FROM pick
-    WHERE name IN ('prefill_forward', 'chunked_prefill') OR "attr.thread_label" IS NOT NULL
-    GROUP BY trace_id
-),
--- TGI: when the batching task picked the request, and the tokens it sent
-tgi_spans AS (
-    SELECT trace_id,
-           max(end_ns) FILTER (WHERE name = 'queued') AS scheduled_ns,
-           min(start_ns) FILTER (WHERE name = 'send_generation') AS first_token_ns,
-           count(*) FILTER (WHERE name = 'send_generation') AS output_tokens
-    FROM pick WHERE name IN ('queued', 'send_generation')
-    GROUP BY trace_id
-),
--- one row per engine request, with every column the relation needs, named once
-engine AS (
+joined AS (
     SELECT
-        r.form, r.trace_id, r.span_id, r.parent_span_id, r.start_ns, r.end_ns, r.status_code,
-        r."attr.gen_ai.request.id" AS own_request_id,
-        coalesce(r."attr.gen_ai.response.model", r."attr.gen_ai.request.model", r."res.infertrace.engine.model")
-            AS own_model,
-        r."attr.infertrace.tenant.id" AS own_tenant,
-        r."res.service.name" AS service, r."res.service.instance.id" AS instance_id, r."res.host.name" AS host,
-        r."res.process.pid" AS pid, r."res.vllm.process_id" AS vllm_pid,
-        r."res.infertrace.component.kind" AS component_kind, r."res.infertrace.hardware" AS hardware,
-        r."res.cloud.region" AS region,
-        coalesce(r."attr.gen_ai.usage.input_tokens", r."attr.gen_ai.usage.prompt_tokens") AS input_tokens,
-        coalesce(r."attr.gen_ai.usage.output_tokens", r."attr.gen_ai.usage.completion_tokens",
-                 t.output_tokens) AS output_tokens,
-        coalesce(r."attr.gen_ai.usage.cache_read.input_tokens", r."attr.gen_ai.usage.cached_tokens")
-            AS cached_tokens,
-        r."attr.infertrace.request.system_prompt.id" AS system_prompt_id,
-        r."attr.infertrace.request.system_prompt.tokens" AS system_prompt_tokens,
-        r."attr.infertrace.request.assistant_prefill_tokens" AS assistant_prefill_tokens,
-        r."attr.gen_ai.request.max_tokens" AS max_tokens,
-        r."attr.infertrace.request.preemptions" AS own_preemptions,
-        coalesce(r."attr.infertrace.request.prefill_chunks", s.prefill_chunks) AS prefill_chunks,
-        r."attr.gen_ai.response.finish_reasons"[1] AS finish_reason,
-        r."attr.error.type" AS error_type,
-        q.scheduled_ns AS q_scheduled_ns,
-        list_filter(r.events, lambda e: e.name = 'first_token')[1].time_ns AS event_first_token_ns,
-        CASE WHEN r.form = 'sglang' THEN coalesce(s.preemptions, 0)
-             ELSE len(list_filter(r.events, lambda e: e.name IN ('preempted', 'journey.PREEMPTED'))) END
-            AS event_preemptions,
-        CAST(round(r."attr.gen_ai.latency.time_in_queue" * 1e9) AS BIGINT) AS attr_queue_ns,
-        CAST(round(r."attr.gen_ai.latency.time_to_first_token" * 1e9) AS BIGINT) AS attr_ttft_ns,
-        CAST(round(r."attr.gen_ai.latency.time_in_model_prefill" * 1e9) AS BIGINT) AS attr_prefill_ns,
-        CAST(round(r."attr.gen_ai.latency.e2e" * 1e9) AS BIGINT) AS attr_e2e_ns,
-        coalesce(s.scheduled_ns, t.scheduled_ns) AS own_scheduled_ns,
-        t.first_token_ns AS own_first_token_ns,
-        s.scheduler AS sglang_instance,
-        CASE
-            WHEN r.form <> 'native' THEN r.form
-            WHEN r."attr.infertrace.request.preemptions" IS NOT NULL OR q.scheduled_ns IS NOT NULL THEN 'infertrace'
-            WHEN r."attr.gen_ai.latency.time_in_model_inference" IS NOT NULL OR r."res.vllm.process_id" IS NOT NULL
-                THEN 'vllm-v1'
-            ELSE 'vllm-v0'
-        END AS source
-    FROM engine_span r
-    LEFT JOIN queue q ON r.form = 'native' AND q.trace_id = r.trace_id AND q.parent_span_id = r.span_id
-    LEFT JOIN sglang_slices s ON r.form = 'sglang' AND s.trace_id = r.trace_id
-    LEFT JOIN tgi_spans t ON r.form = 'tgi' AND t.trace_id = r.trace_id
-),
--- What else the trace says (a gateway's span): for requests whose own span lacks a model, an id or a tenant
-trace_info AS (
-    SELECT trace_id,
-           any_value("attr.gen_ai.request.model") AS model,
-           any_value("attr.gen_ai.request.id") FILTER (WHERE "attr.gen_ai.request.id" IS NOT NULL) AS request_id,
-           any_value(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"))
-               AS tenant
-    FROM pick
-    WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL
-    GROUP BY trace_id
-),
-phases AS (
-    SELECT
-        e.*,
-        ti.model AS trace_model, ti.request_id AS trace_request_id, ti.tenant AS trace_tenant,
-        coalesce(e.event_first_token_ns, e.own_first_token_ns, e.start_ns + e.attr_ttft_ns) AS first_token
-    FROM engine e
-    LEFT JOIN trace_info ti ON ti.trace_id = e.trace_id
-),
-timed AS (
-    SELECT
-        *,
-        coalesce(q_scheduled_ns, own_scheduled_ns,
-                 CASE WHEN source = 'vllm-v1' THEN first_token - attr_prefill_ns END,
-                 start_ns + attr_queue_ns) AS scheduled,
-        CASE WHEN source IN ('vllm-v1', 'vllm-v0', 'sglang') AND attr_e2e_ns IS NOT NULL
-             THEN start_ns + attr_e2e_ns ELSE end_ns END AS finish
-    FROM phases
+        c.*,
+        c.prefills = 1 AND c.decodes = 1 AND c.colocated = 0 AS disaggregated,
+        CASE WHEN c.legs = 1 AND c.colocated = 1 THEN NULL
+             WHEN c.prefills > 1 OR c.decodes > 1 OR c.colocated > 1 OR (c.colocated > 0 AND c.legs > 1)
+                 THEN 'several legs of one role'
+             WHEN c.prefills = 0 THEN 'decode leg without a prefill leg'
+             WHEN c.decodes = 0 AND NOT c.any_error THEN 'prefill leg without a decode leg'
+        END AS leg_problem
+    FROM counts c
 )
 SELECT
-    coalesce(p.own_request_id, p.trace_request_id, p.span_id) AS request_id,
-    p.trace_id,
-    p.span_id,
-    p.parent_span_id,
-    coalesce(p.own_model, p.trace_model, p.service) AS model,
-    coalesce(p.own_tenant, p.trace_tenant) AS tenant,
-    p.service,
-    coalesce(p.instance_id, p.host || ':' || CAST(p.pid AS VARCHAR), p.sglang_instance,
-             p.service || ':' || p.vllm_pid, p.service) AS instance,
-    coalesce(p.component_kind, 'engine') AS component_kind,
-    p.hardware,
-    p.region,
-    p.start_ns AS arrival_ns,
-    p.scheduled AS scheduled_ns,
-    p.first_token AS first_token_ns,
-    p.finish AS finish_ns,
-    p.scheduled - p.start_ns AS queue_ns,
-    p.first_token - p.start_ns AS ttft_ns,
-    p.first_token - p.scheduled AS prefill_ns,
-    p.finish - p.first_token AS decode_ns,
-    p.finish - p.start_ns AS e2e_ns,
-    kv.kv_transfer_ns,
-    p.input_tokens,
-    p.output_tokens,
-    p.cached_tokens,
-    p.system_prompt_id,
-    p.system_prompt_tokens,
-    p.assistant_prefill_tokens,
-    p.max_tokens,
-    CAST(coalesce(p.own_preemptions, CASE WHEN p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0
-                                          THEN p.event_preemptions END) AS BIGINT) AS preemptions,
-    p.prefill_chunks,
-    p.finish_reason,
-    p.error_type,
-    p.status_code,
-    CASE WHEN p.status_code = 2 OR p.error_type IS NOT NULL THEN 'error' ELSE 'ok' END AS outcome,
-    CASE WHEN p.q_scheduled_ns IS NOT NULL OR p.event_first_token_ns IS NOT NULL OR p.form <> 'native'
-              THEN 'spans'
-         WHEN p.attr_ttft_ns IS NOT NULL THEN 'gen_ai.latency' END AS timing_source,
-    p.source,
-    CASE WHEN p.own_model IS NOT NULL THEN 'attribute'
-         WHEN p.trace_model IS NOT NULL THEN 'trace'
-         WHEN p.service IS NOT NULL THEN 'service.name' END AS model_source,
-    CASE WHEN p.instance_id IS NOT NULL THEN 'service.instance.id'
-         WHEN p.host IS NOT NULL AND p.pid IS NOT NULL THEN 'host.name+process.pid'
-         WHEN p.sglang_instance IS NOT NULL THEN 'sglang scheduler'
-         WHEN p.service IS NOT NULL AND p.vllm_pid IS NOT NULL THEN 'service.name+vllm.process_id'
-         WHEN p.service IS NOT NULL THEN 'service.name' END AS instance_source
-FROM timed p
-LEFT JOIN kv ON kv.trace_id = p.trace_id AND kv.request_id = p.own_request_id
+    o.request_id AS request_id,
+    o.trace_id AS trace_id,
+    o.span_id AS span_id,
+    o.parent_span_id AS parent_span_id,
+    coalesce(o.model, i.model) AS model,
+    coalesce(o.tenant, i.tenant) AS tenant,
+    o.service AS service,
+    o.instance AS instance,
+    o.component_kind AS component_kind,
+    o.hardware AS hardware,
+    o.region AS region,
+    i.arrival_ns AS arrival_ns,
+    i.scheduled_ns AS scheduled_ns,
+    o.first_token_ns AS first_token_ns,
+    o.finish_ns AS finish_ns,
+    i.queue_ns AS queue_ns,
+    o.first_token_ns - i.arrival_ns AS ttft_ns,
+    CASE WHEN j.disaggregated THEN i.finish_ns - i.scheduled_ns ELSE i.prefill_ns END AS prefill_ns,
+    o.decode_ns AS decode_ns,
+    o.finish_ns - i.arrival_ns AS e2e_ns,
+    CASE WHEN j.disaggregated THEN o.arrival_ns - i.finish_ns END AS kv_transfer_ns,
+    coalesce(i.input_tokens, o.input_tokens) AS input_tokens,
+    o.output_tokens AS output_tokens,
+    coalesce(i.cached_tokens, o.cached_tokens) AS cached_tokens,
+    coalesce(i.system_prompt_id, o.system_prompt_id) AS system_prompt_id,
+    coalesce(i.system_prompt_tokens, o.system_prompt_tokens) AS system_prompt_tokens,
+    coalesce(i.assistant_prefill_tokens, o.assistant_prefill_tokens) AS assistant_prefill_tokens,
+    o.max_tokens AS max_tokens,
+    j.all_preemptions AS preemptions,
+    i.prefill_chunks AS prefill_chunks,
+    o.finish_reason AS finish_reason,
+    coalesce(o.error_type, i.error_type) AS error_type,
+    j.all_status_code AS status_code,
+    CASE WHEN j.any_error THEN 'error' ELSE 'ok' END AS outcome,
+    o.timing_source AS timing_source,
+    o.source AS source,
+    o.model_source AS model_source,
+    o.instance_source AS instance_source,
+    CASE WHEN j.prefills + j.decodes > 0 THEN 'disaggregated' ELSE 'colocated' END AS serving,
+    j.legs,
+    CASE WHEN i.role = 'prefill' THEN i.instance END AS prefill_instance,
+    CASE WHEN i.role = 'prefill' THEN i.hardware END AS prefill_hardware,
+    CASE WHEN i.role = 'prefill' THEN i.region END AS prefill_region,
+    CASE WHEN o.role = 'decode' THEN o.instance END AS decode_instance,
+    kv.kv_link,
+    kv.kv_bytes,
+    gw.gateway_start_ns,
+    coalesce(o.first_token_ns - gw.gateway_start_ns, o.first_token_ns - i.arrival_ns) AS client_ttft_ns,
+    i.arrival_ns - gw.gateway_start_ns AS gateway_ns,
+    CASE WHEN j.disaggregated THEN o.queue_ns END AS decode_queue_ns,
+    CASE WHEN j.disaggregated THEN o.first_token_ns - o.scheduled_ns END AS first_decode_ns,
+    j.leg_problem,
+    CASE WHEN j.prefills + j.decodes = 0 THEN NULL
+         WHEN j.roles_inferred THEN 'inferred' ELSE 'declared' END AS leg_roles
+FROM joined j
+JOIN out_leg o ON o.request_key = j.request_key
+JOIN in_leg i ON i.request_key = j.request_key
+LEFT JOIN gateway gw ON gw.trace_id = o.trace_id
+LEFT JOIN kv ON kv.trace_id = o.trace_id AND kv.request_id = o.request_id
