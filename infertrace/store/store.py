@@ -165,6 +165,11 @@ class Store:
 
     def refresh(self) -> None:
         """Takes a new snapshot: the segments written since are included from now on."""
+        self._load_spans_raw()
+        self._define_views()
+
+    def _load_spans_raw(self) -> None:
+        """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
         readable: dict[str, list[Path]] = {}
         schemas: dict[str, pa.Schema] = {}
         self.segments, self.skipped, self.notes = [], [], {}
@@ -190,6 +195,10 @@ class Store:
             empty = pa.table({f.name: pa.array([], type=f.type) for f in SCHEMA})
             con.register("_empty_spans", empty)
             con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _empty_spans")
+
+    def _define_views(self) -> None:
+        """Defines `spans` (each span once) over `spans_raw`, the derived relations and the side relations."""
+        con = self.con
         total, distinct = con.execute(
             "SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans_raw").fetchone() or (0, 0)
         self.duplicate_rows = total - distinct
