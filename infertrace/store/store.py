@@ -263,3 +263,16 @@ class Store:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def open_store(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Store:
+    """The store a `--store` value names: a store directory (the whole store; the window is applied by each
+    analysis), or a ClickHouse URL (`clickhouse://USER@HOST:8123/DB`, `chdb://PATH`: the window's traces, chosen
+    in ClickHouse). Raises FileNotFoundError for a missing directory, ValueError for a bad URL."""
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
+
+    if is_clickhouse_url(spec):
+        from infertrace.store.clickhouse.store import ClickHouseStore
+
+        return ClickHouseStore.open(str(spec), since_ns, until_ns)
+    return Store.open(spec)

@@ -47,9 +47,11 @@ _LIST_ITEM: Final = {"string[]": "String", "int[]": "Int64", "double[]": "Float6
 
 
 def _literal(text: str) -> str:
-    """A constant of the schema (an attribute key) as a SQL string literal (DuckDB and ClickHouse)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'" if "\\" in text else "'" + text.replace(
-        "'", "''") + "'"
+    """A constant of the schema (an attribute key, a kind name) as a SQL string literal, the same in DuckDB and
+    ClickHouse; never a value from the input (those are bound)."""
+    if "'" in text or "\\" in text:
+        raise ValueError(f"{text!r}: not a plain name")
+    return "'" + text + "'"
 
 
 def _quoted(name: str) -> str:

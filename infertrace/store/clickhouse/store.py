@@ -50,8 +50,11 @@ def create_otel_traces(connection: Connection) -> None:
 
 
 def window_clause(table: str, since_ns: int | None, until_ns: int | None) -> tuple[str, dict[str, Any]]:
-    """WHERE clause (bound parameters) keeping every span of each trace that has a span overlapping
-    [since, until): a request that overlaps the window comes whole. Empty for no window."""
+    """WHERE clause (bound parameters) choosing a window's spans with the context its analyses need: the traces
+    with a span overlapping [since, until) give an extent (the earliest start and latest end of their spans);
+    every trace with a span overlapping that extent is kept whole. So a request that overlaps the window comes
+    with all its spans, and the engine steps (their own traces) of its whole life come too: its tokens and ITLs
+    are those of the whole store. Empty for no window."""
     tests, params = [], {}
     if until_ns is not None:
         tests.append("Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})")
@@ -61,7 +64,13 @@ def window_clause(table: str, since_ns: int | None, until_ns: int | None) -> tup
         params["since_ns"] = since_ns
     if not tests:
         return "", {}
-    return f"WHERE TraceId IN (SELECT TraceId FROM {table} WHERE {' AND '.join(tests)})", params
+    end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
+    in_window = f"SELECT TraceId FROM {table} WHERE {' AND '.join(tests)}"
+    lo = f"(SELECT min(Timestamp) FROM {table} WHERE TraceId IN ({in_window}))"
+    hi = f"(SELECT max({end}) FROM {table} WHERE TraceId IN ({in_window}))"
+    extended = (f"SELECT TraceId FROM {table} WHERE Timestamp < fromUnixTimestamp64Nano({hi}) "
+                f"AND {end} >= toUnixTimestamp64Nano({lo})")
+    return f"WHERE TraceId IN ({extended})", params
 
 
 def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None) -> pa.Table:
@@ -144,4 +153,30 @@ def export_rows(store: Store, url: str) -> int:
             written += batch.num_rows
         return written
     finally:
+        connection.close()
+
+
+def ingest_window(root: Path, url: str, since_ns: int | None, until_ns: int | None,
+                  rows_per_segment: int = EXPORT_BATCH_ROWS) -> tuple[int, int]:
+    """Writes a window of ClickHouse's spans (chosen as `ClickHouseStore` chooses them) into a local store
+    directory as segments; returns (spans read, spans new to the store). The rows are cut into segments in a
+    fixed order, so pulling the same window again adds nothing."""
+    from infertrace.store.schema import SCHEMA
+    from infertrace.store.segments import write_segments
+
+    connection = connect(url)
+    con = duckdb.connect(":memory:")
+    try:
+        rows = span_rows(connection, since_ns, until_ns)
+        con.register("_clickhouse_rows", rows)
+        reader = con.sql(duckdb_casts("_clickhouse_rows") + " ORDER BY start_ns, trace_id, span_id"
+                         ).to_arrow_reader(rows_per_segment)
+        read = new = 0
+        for batch in reader:
+            table = pa.Table.from_batches([batch]).cast(SCHEMA)
+            read += table.num_rows
+            new += write_segments(root, table).spans_new
+        return read, new
+    finally:
+        con.close()
         connection.close()
