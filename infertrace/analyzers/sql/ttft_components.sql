@@ -30,3 +30,5 @@ FROM requests r
 LEFT JOIN gateway g ON g.request_id = r.request_id
 LEFT JOIN compute c ON c.request_id = r.request_id
 WHERE r.outcome = 'ok' AND r.ttft_ns IS NOT NULL
+-- in a fixed order: the prefill fit's floating-point sums must not depend on how the spans were stored
+ORDER BY r.request_id

@@ -2,7 +2,8 @@
 (chdb), behind the three calls the store needs.
 
     clickhouse://USER@HOST:8123/DB     a server over HTTP; clickhouses://… over HTTPS
-    chdb://PATH                        ClickHouse in this process, its data in directory PATH (tests, a laptop)
+    chdb://PATH[?database=DB]          ClickHouse in this process, its data in directory PATH (tests, a laptop);
+                                       one PATH per process (chdb's embedded server), any number of databases
 
 A password never goes in the URL (it would be visible in `ps` and shell history): it is read from
 `$INFERTRACE_CLICKHOUSE_PASSWORD`, or from the first line of the file `$INFERTRACE_CLICKHOUSE_PASSWORD_FILE`
@@ -16,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow as pa
 
@@ -48,7 +49,7 @@ class Target:
 
     def __str__(self) -> str:
         if self.scheme == "chdb":
-            return f"chdb://{self.path}"
+            return f"chdb://{self.path}" + (f"?database={self.database}" if self.database != "default" else "")
         return f"{self.scheme}://{self.user}@{self.host}:{self.port}/{self.database}"
 
 
@@ -64,7 +65,10 @@ def parse_url(url: str) -> Target:
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ValueError(f"{url!r}: chdb://PATH needs the directory of its data")
-        return Target("chdb", "", 0, "default", "default", path)
+        database = parse_qs(parts.query).get("database", ["default"])[-1]
+        if not _DATABASE.fullmatch(database):
+            raise ValueError(f"{url!r}: database {database!r} is not a plain ClickHouse name")
+        return Target("chdb", "", 0, "default", database, path)
     database = parts.path.strip("/") or "default"
     if not _DATABASE.fullmatch(database):
         raise ValueError(f"{url!r}: database {database!r} is not a plain ClickHouse name")
@@ -109,6 +113,10 @@ class Connection(Protocol):
 READ_SETTINGS: Final = {"precise_float_parsing": 1}
 
 
+# chdb runs one embedded server per process, on one data directory: connections to it share its session.
+_CHDB: dict[str, Any] = {"path": None, "session": None, "users": 0}
+
+
 class ChdbConnection:
     """ClickHouse's engine in this process (chdb), its data in a directory."""
 
@@ -116,8 +124,16 @@ class ChdbConnection:
         from chdb import session
 
         self.target = target
-        Path(target.path).mkdir(parents=True, exist_ok=True)
-        self._session = session.Session(target.path)
+        path = str(Path(target.path).resolve())
+        if _CHDB["users"] and _CHDB["path"] != path:
+            raise ValueError(f"chdb://{target.path}: this process already runs chdb on {_CHDB['path']} (one data "
+                             f"directory per process; use ?database=NAME for another data set)")
+        if not _CHDB["users"]:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            _CHDB.update(path=path, session=session.Session(path))
+        _CHDB["users"] += 1
+        self._session = _CHDB["session"]
+        self._closed = False
 
     def command(self, sql: str) -> None:
         self._session.query(sql)
@@ -132,7 +148,13 @@ class ChdbConnection:
         self._session.query(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM Python(rows)")
 
     def close(self) -> None:
-        self._session.close()
+        if self._closed:
+            return
+        self._closed = True
+        _CHDB["users"] -= 1
+        if not _CHDB["users"]:
+            _CHDB["session"].close()
+            _CHDB.update(path=None, session=None)
 
 
 class ServerConnection:
