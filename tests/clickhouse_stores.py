@@ -10,12 +10,18 @@ from __future__ import annotations
 import functools
 import re
 import tempfile
+from pathlib import Path
 
 from infertrace.store.clickhouse.store import export_rows
 from infertrace.store.store import Store
 from tests.incident_stores import sample_store
 
 _CHDB = tempfile.TemporaryDirectory(prefix="infertrace-test-chdb-")
+
+
+def chdb_dir() -> Path:
+    """The session's chdb data directory (the one this process may use)."""
+    return Path(_CHDB.name)
 
 
 def chdb_url(name: str) -> str:

@@ -7,6 +7,7 @@ over every relation the store defines, so a relation or a sample added later is 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +31,42 @@ def _rows(store: Store, name: str) -> pa.Table:
     return store.sql(f"SELECT * FROM {name} ORDER BY ALL").to_arrow_table()
 
 
-def _both(sample: str) -> tuple[Store, Store]:
-    local, url = sample_in_clickhouse(sample)
-    return Store.open(local), open_store(url)
+@pytest.fixture(scope="module")
+def opened() -> Iterator[dict[str, tuple[Store, Store]]]:
+    """(local store, store over chdb) per sample, opened once for the module's many read-only comparisons."""
+    stores: dict[str, tuple[Store, Store]] = {}
+    yield stores
+    for local, clickhouse in stores.values():
+        local.close()
+        clickhouse.close()
+
+
+def _both(opened: dict[str, tuple[Store, Store]], sample: str) -> tuple[Store, Store]:
+    if sample not in opened:
+        local, url = sample_in_clickhouse(sample)
+        opened[sample] = Store.open(local), open_store(url)
+    return opened[sample]
 
 
 @pytest.mark.parametrize("sample", SAMPLE_NAMES)
 @pytest.mark.parametrize("relation", [*RELATIONS, *SIDE_RELATIONS])
-def test_every_relation_reads_the_same_rows_from_clickhouse_as_from_the_local_store(sample: str,
-                                                                                    relation: str) -> None:
-    local, clickhouse = _both(sample)
-    with local, clickhouse:
-        expected, got = _rows(local, relation), _rows(clickhouse, relation)
-        assert got.schema == expected.schema
-        assert got.num_rows == expected.num_rows
-        assert got.equals(expected)
+def test_every_relation_reads_the_same_rows_from_clickhouse_as_from_the_local_store(
+        opened: dict[str, tuple[Store, Store]], sample: str, relation: str) -> None:
+    local, clickhouse = _both(opened, sample)
+    expected, got = _rows(local, relation), _rows(clickhouse, relation)
+    assert got.schema == expected.schema
+    assert got.num_rows == expected.num_rows
+    assert got.equals(expected)
 
 
-def test_spans_come_back_typed_exactly_as_ingest_stored_them() -> None:
-    local, clickhouse = _both("prefill_storm")
-    with local, clickhouse:
-        # event attribute values and links' text are what the exporter's Map(String, String) cannot carry
-        query = ("SELECT * EXCLUDE (events, links), list_transform(events, lambda e: {'t': e.time_ns, 'n': e.name}) "
-                 "AS events FROM spans ORDER BY trace_id, span_id")
-        expected, got = local.sql(query).to_arrow_table(), clickhouse.sql(query).to_arrow_table()
-        assert got.num_rows == expected.num_rows > 1000
-        assert got.equals(expected)
+def test_spans_come_back_typed_exactly_as_ingest_stored_them(opened: dict[str, tuple[Store, Store]]) -> None:
+    local, clickhouse = _both(opened, "prefill_storm")
+    # event attribute values and links' text are what the exporter's Map(String, String) cannot carry
+    query = ("SELECT * EXCLUDE (events, links), list_transform(events, lambda e: {'t': e.time_ns, 'n': e.name}) "
+             "AS events FROM spans ORDER BY trace_id, span_id")
+    expected, got = local.sql(query).to_arrow_table(), clickhouse.sql(query).to_arrow_table()
+    assert got.num_rows == expected.num_rows > 1000
+    assert got.equals(expected)
 
 
 def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +77,10 @@ def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("sample", SAMPLE_NAMES)
-def test_every_report_section_is_the_same_on_clickhouse(sample: str) -> None:
-    local, clickhouse = _both(sample)
-    with local, clickhouse:
-        expected = _comparable(build_report(local, ReportOptions()))
-        got = _comparable(build_report(clickhouse, ReportOptions()))
+def test_every_report_section_is_the_same_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str) -> None:
+    local, clickhouse = _both(opened, sample)
+    expected = _comparable(build_report(local, ReportOptions()))
+    got = _comparable(build_report(clickhouse, ReportOptions()))
     assert set(got["sections"]) == set(expected["sections"]) and expected["sections"]
     for section in expected["sections"]:
         assert got["sections"][section] == expected["sections"][section], section
@@ -89,13 +99,13 @@ def _values_for(store: Store) -> dict[str, str]:
 
 @pytest.mark.parametrize("sample", SAMPLE_NAMES)
 @pytest.mark.parametrize("query", sorted(load_queries()))
-def test_every_runbook_query_returns_the_same_rows_on_clickhouse(sample: str, query: str) -> None:
-    local, clickhouse = _both(sample)
+def test_every_runbook_query_returns_the_same_rows_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str,
+                                                                 query: str) -> None:
+    local, clickhouse = _both(opened, sample)
     q = load_queries()[query]
-    with local, clickhouse:
-        values = _values_for(local)
-        params = {p.name: values[p.name] for p in q.parameters if p.required}
-        expected, got = run_query(local, q, params), run_query(clickhouse, q, params)
+    values = _values_for(local)
+    params = {p.name: values[p.name] for p in q.parameters if p.required}
+    expected, got = run_query(local, q, params), run_query(clickhouse, q, params)
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
 
 
@@ -201,3 +211,32 @@ def test_exporting_twice_stores_each_span_twice_and_readers_read_it_once() -> No
             assert clickhouse.duplicate_rows == local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
             assert clickhouse.conflicting_spans == 0
             assert _rows(clickhouse, "requests").equals(_rows(local, "requests"))
+
+
+@pytest.mark.slow
+def test_evaluate_scores_a_generated_bank_identically_on_both_backends(tmp_path: Path) -> None:
+    from infertrace.evaluation import clickhouse_backend
+    from infertrace.evaluation.itl import evaluate_itl
+    from infertrace.evaluation.rca import evaluate_rca_section
+    from reference_engine.scenarios.bank import bank, generate
+    from tests.clickhouse_stores import chdb_dir
+
+    generate(bank(seed=3, count=3, duration_s=120.0), tmp_path / "bank")
+
+    def scores() -> dict[str, Any]:
+        result = {"itl": evaluate_itl(tmp_path / "bank"), "rca": evaluate_rca_section(tmp_path / "bank")}
+        return json.loads(json.dumps(_without_timing(result)))  # wall-clock seconds differ, nothing else may
+
+    local = scores()
+    with clickhouse_backend(chdb_dir()):
+        clickhouse = scores()
+    assert local["itl"]["tp"] > 0 and local["rca"]
+    assert clickhouse == local
+
+
+def _without_timing(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_timing(v) for v in value]
+    return value

@@ -66,7 +66,7 @@ def ingest(
     if from_ is not None:
         if paths:
             raise fail("give files or --from clickhouse://…, not both")
-        _ingest_from_clickhouse(store, from_, since, until)
+        ingest_from_clickhouse(store, from_, since, until)
         if materialize:
             materialize_store(store, progress)
         return
@@ -115,7 +115,7 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
+def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
     from infertrace.cli.conventions import parse_when
     from infertrace.store.clickhouse.connection import is_clickhouse_url
     from infertrace.store.clickhouse.store import ingest_window

@@ -218,13 +218,17 @@ class Store:
         for name in RELATIONS:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {relation_sql(name)}")
         for name, (directory, schema) in SIDE_RELATIONS.items():
-            files = readable_files(side_files(self.root, directory))
+            files = readable_files(side_files(self.side_inputs_root(), directory))
             if files:
                 listed = ", ".join(sql_string(str(p)) for p in files)
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet([{listed}])")
             else:
                 con.register(f"_empty_{name}", pa.table({f.name: pa.array([], type=f.type) for f in schema}))
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _empty_{name}")
+
+    def side_inputs_root(self) -> Path:
+        """The store directory whose side inputs (client token times, iteration logs) this store reads."""
+        return self.root
 
     def _ensure_snapshot(self) -> None:
         """A snapshot older than compaction's grace period may name files that are gone: take a new one."""

@@ -84,8 +84,9 @@ class ClickHouseStore(Store):
     """A `Store` whose spans are those of ClickHouse's `otel_traces` in a window (all of them without one)."""
 
     def __init__(self, connection: Connection, con: duckdb.DuckDBPyConnection, since_ns: int | None,
-                 until_ns: int | None) -> None:
+                 until_ns: int | None, side_inputs: Path | None = None) -> None:
         self.connection = connection
+        self.side_inputs = side_inputs
         self.since_ns, self.until_ns = since_ns, until_ns
         self.url = str(connection.target)
         # Results kept per snapshot (infertrace.results) go into a private directory removed on close.
@@ -93,15 +94,17 @@ class ClickHouseStore(Store):
 
     @classmethod
     def open(cls, url: str, since_ns: int | None = None, until_ns: int | None = None,  # type: ignore[override]
-             threads: int | None = None) -> ClickHouseStore:
-        """Raises ValueError for a bad URL, and ClickHouse's own error when the table cannot be read."""
+             threads: int | None = None, side_inputs: Path | None = None) -> ClickHouseStore:
+        """Raises ValueError for a bad URL, and ClickHouse's own error when the table cannot be read.
+        `side_inputs`: a local store directory whose client token times and iteration logs (not spans, so not
+        in otel_traces) the store reads as well."""
         connection = connect(url)
         con = duckdb.connect(":memory:")
         con.execute("SET enable_progress_bar = false")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
         try:
-            return cls(connection, con, since_ns, until_ns)
+            return cls(connection, con, since_ns, until_ns, side_inputs)
         except BaseException:
             connection.close()
             con.close()
@@ -120,6 +123,9 @@ class ClickHouseStore(Store):
         (count, last), = self.con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
+
+    def side_inputs_root(self) -> Path:
+        return self.side_inputs if self.side_inputs is not None else self.root
 
     def _ensure_snapshot(self) -> None:
         """The snapshot is a table of this connection: nothing to re-list."""
