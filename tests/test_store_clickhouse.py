@@ -44,7 +44,10 @@ def opened() -> Iterator[dict[str, tuple[Store, Store]]]:
 def _both(opened: dict[str, tuple[Store, Store]], sample: str) -> tuple[Store, Store]:
     if sample not in opened:
         local, url = sample_in_clickhouse(sample)
-        opened[sample] = Store.open(local), open_store(url)
+        pair = Store.open(local), open_store(url)
+        for store in pair:  # each relation computed once per backend: the many queries below then read it
+            store.materialize()
+        opened[sample] = pair
     return opened[sample]
 
 

@@ -1,0 +1,123 @@
+"""The report and the ITL analysis on the same spans in a local store and in ClickHouse's `otel_traces` (chdb,
+in this process, rows as the Collector's exporter writes them), side by side in one run, at growing sizes.
+
+    .venv/bin/python benchmarks/bench_clickhouse.py --hours 1 --hours 12 [--work DIR] [--seed 0]
+
+For each size, the four-model benchmark fleet (examples/fleets/four_models.toml) is simulated for that many
+hours (`infertrace simulate --fleet … --duration`, once; the trace is kept in DIR), ingested into a local
+store, and the store written into chdb (`export --to`). Then, alternately on each backend: `report` (the
+whole report document, analyses computed, nothing materialised) and `analyze_itl` (opening the store
+included: for ClickHouse that is choosing and typing the spans in ClickHouse and reading them back). Wall and
+CPU time (this process, all threads), the load average, and ClickHouse's compressed bytes per span are
+printed. The machine is shared: quote the load average with any figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.report import ReportOptions, build_report
+from infertrace.store.clickhouse.connection import connect
+from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = ROOT / "examples" / "fleets" / "four_models.toml"
+
+
+def timed(what: Callable[[], Any]) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    what()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float, float]:
+    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size."""
+    name = f"fleet-{hours:g}h-seed{seed}"
+    trace, store = work / f"{name}.jsonl", work / f"{name}-store"
+    url = f"chdb://{work / 'chdb'}?database=" + name.replace("-", "_").replace(".", "_")
+    if not trace.is_file():
+        partial = trace.with_suffix(".partial.jsonl")
+        subprocess.run([sys.executable, "-m", "infertrace", "simulate", "--fleet", str(FLEET), "--duration",
+                        str(hours * 3600), "--seed", str(seed), "--out", str(partial)], check=True)
+        partial.rename(trace)
+    ingest_s = export_s = 0.0
+    if not (store / "READY").is_file():
+        shutil.rmtree(store, ignore_errors=True)
+        ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        connection = connect(url)
+        connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
+        connection.close()
+        with Store.open(store) as opened:
+            export_s, _ = timed(lambda: export_rows(opened, url))
+        (store / "READY").write_text("", encoding="utf-8")
+    with Store.open(store) as opened:
+        spans = opened.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    return store, url, spans, ingest_s, export_s
+
+
+def compressed_bytes_per_span(url: str) -> float:
+    connection = connect(url)
+    try:
+        row = connection.query_arrow(
+            "SELECT sum(data_compressed_bytes) AS b, sum(rows) AS n FROM system.parts WHERE active AND database = "
+            "{db:String} AND table = 'otel_traces'", {"db": connection.target.database}).to_pylist()[0]
+        return row["b"] / max(row["n"], 1)
+    finally:
+        connection.close()
+
+
+def run(hours: list[float], work: Path, seed: int) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{'spans':>10} {'what':<22} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
+          f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
+    for h in hours:
+        store, url, spans, ingest_s, export_s = prepare(work, h, seed)
+        if ingest_s:
+            print(f"{spans:>10} {'ingest / export':<22} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+
+        def report_local() -> None:
+            with Store.open(store) as s:
+                build_report(s, ReportOptions())
+
+        def report_chdb() -> None:
+            with ClickHouseStore.open(url) as s:
+                build_report(s, ReportOptions())
+
+        def itl_local() -> None:
+            with Store.open(store) as s:
+                analyze_itl(s)
+
+        def itl_chdb() -> None:
+            with ClickHouseStore.open(url) as s:
+                analyze_itl(s)
+
+        for what, local, chdb in (("report", report_local, report_chdb), ("analyze_itl", itl_local, itl_chdb)):
+            lw, lc = timed(local)
+            cw, cc = timed(chdb)
+            print(f"{spans:>10} {what:<22} {lw:>12.1f} {lc:>11.1f} {cw:>11.1f} {cc:>10.1f} {cw / lw:>10.2f} "
+                  f"{os.getloadavg()[0]:>5.1f}", flush=True)
+        print(f"{spans:>10} compressed bytes/span in otel_traces: {compressed_bytes_per_span(url):.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hours", type=float, action="append", help="simulated hours per size (repeatable)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    run(args.hours or [1.0], args.work, args.seed)
+
+
+if __name__ == "__main__":
+    main()
