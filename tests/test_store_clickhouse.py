@@ -26,6 +26,9 @@ from tests.clickhouse_stores import chdb_url, exported, sample_in_clickhouse
 from tests.incident_stores import SAMPLES
 
 SAMPLE_NAMES = sorted(p.parent.name for p in SAMPLES.glob("*/ground_truth.json"))
+# The default run compares two samples (one with KV transfers, one with a prefill storm); CI's slow run all.
+DEFAULT_SAMPLES = ("kv_transfer_congestion", "prefill_storm")
+SAMPLES_PARAMS = [pytest.param(s, marks=() if s in DEFAULT_SAMPLES else pytest.mark.slow) for s in SAMPLE_NAMES]
 
 
 def _rows(store: Store, name: str) -> pa.Table:
@@ -52,7 +55,7 @@ def _both(opened: dict[str, tuple[Store, Store]], sample: str) -> tuple[Store, S
     return opened[sample]
 
 
-@pytest.mark.parametrize("sample", SAMPLE_NAMES)
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
 @pytest.mark.parametrize("relation", [*RELATIONS, *SIDE_RELATIONS])
 def test_every_relation_reads_the_same_rows_from_clickhouse_as_from_the_local_store(
         opened: dict[str, tuple[Store, Store]], sample: str, relation: str) -> None:
@@ -80,7 +83,7 @@ def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("sample", SAMPLE_NAMES)
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
 def test_every_report_section_is_the_same_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str) -> None:
     local, clickhouse = _both(opened, sample)
     expected = _comparable(build_report(local, ReportOptions()))
@@ -101,7 +104,7 @@ def _values_for(store: Store) -> dict[str, str]:
             "since": str(lo + (hi - lo) // 3), "until": str(lo + 2 * (hi - lo) // 3)}
 
 
-@pytest.mark.parametrize("sample", SAMPLE_NAMES)
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
 @pytest.mark.parametrize("query", sorted(load_queries()))
 def test_every_runbook_query_returns_the_same_rows_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str,
                                                                  query: str) -> None:
