@@ -1,7 +1,7 @@
 """The report and the ITL analysis on the same spans in a local store and in ClickHouse's `otel_traces` (chdb,
 in this process, rows as the Collector's exporter writes them), side by side in one run, at growing sizes.
 
-    .venv/bin/python benchmarks/bench_clickhouse.py --hours 1 --hours 12 [--work DIR] [--seed 0]
+    .venv/bin/python benchmarks/bench_clickhouse.py --hours 1 --hours 12 [--window 10] [--work DIR] [--seed 0]
 
 For each size, the four-model benchmark fleet (examples/fleets/four_models.toml) is simulated for that many
 hours (`infertrace simulate --fleet … --duration`, once; the trace is kept in DIR), ingested into a local
@@ -77,46 +77,64 @@ def compressed_bytes_per_span(url: str) -> float:
         connection.close()
 
 
-def run(hours: list[float], work: Path, seed: int) -> None:
+def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None) -> None:
+    """`report` and `analyze_itl` on each backend, alternately; with a window, the local store is opened whole and
+    the report selects the window (what `report --since/--until` does), ClickHouse reads the window only."""
+    options = ReportOptions(since_ns=since, until_ns=until)
+
+    def report_local() -> None:
+        with Store.open(store) as s:
+            build_report(s, options)
+
+    def report_chdb() -> None:
+        with ClickHouseStore.open(url, since, until) as s:
+            build_report(s, options)
+
+    def itl_local() -> None:
+        with Store.open(store) as s:
+            analyze_itl(s)
+
+    def itl_chdb() -> None:
+        with ClickHouseStore.open(url, since, until) as s:
+            analyze_itl(s)
+
+    label = "" if since is None else f" {(until - since) / 60e9:g} min window"  # type: ignore[operator]
+    runs = [("report" + label, report_local, report_chdb)]
+    if since is None:  # the ITL analysis has no window of its own: the whole store
+        runs.append(("analyze_itl", itl_local, itl_chdb))
+    for what, local, chdb in runs:
+        lw, lc = timed(local)
+        cw, cc = timed(chdb)
+        print(f"{spans:>10} {what:<26} {lw:>12.1f} {lc:>11.1f} {cw:>11.1f} {cc:>10.1f} {cw / lw:>10.2f} "
+              f"{os.getloadavg()[0]:>5.1f}", flush=True)
+
+
+def run(hours: list[float], windows: list[float], work: Path, seed: int) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{'spans':>10} {'what':<22} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
+    print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
     for h in hours:
         store, url, spans, ingest_s, export_s = prepare(work, h, seed)
         if ingest_s:
-            print(f"{spans:>10} {'ingest / export':<22} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
-
-        def report_local() -> None:
-            with Store.open(store) as s:
-                build_report(s, ReportOptions())
-
-        def report_chdb() -> None:
-            with ClickHouseStore.open(url) as s:
-                build_report(s, ReportOptions())
-
-        def itl_local() -> None:
-            with Store.open(store) as s:
-                analyze_itl(s)
-
-        def itl_chdb() -> None:
-            with ClickHouseStore.open(url) as s:
-                analyze_itl(s)
-
-        for what, local, chdb in (("report", report_local, report_chdb), ("analyze_itl", itl_local, itl_chdb)):
-            lw, lc = timed(local)
-            cw, cc = timed(chdb)
-            print(f"{spans:>10} {what:<22} {lw:>12.1f} {lc:>11.1f} {cw:>11.1f} {cc:>10.1f} {cw / lw:>10.2f} "
-                  f"{os.getloadavg()[0]:>5.1f}", flush=True)
+            print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+        measure(store, url, spans)
+        with Store.open(store) as opened:
+            first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
+        for minutes in windows:  # windows from the middle of the run
+            since = first + int(h * 3600e9 / 2)
+            measure(store, url, spans, since, since + int(minutes * 60e9))
         print(f"{spans:>10} compressed bytes/span in otel_traces: {compressed_bytes_per_span(url):.1f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hours", type=float, action="append", help="simulated hours per size (repeatable)")
+    parser.add_argument("--window", type=float, action="append", default=[],
+                        help="also a report over a window of this many minutes (repeatable)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    run(args.hours or [1.0], args.work, args.seed)
+    run(args.hours or [1.0], args.window, args.work, args.seed)
 
 
 if __name__ == "__main__":

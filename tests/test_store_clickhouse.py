@@ -26,8 +26,8 @@ from tests.clickhouse_stores import chdb_url, exported, sample_in_clickhouse
 from tests.incident_stores import SAMPLES
 
 SAMPLE_NAMES = sorted(p.parent.name for p in SAMPLES.glob("*/ground_truth.json"))
-# The default run compares two samples (one with KV transfers, one with a prefill storm); CI's slow run all.
-DEFAULT_SAMPLES = ("kv_transfer_congestion", "prefill_storm")
+# The default run compares one sample (a prefill storm on a multi-model fleet); CI's slow run all of them.
+DEFAULT_SAMPLES = ("prefill_storm",)
 SAMPLES_PARAMS = [pytest.param(s, marks=() if s in DEFAULT_SAMPLES else pytest.mark.slow) for s in SAMPLE_NAMES]
 
 

@@ -4,9 +4,10 @@ Collector's ClickHouse exporter (`otel_traces.sql`), and the SELECTs that turn o
 Both are generated from the schema, as `store.projection` is: one typed column per declared key on our side,
 one text value per key in a `Map(String, String)` on the exporter's side.
 
-- `to_otel_traces_sql()` (DuckDB, over `spans`): every typed column back into the attribute maps as the text
-  the exporter writes (`pcommon.Value.AsString`: integers in decimal, booleans `true`/`false`, lists as
-  JSON), SpanKind and StatusCode as pdata names them, events and links as the exporter's Nested columns.
+- `to_otel_traces_sql()` (DuckDB, over `spans`) then `exporter_rows()`: every typed column back into the
+  attribute maps as the text the exporter writes (`pcommon.Value.AsString`: integers in decimal, booleans
+  `true`/`false`, lists as JSON), SpanKind and StatusCode as pdata names them, events and links as the
+  exporter's Nested columns.
 - `from_otel_traces_sql()` (ClickHouse, over `otel_traces`): the reverse, run inside ClickHouse so that only
   the spans asked for come back, already typed. A declared key whose text does not read as its type keeps
   its text in the map and leaves the typed column NULL, as ingest does. ClickHouse has no nullable arrays,
@@ -20,8 +21,10 @@ relation or analysis reads either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
+import numpy as np
 import pyarrow as pa
 
 from infertrace.store.schema import (
@@ -75,12 +78,8 @@ def _as_text(column: str, kind: str) -> str:
     return f"CAST({c} AS VARCHAR)"
 
 
-def _map_with(map_column: str, declared: dict[str, str], column_of: object) -> str:
-    entries = ", ".join(
-        f"{{'key': {_literal(k)}, 'value': {_as_text(column_of(k), t)}}}"  # type: ignore[operator]
-        for k, t in declared.items())
-    return (f"map_concat({map_column}, map_from_entries(list_filter([{entries}], lambda e: e.value IS NOT NULL)))"
-            if entries else map_column)
+def _text_columns(declared: dict[str, str], column_of: Callable[[str], str], prefix: str) -> str:
+    return ",\n    ".join(f"{_as_text(column_of(k), t)} AS {_quoted(prefix + k)}" for k, t in declared.items())
 
 
 def to_otel_traces_sql(source: str = "spans") -> str:
@@ -99,10 +98,10 @@ SELECT
     name AS "SpanName",
     CASE kind {kinds} ELSE 'Unspecified' END AS "SpanKind",
     coalesce({service}, '') AS "ServiceName",
-    {_map_with(RESOURCE_MAP, DECLARED_RESOURCE, resource_column)} AS "ResourceAttributes",
+    {RESOURCE_MAP} AS "ResourceAttributes",
     coalesce(scope_name, '') AS "ScopeName",
     coalesce(scope_version, '') AS "ScopeVersion",
-    {_map_with(SPAN_MAP, DECLARED_ATTRIBUTES, attribute_column)} AS "SpanAttributes",
+    {SPAN_MAP} AS "SpanAttributes",
     CAST(end_ns - start_ns AS UBIGINT) AS "Duration",
     CASE status_code {status} ELSE 'Unset' END AS "StatusCode",
     coalesce(status_message, '') AS "StatusMessage",
@@ -112,8 +111,56 @@ SELECT
     list_transform(link_list(links), lambda l: l.traceId) AS "Links.TraceId",
     list_transform(link_list(links), lambda l: l.spanId) AS "Links.SpanId",
     list_transform(link_list(links), lambda l: coalesce(l.traceState, '')) AS "Links.TraceState",
-    list_transform(link_list(links), lambda l: MAP {{}}::MAP(VARCHAR, VARCHAR)) AS "Links.Attributes"
+    list_transform(link_list(links), lambda l: MAP {{}}::MAP(VARCHAR, VARCHAR)) AS "Links.Attributes",
+    {_text_columns(DECLARED_RESOURCE, resource_column, _RESOURCE_TEXT)},
+    {_text_columns(DECLARED_ATTRIBUTES, attribute_column, _SPAN_TEXT)}
 FROM {source}"""
+
+
+# Columns of `to_otel_traces_sql` holding a declared key's text, before `exporter_rows` moves them into the maps.
+_RESOURCE_TEXT: Final = "resource:"
+_SPAN_TEXT: Final = "span:"
+
+
+def exporter_rows(batch: pa.Table) -> pa.Table:
+    """The exporter's rows from a batch of `to_otel_traces_sql`: each declared key's text (where not NULL) added
+    to its map, after the keys already there, and the text columns dropped. Vectorised (numpy over the map's
+    offsets): building the maps in SQL, a list of ~120 entries per span, ran at ≈ 5.5k spans/s."""
+    out = {}
+    for name in batch.column_names:
+        if name == "ResourceAttributes":
+            out[name] = _merged_map(batch, name, _RESOURCE_TEXT)
+        elif name == "SpanAttributes":
+            out[name] = _merged_map(batch, name, _SPAN_TEXT)
+        elif not name.startswith((_RESOURCE_TEXT, _SPAN_TEXT)):
+            out[name] = batch.column(name)
+    return pa.table(out)
+
+
+def _merged_map(batch: pa.Table, map_name: str, prefix: str) -> pa.Array:
+    n = batch.num_rows
+    existing = batch.column(map_name).combine_chunks()
+    existing = existing.fill_null(pa.scalar([], existing.type)) if existing.null_count else existing
+    offsets = np.asarray(existing.offsets)
+    rows = [np.repeat(np.arange(n), np.diff(offsets))]
+    first, last = offsets[0], offsets[-1]
+    keys: list[pa.Array] = [existing.keys.slice(first, last - first).cast(pa.string())]
+    values: list[pa.Array] = [existing.items.slice(first, last - first)]
+    for name in batch.column_names:
+        if not name.startswith(prefix):
+            continue
+        text = batch.column(name).combine_chunks()
+        present = np.flatnonzero(np.asarray(text.is_valid()))
+        if present.size:
+            rows.append(present)
+            keys.append(pa.array(np.full(present.size, name[len(prefix):], dtype=object), pa.string()))
+            values.append(text.take(pa.array(present)))
+    row = np.concatenate(rows)
+    order = pa.array(np.argsort(row, kind="stable"))
+    counts = np.bincount(row, minlength=n)
+    new_offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    return pa.MapArray.from_arrays(new_offsets, pa.concat_arrays(keys).take(order),
+                                   pa.concat_arrays(values).take(order))
 
 
 # DuckDB macros the export SELECT uses: a JSON object's values as text (strings unquoted, as the exporter

@@ -30,7 +30,13 @@ import duckdb
 import pyarrow as pa
 
 from infertrace.store.clickhouse.connection import Connection, connect
-from infertrace.store.clickhouse.rows import EXPORT_MACROS, duckdb_casts, from_otel_traces_sql, to_otel_traces_sql
+from infertrace.store.clickhouse.rows import (
+    EXPORT_MACROS,
+    duckdb_casts,
+    exporter_rows,
+    from_otel_traces_sql,
+    to_otel_traces_sql,
+)
 from infertrace.store.store import Store
 
 EXPORT_BATCH_ROWS = 100_000
@@ -143,7 +149,7 @@ def exporter_batches(store: Store, rows_per_batch: int = EXPORT_BATCH_ROWS) -> I
     reader = store.con.sql(to_otel_traces_sql("spans")).to_arrow_reader(rows_per_batch)
     for batch in reader:
         if batch.num_rows:
-            yield pa.Table.from_batches([batch])
+            yield exporter_rows(pa.Table.from_batches([batch]))
 
 
 def export_rows(store: Store, url: str) -> int:
