@@ -20,7 +20,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from infertrace.cli.console import err
+from infertrace.cli.console import err, fail
 
 STORE_ENV = "INFERTRACE_STORE"
 HELP_OPTION_NAMES = ["-h", "--help"]
@@ -202,3 +202,19 @@ def warn_if_outside(store: dict[str, Any], since_ns: int | None, until_ns: int |
         err.print(f"note: the window {iso(since_ns) or '…'} to {iso(until_ns) or '…'} holds none of the store's "
                   f"spans, which run from {store['first_span']} to {store['last_span']}", markup=False,
                   highlight=False)
+
+
+# ------------------------------------------------------------------------------- windows and ClickHouse
+def parse_window(since: str | None, until: str | None) -> tuple[int | None, int | None]:
+    """--since/--until as ns (None when not given). Raises ValueError naming the bad time, or the window."""
+    since_ns = parse_when(since) if since is not None else None
+    until_ns = parse_when(until) if until is not None else None
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise ValueError(f"--since {since} is not before --until {until}")
+    return since_ns, until_ns
+
+
+def clickhouse_failure(option: str, url: str, error: Exception) -> typer.Exit:
+    """ClickHouse's (or chdb's) own error as one line naming the option and the URL."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    return fail(f"{option} {url}: {type(error).__name__}: {first}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import check_choice, err, fail
-from infertrace.cli.conventions import parse_when
+from infertrace.cli.conventions import clickhouse_failure, parse_when
 
 EXPORT_FORMATS = ("perfetto", "otlp")
 
@@ -114,8 +114,8 @@ def _export_to_clickhouse(store: Path, to: str) -> None:
         raise fail(f"--store {store}: {e}") from None
     except ValueError as e:
         raise fail(f"--to {to}: {e}") from None
-    except Exception as e:  # the ClickHouse client's and chdb's own errors: one line naming the target
-        raise fail(f"--to {to}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    except Exception as e:  # the ClickHouse client's and chdb's own errors
+        raise clickhouse_failure("--to", to, e) from None
     err.print(f"Wrote {written} spans to {to} in {time.perf_counter() - started:.1f} s", markup=False,
               highlight=False)
 

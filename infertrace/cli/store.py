@@ -116,19 +116,16 @@ def ingest(
 
 
 def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
-    from infertrace.cli.conventions import parse_when
+    from infertrace.cli.conventions import clickhouse_failure, parse_window
     from infertrace.store.clickhouse.connection import is_clickhouse_url
     from infertrace.store.clickhouse.store import ingest_window
 
     if not is_clickhouse_url(url):
         raise fail(f"--from {url!r}: expected clickhouse://USER@HOST:PORT/DB, clickhouses://… or chdb://PATH")
     try:
-        since_ns = parse_when(since) if since is not None else None
-        until_ns = parse_when(until) if until is not None else None
+        since_ns, until_ns = parse_window(since, until)
     except ValueError as e:
         raise fail(str(e)) from None
-    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
-        raise fail(f"--since {since} is not before --until {until}")
     try:
         with err.status(f"Reading spans from {url} …"):
             read, new = ingest_window(store, url, since_ns, until_ns)
@@ -136,8 +133,8 @@ def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str 
         raise fail(f"--from {url}: {e}") from None
     except OSError as e:
         raise fail(f"--store {store}: {e}") from None
-    except Exception as e:  # the ClickHouse client's and chdb's own errors: one line naming the source
-        raise fail(f"--from {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    except Exception as e:  # the ClickHouse client's and chdb's own errors
+        raise clickhouse_failure("--from", url, e) from None
     if read == 0:
         err.print(f"No spans in {url} for that window: nothing ingested", highlight=False)
     else:
