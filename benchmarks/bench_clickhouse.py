@@ -109,7 +109,7 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
               f"{os.getloadavg()[0]:>5.1f}", flush=True)
 
 
-def run(hours: list[float], windows: list[float], work: Path, seed: int) -> None:
+def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
@@ -117,7 +117,8 @@ def run(hours: list[float], windows: list[float], work: Path, seed: int) -> None
         store, url, spans, ingest_s, export_s = prepare(work, h, seed)
         if ingest_s:
             print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
-        measure(store, url, spans)
+        if whole:
+            measure(store, url, spans)
         with Store.open(store) as opened:
             first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
         for minutes in windows:  # windows from the middle of the run
@@ -131,10 +132,11 @@ def main() -> None:
     parser.add_argument("--hours", type=float, action="append", help="simulated hours per size (repeatable)")
     parser.add_argument("--window", type=float, action="append", default=[],
                         help="also a report over a window of this many minutes (repeatable)")
+    parser.add_argument("--no-whole", action="store_true", help="only the windowed reports")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    run(args.hours or [1.0], args.window, args.work, args.seed)
+    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -270,3 +272,30 @@ def test_end_to_end_through_clickhouse_connect_to_a_server(opened: dict[str, tup
         for relation in RELATIONS:
             assert _rows(server, relation).equals(_rows(local, relation)), relation
         assert _comparable(build_report(server, ReportOptions())) == _comparable(build_report(local, ReportOptions()))
+
+
+def test_cli_exports_to_and_ingests_from_clickhouse_and_reports_on_it(tmp_path: Path) -> None:
+    local_dir = str(sample_in_clickhouse("host_pauses")[0])
+    chdb = f"chdb://{tmp_path / 'chdb'}?database=otel"
+
+    def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace.cli", *args], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, **env})
+
+    exported_run = cli("export", "--store", local_dir, "--to", chdb)
+    assert exported_run.returncode == 0, exported_run.stderr
+    spans = Store.open(local_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    assert f"Wrote {spans} spans to" in exported_run.stderr
+    report = cli("report", "--store", chdb, "--format", "json", "--fail-on", "never")
+    assert report.returncode == 0, report.stderr
+    with Store.open(local_dir) as local:
+        assert _comparable(json.loads(report.stdout))["sections"] == _comparable(build_report(local))["sections"]
+    pulled = cli("ingest", "--store", str(tmp_path / "pulled"), "--from", chdb, "--no-materialize")
+    assert pulled.returncode == 0 and f"Read {spans} spans" in pulled.stderr, pulled.stderr
+    with Store.open(tmp_path / "pulled") as back, Store.open(local_dir) as local:
+        assert _rows(back, "tokens").equals(_rows(local, "tokens"))
+    refused = cli("report", "--store", "clickhouse://oncall:secret@127.0.0.1:1/otel")
+    assert refused.returncode == 2 and "INFERTRACE_CLICKHOUSE_PASSWORD" in refused.stderr
+    unreachable = cli("query", "--store", "clickhouse://oncall@127.0.0.1:1/otel", "slowest_requests",
+                      INFERTRACE_CLICKHOUSE_PASSWORD="x")
+    assert unreachable.returncode == 2 and "--store clickhouse://oncall@127.0.0.1:1/otel" in unreachable.stderr

@@ -207,7 +207,7 @@ def report(
                 if options == ReportOptions() and not rules and type(opened) is Store:
                     with contextlib.suppress(OSError):  # a read-only store: the report is right, only not kept
                         save_report(opened, doc)
-        except (FileNotFoundError, ValueError) as e:
+        except (OSError, ValueError) as e:  # no such directory; a bad URL; ClickHouse unreachable or failing
             raise fail(f"--store {store}: {e}") from None
     warn_if_outside(doc["store"], since_ns, until_ns)
     if out is None and fmt == "table":

@@ -20,7 +20,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from infertrace.cli.console import err, fail
+from infertrace.cli.console import err
 
 STORE_ENV = "INFERTRACE_STORE"
 HELP_OPTION_NAMES = ["-h", "--help"]
@@ -204,7 +204,7 @@ def warn_if_outside(store: dict[str, Any], since_ns: int | None, until_ns: int |
                   highlight=False)
 
 
-# ------------------------------------------------------------------------------- windows and ClickHouse
+# ------------------------------------------------------------------------------- windows
 def parse_window(since: str | None, until: str | None) -> tuple[int | None, int | None]:
     """--since/--until as ns (None when not given). Raises ValueError naming the bad time, or the window."""
     since_ns = parse_when(since) if since is not None else None
@@ -213,8 +213,3 @@ def parse_window(since: str | None, until: str | None) -> tuple[int | None, int 
         raise ValueError(f"--since {since} is not before --until {until}")
     return since_ns, until_ns
 
-
-def clickhouse_failure(option: str, url: str, error: Exception) -> typer.Exit:
-    """ClickHouse's (or chdb's) own error as one line naming the option and the URL."""
-    first = str(error).splitlines()[0] if str(error) else ""
-    return fail(f"{option} {url}: {type(error).__name__}: {first}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import check_choice, err, fail
-from infertrace.cli.conventions import clickhouse_failure, parse_when
+from infertrace.cli.conventions import parse_when
 
 EXPORT_FORMATS = ("perfetto", "otlp")
 
@@ -98,7 +98,7 @@ def export(
 
 
 def _export_to_clickhouse(store: Path, to: str) -> None:
-    from infertrace.store.clickhouse.connection import is_clickhouse_url
+    from infertrace.store.clickhouse.connection import ClickHouseError, is_clickhouse_url
     from infertrace.store.clickhouse.store import export_rows
     from infertrace.store.store import Store
 
@@ -112,10 +112,8 @@ def _export_to_clickhouse(store: Path, to: str) -> None:
             written = export_rows(opened, to)
     except FileNotFoundError as e:
         raise fail(f"--store {store}: {e}") from None
-    except ValueError as e:
+    except (ClickHouseError, ValueError) as e:
         raise fail(f"--to {to}: {e}") from None
-    except Exception as e:  # the ClickHouse client's and chdb's own errors
-        raise clickhouse_failure("--to", to, e) from None
     err.print(f"Wrote {written} spans to {to} in {time.perf_counter() - started:.1f} s", markup=False,
               highlight=False)
 

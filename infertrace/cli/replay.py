@@ -132,9 +132,7 @@ def replay(
                 with err.status(f"Fitting the cost model to {model}'s measured steps …"):
                     capture, sentence = calibrate_from_capture(opened, capture)
                 err.print(sentence)
-    except FileNotFoundError as e:
-        raise fail(f"--store {store}: {e}") from None
-    except ValueError as e:
+    except (OSError, ValueError) as e:  # no such directory; a bad URL; ClickHouse unreachable or failing
         raise fail(f"--store {store}: {e}") from None
     try:
         base = capture.deployment if calibrate else apply_settings(capture.deployment, captured_settings)

@@ -116,8 +116,8 @@ def ingest(
 
 
 def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
-    from infertrace.cli.conventions import clickhouse_failure, parse_window
-    from infertrace.store.clickhouse.connection import is_clickhouse_url
+    from infertrace.cli.conventions import parse_window
+    from infertrace.store.clickhouse.connection import ClickHouseError, is_clickhouse_url
     from infertrace.store.clickhouse.store import ingest_window
 
     if not is_clickhouse_url(url):
@@ -129,12 +129,10 @@ def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str 
     try:
         with err.status(f"Reading spans from {url} …"):
             read, new = ingest_window(store, url, since_ns, until_ns)
-    except ValueError as e:
+    except (ClickHouseError, ValueError) as e:
         raise fail(f"--from {url}: {e}") from None
     except OSError as e:
         raise fail(f"--store {store}: {e}") from None
-    except Exception as e:  # the ClickHouse client's and chdb's own errors
-        raise clickhouse_failure("--from", url, e) from None
     if read == 0:
         err.print(f"No spans in {url} for that window: nothing ingested", highlight=False)
     else:

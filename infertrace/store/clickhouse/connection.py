@@ -12,8 +12,10 @@ names. A URL with a password is refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -94,6 +96,25 @@ def password_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -
         raise ValueError(f"${PASSWORD_FILE_ENV}={path}: {e}") from None
 
 
+class ClickHouseError(OSError):
+    """ClickHouse (a server, or chdb) refused or failed a call: the message names the target and the first line
+    of ClickHouse's own error."""
+
+    def __init__(self, target: Target, error: BaseException) -> None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        super().__init__(f"{target}: {type(error).__name__}: {first}")
+
+
+@contextlib.contextmanager
+def _reported(target: Target) -> Iterator[None]:
+    try:
+        yield
+    except ClickHouseError:
+        raise
+    except Exception as e:  # clickhouse-connect's and chdb's own exception types
+        raise ClickHouseError(target, e) from e
+
+
 class Connection(Protocol):
     """What the store needs from ClickHouse: run a statement, read a query's rows as Arrow (parameters bound
     server-side, `{name:Type}`), insert Arrow rows into a table."""
@@ -130,22 +151,26 @@ class ChdbConnection:
                              f"directory per process; use ?database=NAME for another data set)")
         if not _CHDB["users"]:
             Path(path).mkdir(parents=True, exist_ok=True)
-            _CHDB.update(path=path, session=session.Session(path))
+            with _reported(target):
+                _CHDB.update(path=path, session=session.Session(path))
         _CHDB["users"] += 1
         self._session = _CHDB["session"]
         self._closed = False
 
     def command(self, sql: str) -> None:
-        self._session.query(sql)
+        with _reported(self.target):
+            self._session.query(sql)
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         settings = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())
-        return self._session.query(sql + settings, "ArrowTable", params=params or {})
+        with _reported(self.target):
+            return self._session.query(sql + settings, "ArrowTable", params=params or {})
 
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
         columns = ", ".join(f"`{name}`" for name in rows.column_names)
-        # chdb's Python() table function reads the named local variable of the calling frame.
-        self._session.query(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM Python(rows)")
+        with _reported(self.target):
+            # chdb's Python() table function reads the named local variable of the calling frame.
+            self._session.query(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM Python(rows)")
 
     def close(self) -> None:
         if self._closed:
@@ -164,18 +189,22 @@ class ServerConnection:
         import clickhouse_connect
 
         self.target = target
-        self._client = clickhouse_connect.get_client(
-            host=target.host, port=target.port, username=target.user, password=password,
-            database=target.database, secure=target.scheme == "clickhouses", settings=READ_SETTINGS)
+        with _reported(target):
+            self._client = clickhouse_connect.get_client(
+                host=target.host, port=target.port, username=target.user, password=password,
+                database=target.database, secure=target.scheme == "clickhouses", settings=READ_SETTINGS)
 
     def command(self, sql: str) -> None:
-        self._client.command(sql)
+        with _reported(self.target):
+            self._client.command(sql)
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        return self._client.query_arrow(sql, parameters=params or {}, use_strings=True)
+        with _reported(self.target):
+            return self._client.query_arrow(sql, parameters=params or {}, use_strings=True)
 
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
-        self._client.insert_arrow(table, rows)
+        with _reported(self.target):
+            self._client.insert_arrow(table, rows)
 
     def close(self) -> None:
         self._client.close()
