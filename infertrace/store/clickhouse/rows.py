@@ -11,12 +11,12 @@ one text value per key in a `Map(String, String)` on the exporter's side.
 - `from_otel_traces_sql()` (ClickHouse, over `otel_traces`): the reverse, run inside ClickHouse so that only
   the spans asked for come back, already typed. A declared key whose text does not read as its type keeps
   its text in the map and leaves the typed column NULL, as ingest does. ClickHouse has no nullable arrays,
-  so list keys come back as their JSON text and `DUCKDB_CASTS` reads them into lists (NULL when absent).
+  so list keys come back as their JSON text and `duckdb_casts` reads them into lists (NULL when absent).
 
 What the exporter's format cannot carry, and so does not come back: the JSON types of event attribute
 values (the exporter keeps text; an event's `attributes` reads back as a JSON object of strings) and the
-exact text of `links` (read back as `[{"traceId", "spanId", "traceState", "attributes"}]`). No derived
-relation or analysis reads either.
+exact text of `links` (read back as `[{"traceId", "spanId", "traceState", "attributes"}]`; a local store's link
+attributes are written as an empty map). No derived relation or analysis reads either.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ EXPORT_MACROS: Final = (
 # ------------------------------------------------------------------------------------------- exporter → store
 def _ch_value(map_column: str, key: str, kind: str) -> str:
     """ClickHouse: the typed value of a declared key from its map text; NULL when absent or not of its type
-    (list keys: their JSON text when it is a JSON array, read into a list by `DUCKDB_CASTS`)."""
+    (list keys: their JSON text when it is a JSON array, read into a list by `duckdb_casts`)."""
     v = f"{map_column}[{_literal(key)}]"
     present = f"mapContains({map_column}, {_literal(key)})"
     if kind == "string":
@@ -269,7 +269,7 @@ def duckdb_casts(source: str) -> str:
         c = _quoted(f.name)
         if f.name == "events":
             expr = f"CASE WHEN len({c}) > 0 THEN {c} END"
-        elif pa.types.is_list(f.type) and f.name not in ("events",):
+        elif pa.types.is_list(f.type):
             expr = f"CAST(CAST({c} AS JSON) AS {_duckdb_type(f.type)})"
         else:
             expr = c
