@@ -11,6 +11,9 @@ import typer
 from infertrace.cli.console import check_choice, did_you_mean, err, fail, show
 from infertrace.cli.conventions import parse_when, warn_if_outside
 
+STORE_HELP = ("Store directory, or ClickHouse's otel_traces: clickhouse://USER@HOST:8123/DB (password from "
+              "$INFERTRACE_CLICKHOUSE_PASSWORD or the file $INFERTRACE_CLICKHOUSE_PASSWORD_FILE), chdb://PATH")
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -27,7 +30,7 @@ def _query_names(incomplete: str) -> list[str]:
 def query(
     name: Annotated[str | None, typer.Argument(help="Runbook query name (see --list)",
                                                autocompletion=_query_names)] = None,
-    store: Annotated[Path | None, typer.Option(help="Store directory")] = None,
+    store: Annotated[str | None, typer.Option(help=STORE_HELP)] = None,
     param: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable); time values also as -15m, 2h, "
                                                          "now")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json")] = "table",
@@ -71,14 +74,17 @@ def query(
         return
     if store is None:
         raise fail("--store DIR (or $INFERTRACE_STORE) is required to run a query")
-    from infertrace.store.store import Store
+    from infertrace.store.store import open_store
 
+    # On ClickHouse, the query's own window (its since/until parameters) chooses the spans read.
+    window = (values.get("since"), values.get("until"))
     try:
-        with Store.open(store) as opened, err.status(f"Running {name} …"):
+        with open_store(store, *(int(w) if isinstance(w, int) else None for w in window)) as opened, \
+                err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
     except RunbookError as e:
         raise fail(str(e)) from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise fail(f"--store {store}: {e}") from None
     if fmt == "table":
         show(lambda width: [frame_table(frame)], lambda: format_frame(frame, "table"))
@@ -95,12 +101,14 @@ def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]
     } for q in queries.values()])
 
 
-def _materialized_report(root: Path) -> dict[str, Any] | None:
+def _materialized_report(spec: str) -> dict[str, Any] | None:
     """The unfiltered report of the store's current snapshot, when materialised (`infertrace.results`)."""
     from infertrace.results.materialized import load_report
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
     from infertrace.store.segments import list_segments
 
-    if not root.is_dir():
+    root = Path(spec)
+    if is_clickhouse_url(spec) or not root.is_dir():
         return None
     return load_report(root, [p.name for p in list_segments(root)])
 
@@ -131,7 +139,7 @@ def _time_value(key: str, value: str) -> int:
 
 
 def report(
-    store: Annotated[Path, typer.Option(help="Store directory")],
+    store: Annotated[str, typer.Option(help=STORE_HELP)],
     since: Annotated[str | None, typer.Option(
         help="Window start: ISO 8601 (UTC), epoch s or ns, or back from now: -15m, 2h, 1d")] = None,
     until: Annotated[str | None, typer.Option(help="Window end (exclusive), same forms")] = None,
@@ -154,6 +162,7 @@ def report(
       infertrace report --store traces/ --since -15m
       infertrace report --store traces/ --model llama-3-8b --format markdown --out report.md
       infertrace report --store traces/ --slo ttft_p99_ms=800 --fail-on warning
+      INFERTRACE_CLICKHOUSE_PASSWORD_FILE=~/.ch infertrace report --store clickhouse://oncall@ch1:8123/otel --since -1h
     """
     from infertrace.analyzers.slo import parse_target, with_targets
     from infertrace.report import FORMATS, SEVERITIES, ReportOptions, build_report, render, severity_at_least
@@ -184,10 +193,10 @@ def report(
     doc = _materialized_report(store) if options == ReportOptions() and not rules else None
     if doc is None:
         from infertrace.results.materialized import save_report
-        from infertrace.store.store import Store
+        from infertrace.store.store import Store, open_store
 
         try:
-            with Store.open(store) as opened:
+            with open_store(store, since_ns, until_ns) as opened:
                 if not opened.segments:
                     raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
                 if (problem := check_selection(opened, options)) is not None:
@@ -195,10 +204,10 @@ def report(
                 register(opened, rules)
                 with err.status("Analysing the store …"):
                     doc = build_report(opened, options, **materialized_results(opened, options))
-                if options == ReportOptions() and not rules:
+                if options == ReportOptions() and not rules and type(opened) is Store:
                     with contextlib.suppress(OSError):  # a read-only store: the report is right, only not kept
                         save_report(opened, doc)
-        except FileNotFoundError as e:
+        except (OSError, ValueError) as e:  # no such directory; a bad URL; ClickHouse unreachable or failing
             raise fail(f"--store {store}: {e}") from None
     warn_if_outside(doc["store"], since_ns, until_ns)
     if out is None and fmt == "table":

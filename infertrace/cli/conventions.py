@@ -202,3 +202,14 @@ def warn_if_outside(store: dict[str, Any], since_ns: int | None, until_ns: int |
         err.print(f"note: the window {iso(since_ns) or '…'} to {iso(until_ns) or '…'} holds none of the store's "
                   f"spans, which run from {store['first_span']} to {store['last_span']}", markup=False,
                   highlight=False)
+
+
+# ------------------------------------------------------------------------------- windows
+def parse_window(since: str | None, until: str | None) -> tuple[int | None, int | None]:
+    """--since/--until as ns (None when not given). Raises ValueError naming the bad time, or the window."""
+    since_ns = parse_when(since) if since is not None else None
+    until_ns = parse_when(until) if until is not None else None
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise ValueError(f"--since {since} is not before --until {until}")
+    return since_ns, until_ns
+

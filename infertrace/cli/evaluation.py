@@ -3,6 +3,7 @@ analyzers' scores on it."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -130,12 +131,16 @@ def evaluate(
     bank: Annotated[Path, typer.Argument(help="Scenario bank directory (infertrace scenarios generate --out)")],
     fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
     section: Annotated[list[str] | None, typer.Option(help="Only these sections (repeatable); default: all")] = None,
+    backend: Annotated[str, typer.Option(
+        help="local (each scenario's store) or chdb (its spans written to ClickHouse's otel_traces in "
+             "<bank>/clickhouse, as the Collector's exporter writes them, and analysed there)")] = "local",
 ) -> None:
     """Score the analyzers against the bank's ground truth, one section per analysis (infertrace.evaluation).
     Each scenario's traces are ingested into <scenario>/store the first time.
 
     Example:
       infertrace evaluate bank/ --format json
+      infertrace evaluate bank/ --backend chdb --section itl --section rca
     """
     import json
 
@@ -147,12 +152,16 @@ def evaluate(
     unknown = sorted(set(section or ()) - set(evaluators))
     if unknown:
         raise fail(f"--section: unknown {unknown}; known: {', '.join(evaluators)}")
+    check_choice("--backend", backend, ("local", "chdb"))
+    from infertrace.evaluation import clickhouse_backend
+
     try:
         results = {}
-        for name, (run, _) in evaluators.items():
-            if not section or name in section:
-                with err.status(f"Evaluating {name} on {bank} …"):
-                    results[name] = run(bank)
+        with clickhouse_backend(bank / "clickhouse") if backend == "chdb" else contextlib.nullcontext():
+            for name, (run, _) in evaluators.items():
+                if not section or name in section:
+                    with err.status(f"Evaluating {name} on {bank} …"):
+                        results[name] = run(bank)
     except FileNotFoundError as e:
         raise fail(str(e)) from None
     if fmt == "json":

@@ -17,9 +17,14 @@ EXPORT_FORMATS = ("perfetto", "otlp")
 
 def export(
     store: Annotated[Path, typer.Option(help="Store directory")],
-    fmt: Annotated[str, typer.Option("--format", help="perfetto (a Perfetto trace of the engines: steps, requests, "
-                                                      "stalls as flows) or otlp (the spans as OTLP JSON lines)")],
-    out: Annotated[Path, typer.Option(help="File to write (otlp: .gz for gzip)")],
+    fmt: Annotated[str | None, typer.Option("--format", help="perfetto (a Perfetto trace of the engines: steps, "
+                                                             "requests, stalls as flows) or otlp (the spans as OTLP "
+                                                             "JSON lines)")] = None,
+    out: Annotated[Path | None, typer.Option(help="File to write (otlp: .gz for gzip)")] = None,
+    to: Annotated[str | None, typer.Option(
+        "--to", help="Instead of a file: ClickHouse's otel_traces, written as the Collector's exporter writes it "
+                     "(clickhouse://USER@HOST:8123/DB, password from $INFERTRACE_CLICKHOUSE_PASSWORD or the file "
+                     "$INFERTRACE_CLICKHOUSE_PASSWORD_FILE; chdb://PATH)")] = None,
     since: Annotated[str | None, typer.Option(help="Window start: ISO 8601 (UTC), epoch s/ns, or back from now: "
                                                    "-15m, 2h")] = None,
     until: Annotated[str | None, typer.Option(help="Window end (exclusive), same forms")] = None,
@@ -30,17 +35,27 @@ def export(
     """Export a store's traces for other tools. `perfetto`: one process per engine with its steps, load counters
     and request lanes (queue, prefill chunks, decode), each ITL stall as flows from the culprit prefill chunk to
     its victims; open it in ui.perfetto.dev. `otlp`: every stored span as OTLP JSON lines, which `infertrace
-    ingest` and the OpenTelemetry Collector read.
+    ingest` and the OpenTelemetry Collector read. `--to clickhouse://…`: every stored span as a row of the
+    Collector's ClickHouse exporter (`otel_traces`, created when missing), for `--store clickhouse://…`.
 
     Example:
       infertrace export --store traces/ --format perfetto --since -10m --out incident.pftrace
       infertrace export --store traces/ --format perfetto --engine llama-3-8b-0 --out llama.pftrace
       infertrace export --store traces/ --format otlp --out spans.jsonl.gz
+      INFERTRACE_CLICKHOUSE_PASSWORD_FILE=~/.ch infertrace export --store traces/ --to clickhouse://ops@ch1:8123/otel
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.store.store import Store
 
+    if to is not None:
+        if fmt is not None or out is not None or since is not None or until is not None or engine:
+            raise fail("--to writes every span of the store to ClickHouse: give no --format, --out, --since, "
+                       "--until or --engine with it")
+        _export_to_clickhouse(store, to)
+        return
+    if fmt is None or out is None:
+        raise fail("give --format and --out (a file), or --to clickhouse://… (ClickHouse's otel_traces)")
     check_choice("--format", fmt, EXPORT_FORMATS)
     try:
         since_ns = parse_when(since) if since is not None else None
@@ -80,6 +95,27 @@ def export(
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
     err.print(f"Wrote {out} in {time.perf_counter() - started:.1f} s: {said}", markup=False, highlight=False)
+
+
+def _export_to_clickhouse(store: Path, to: str) -> None:
+    from infertrace.store.clickhouse.connection import ClickHouseError, is_clickhouse_url
+    from infertrace.store.clickhouse.store import export_rows
+    from infertrace.store.store import Store
+
+    if not is_clickhouse_url(to):
+        raise fail(f"--to {to!r}: expected clickhouse://USER@HOST:PORT/DB, clickhouses://… or chdb://PATH")
+    started = time.perf_counter()
+    try:
+        with Store.open(store) as opened, err.status(f"Writing spans to {to} …"):
+            if not opened.segments:
+                raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            written = export_rows(opened, to)
+    except FileNotFoundError as e:
+        raise fail(f"--store {store}: {e}") from None
+    except (ClickHouseError, ValueError) as e:
+        raise fail(f"--to {to}: {e}") from None
+    err.print(f"Wrote {written} spans to {to} in {time.perf_counter() - started:.1f} s", markup=False,
+              highlight=False)
 
 
 def serve_metrics(

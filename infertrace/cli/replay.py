@@ -12,11 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
+from infertrace.cli.analysis import STORE_HELP
 from infertrace.cli.console import err, fail
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_steps
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
-from infertrace.store.store import Store
+from infertrace.store.clickhouse.connection import is_clickhouse_url
+from infertrace.store.store import Store, open_store
 
 
 def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Distribution:
@@ -66,7 +68,7 @@ def _cost_params(path: Path) -> dict[str, float]:
 
 
 def replay(
-    store: Annotated[Path, typer.Option(help="Store directory")],
+    store: Annotated[str, typer.Option(help=STORE_HELP)],
     model: Annotated[str | None, typer.Option(help="The model whose traffic to replay (default: the store's only "
                                                     "model)")] = None,
     since: Annotated[str | None, typer.Option(
@@ -112,7 +114,7 @@ def replay(
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
         raise fail(f"--since {since} is not before --until {until}")
     try:
-        with Store.open(store) as opened:
+        with open_store(store, since_ns, until_ns) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
             if model is None:
@@ -130,9 +132,7 @@ def replay(
                 with err.status(f"Fitting the cost model to {model}'s measured steps …"):
                     capture, sentence = calibrate_from_capture(opened, capture)
                 err.print(sentence)
-    except FileNotFoundError as e:
-        raise fail(f"--store {store}: {e}") from None
-    except ValueError as e:
+    except (OSError, ValueError) as e:  # no such directory; a bad URL; ClickHouse unreachable or failing
         raise fail(f"--store {store}: {e}") from None
     try:
         base = capture.deployment if calibrate else apply_settings(capture.deployment, captured_settings)
@@ -149,11 +149,13 @@ def replay(
     except ValueError as e:
         raise fail(str(e)) from None
     print(render_text(result), end="")
-    if save:
+    if save and is_clickhouse_url(store):
+        err.print("note: the result is not kept: --store is ClickHouse (use --json, or `ingest --from` a local store)")
+    elif save:
         from infertrace.replay.saved import save_whatif
 
         try:
-            err.print(f"kept in {save_whatif(store, result.to_json())}")
+            err.print(f"kept in {save_whatif(Path(store), result.to_json())}")
         except OSError as e:
             err.print(f"note: the result could not be kept in the store ({e})")
     if json_out is not None:

@@ -12,26 +12,48 @@ from infertrace.cli.console import check_choice, err, fail
 
 
 def dashboard(
-    store: Annotated[Path, typer.Option(help="Store directory")],
+    store: Annotated[str, typer.Option(help="Store directory, or ClickHouse's otel_traces (clickhouse://USER@HOST:"
+                                            "8123/DB, chdb://PATH): a window of it is read into --snapshot first")],
     port: Annotated[int, typer.Option(help="Port to serve on")] = 8501,
     address: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     components: Annotated[Path | None, typer.Option(
         help="TOML naming the kinds of a gateway's components (docs/sources.md)")] = None,
+    since: Annotated[str | None, typer.Option(help="ClickHouse: window start (ISO 8601 UTC, epoch, -1h)")] = None,
+    until: Annotated[str | None, typer.Option(help="ClickHouse: window end (exclusive), same forms")] = None,
+    snapshot: Annotated[Path | None, typer.Option(
+        help="ClickHouse: the local store directory the window is read into (as `ingest --from`)")] = None,
 ) -> None:
     """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook,
-    request waterfall).
+    request waterfall). On ClickHouse, the window's traces are first read into a local store (`--snapshot`),
+    which the dashboard then serves: the dashboard watches a store's segments for new data, which ClickHouse
+    does not have, so restart it (or `ingest --from` again) to see newer spans.
 
     Example:
       infertrace dashboard --store traces/ --port 8501
       infertrace dashboard --store traces/ --components components.toml
+      infertrace dashboard --store clickhouse://oncall@ch1:8123/otel --since -1h --snapshot incident/
     """
     import os
     import sys
 
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
+
+    if is_clickhouse_url(store):
+        from infertrace.cli.store import ingest_from_clickhouse
+
+        if snapshot is None:
+            raise fail("--snapshot DIR is needed with a ClickHouse --store: the window is read into that store")
+        ingest_from_clickhouse(snapshot, store, since, until)
+        store = str(snapshot)
+    elif since is not None or until is not None or snapshot is not None:
+        raise fail("--since, --until and --snapshot choose a window of a ClickHouse --store; a store directory is "
+                   "served whole")
+    root = Path(store)
+
     app_path = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
     if not app_path.is_file():
         raise fail(f"{app_path}: the dashboard app is missing (run from a clone of the repository)")
-    if not store.is_dir():
+    if not root.is_dir():
         raise fail(f"--store {store}: no such store directory")
     extra = []
     if components is not None:
@@ -44,7 +66,7 @@ def dashboard(
         extra = ["--components", str(components.resolve())]
     command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
                "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
-               "--", "--store", str(store.resolve()), *extra]
+               "--", "--store", str(root.resolve()), *extra]
     print(f"infertrace dashboard: http://{address}:{port}/ on store {store}", flush=True)
     # Become the Streamlit server (same process id), so a signal to this command stops the server.
     try:

@@ -22,8 +22,9 @@ TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
 
 
 def ingest(
-    paths: Annotated[list[str], typer.Argument(help="OTLP JSON lines files (.jsonl, .jsonl.gz), directories, globs")],
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
+    paths: Annotated[list[str] | None, typer.Argument(
+        help="OTLP JSON lines files (.jsonl, .jsonl.gz), directories, globs")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
@@ -34,6 +35,13 @@ def ingest(
         help="What the files are: auto (by their first lines), otlp, client-tokens (a streaming client's token "
              "times, JSON lines: docs/sources.md) or vllm-iteration-log (--enable-logging-iteration-details "
              "lines; the file's name is the engine instance)")] = "auto",
+    from_: Annotated[str | None, typer.Option(
+        "--from", help="Instead of files: a window of ClickHouse's otel_traces (clickhouse://USER@HOST:8123/DB, "
+                       "password from $INFERTRACE_CLICKHOUSE_PASSWORD or the file "
+                       "$INFERTRACE_CLICKHOUSE_PASSWORD_FILE; chdb://PATH)")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="--from: window start (ISO 8601 UTC, epoch s/ns, or back from now: -15m, 2h)")] = None,
+    until: Annotated[str | None, typer.Option(help="--from: window end (exclusive), same forms")] = None,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
@@ -41,21 +49,38 @@ def ingest(
     Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
     truncated file keeps every complete line.
 
+    With --from, pulls the traces overlapping --since/--until out of ClickHouse's otel_traces (with the engine
+    steps of those requests' whole lives) into the store: an incident's window for a laptop, a ticket or a
+    replay.
+
     Example: infertrace ingest --store traces/ otel-export/*.jsonl.gz client_tokens.jsonl
              infertrace ingest --store traces/ --source vllm-iteration-log logs/llama-3-8b-0.log
+             infertrace ingest --store incident/ --from clickhouse://oncall@ch1:8123/otel --since 2026-12-01T14:00Z \
+                 --until 2026-12-01T14:30Z
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.store.ingest import expand_paths, ingest_paths
     from infertrace.store.side_inputs import ingest_side_inputs, sniff
 
+    if from_ is not None:
+        if paths:
+            raise fail("give files or --from clickhouse://…, not both")
+        ingest_from_clickhouse(store, from_, since, until)
+        if materialize:
+            materialize_store(store, progress)
+        return
+    if since is not None or until is not None:
+        raise fail("--since and --until choose a window of --from clickhouse://…; files are ingested whole")
+    if not paths:
+        raise fail("give files to ingest, or --from clickhouse://…")
     if max_line_bytes < 1:
         raise fail(f"--max-line-bytes must be positive, got {max_line_bytes}")
     kinds = ("auto", "otlp", "client-tokens", "vllm-iteration-log")
     if source not in kinds:
         raise fail(f"--source must be one of {', '.join(kinds)}, got {source!r}")
     try:
-        files = _expand(list(paths), source, expand_paths)
+        files = _expand(list(paths or []), source, expand_paths)
         side: dict[str, list[Path]] = {"client-tokens": [], "vllm-iteration-log": []}
         if source != "otlp":
             for f in list(files):
@@ -88,6 +113,30 @@ def ingest(
         materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
+
+
+def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
+    from infertrace.cli.conventions import parse_window
+    from infertrace.store.clickhouse.connection import ClickHouseError, is_clickhouse_url
+    from infertrace.store.clickhouse.store import ingest_window
+
+    if not is_clickhouse_url(url):
+        raise fail(f"--from {url!r}: expected clickhouse://USER@HOST:PORT/DB, clickhouses://… or chdb://PATH")
+    try:
+        since_ns, until_ns = parse_window(since, until)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    try:
+        with err.status(f"Reading spans from {url} …"):
+            read, new = ingest_window(store, url, since_ns, until_ns)
+    except (ClickHouseError, ValueError) as e:
+        raise fail(f"--from {url}: {e}") from None
+    except OSError as e:
+        raise fail(f"--store {store}: {e}") from None
+    if read == 0:
+        err.print(f"No spans in {url} for that window: nothing ingested", highlight=False)
+    else:
+        err.print(f"Read {read} spans from {url}: {new} new to {store}, {read - new} already there", highlight=False)
 
 
 def _expand(paths: list[str], source: str, expand_paths: Callable[[list[str | Path]], list[Path]]) -> list[Path]:

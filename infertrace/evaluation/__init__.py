@@ -6,8 +6,11 @@ bank directory; each returns a JSON-ready dict and has a `render_*` companion fo
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,64 @@ def open_ingested_store(store_dir: Path, traces: Path, tokens: Path | None = Non
         if logs:
             ingest_side_inputs(store_dir, logs, "vllm-iteration-log")
         marker.write_text(stamp, encoding="utf-8")
+    if (chdb := _CHDB_DIR.get()) is not None:
+        return _in_clickhouse(store_dir, chdb)
     return Store.open(store_dir)
+
+
+# Where `evaluate --backend chdb` keeps ClickHouse's copy of each scenario's spans (None: the local stores).
+_CHDB_DIR: ContextVar[Path | None] = ContextVar("chdb_dir", default=None)
+
+
+@contextlib.contextmanager
+def clickhouse_backend(directory: Path) -> Iterator[None]:
+    """Within it, scenario stores are read from ClickHouse's `otel_traces` (chdb, data in `directory`): each
+    local store's spans written there as the Collector's exporter writes them, once, then analysed through
+    `ClickHouseStore`, so that the scores say whether the analyses answer the same on both backends."""
+    token = _CHDB_DIR.set(directory)
+    try:
+        yield
+    finally:
+        _CHDB_DIR.reset(token)
+
+
+def _in_clickhouse(store_dir: Path, chdb: Path) -> Store:
+    from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
+
+    database = "s_" + hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:20]
+    url = f"chdb://{chdb}?database={database}"
+    with Store.open(store_dir) as local:
+        spans = local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+        store = ClickHouseStore.open(url, side_inputs=store_dir) if _has_table(url) else None
+        if store is not None and store.sql("SELECT count(*) FROM spans_raw").fetchall()[0][0] == spans:
+            return store
+        if store is not None:
+            store.close()
+        _drop(url)
+        export_rows(local, url)
+    return ClickHouseStore.open(url, side_inputs=store_dir)
+
+
+def _has_table(url: str) -> bool:
+    from infertrace.store.clickhouse.connection import connect
+
+    connection = connect(url)
+    try:
+        found = connection.query_arrow("SELECT count() AS n FROM system.tables WHERE database = {db:String} AND "
+                                       "name = 'otel_traces'", {"db": connection.target.database})
+        return bool(found.column("n")[0].as_py())
+    finally:
+        connection.close()
+
+
+def _drop(url: str) -> None:
+    from infertrace.store.clickhouse.connection import connect
+
+    connection = connect(url)
+    try:
+        connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
+    finally:
+        connection.close()
 
 
 def _itl(bank: Path) -> dict[str, Any]:

@@ -168,6 +168,11 @@ class Store:
 
     def refresh(self) -> None:
         """Takes a new snapshot: the segments written since are included from now on."""
+        self._load_spans_raw()
+        self._define_views()
+
+    def _load_spans_raw(self) -> None:
+        """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
         readable: dict[str, list[Path]] = {}
         schemas: dict[str, pa.Schema] = {}
         self.segments, self.skipped, self.notes = [], [], {}
@@ -193,6 +198,10 @@ class Store:
             empty = pa.table({f.name: pa.array([], type=f.type) for f in SCHEMA})
             con.register("_empty_spans", empty)
             con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _empty_spans")
+
+    def _define_views(self) -> None:
+        """Defines `spans` (each span once) over `spans_raw`, the derived relations and the side relations."""
+        con = self.con
         total, distinct = con.execute(
             "SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans_raw").fetchone() or (0, 0)
         self.duplicate_rows = total - distinct
@@ -212,13 +221,17 @@ class Store:
         for name in RELATIONS:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {relation_sql(name)}")
         for name, (directory, schema) in SIDE_RELATIONS.items():
-            files = readable_files(side_files(self.root, directory))
+            files = readable_files(side_files(self.side_inputs_root(), directory))
             if files:
                 listed = ", ".join(sql_string(str(p)) for p in files)
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet([{listed}])")
             else:
                 con.register(f"_empty_{name}", pa.table({f.name: pa.array([], type=f.type) for f in schema}))
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _empty_{name}")
+
+    def side_inputs_root(self) -> Path:
+        """The store directory whose side inputs (client token times, iteration logs) this store reads."""
+        return self.root
 
     def _ensure_snapshot(self) -> None:
         """A snapshot older than compaction's grace period may name files that are gone: take a new one."""
@@ -257,3 +270,16 @@ class Store:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def open_store(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Store:
+    """The store a `--store` value names: a store directory (the whole store; the window is applied by each
+    analysis), or a ClickHouse URL (`clickhouse://USER@HOST:8123/DB`, `chdb://PATH`: the window's traces, chosen
+    in ClickHouse). Raises FileNotFoundError for a missing directory, ValueError for a bad URL."""
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
+
+    if is_clickhouse_url(spec):
+        from infertrace.store.clickhouse.store import ClickHouseStore
+
+        return ClickHouseStore.open(str(spec), since_ns, until_ns)
+    return Store.open(spec)

@@ -29,4 +29,5 @@ SELECT r.request_id, r.model, coalesce(r.prefill_instance, r.instance) AS instan
 FROM requests r
 LEFT JOIN compute c ON c.request_id = r.request_id AND c.instance = coalesce(r.prefill_instance, r.instance)
 WHERE r.outcome = 'ok' AND r.ttft_ns IS NOT NULL
+-- in a fixed order: the prefill fit's floating-point sums must not depend on how the spans were stored
 ORDER BY r.arrival_ns, r.request_id

@@ -35,4 +35,4 @@ JOIN between_steps b ON b.token_index = s.token_index
 JOIN step_membership m ON m.trace_id = b.trace_id AND m.span_id = b.span_id AND m.role = 'prefill'
 LEFT JOIN requests r ON r.request_id = m.request_id
 WHERE m.request_id <> s.request_id
-ORDER BY s.itl_ns DESC, s.token_index, m.chunk_tokens DESC
+ORDER BY s.itl_ns DESC, s.token_index, m.chunk_tokens DESC, b.step_index, m.request_id

@@ -1,0 +1,143 @@
+"""The report and the ITL analysis on the same spans in a local store and in ClickHouse's `otel_traces` (chdb,
+in this process, rows as the Collector's exporter writes them), side by side in one run, at growing sizes.
+
+    .venv/bin/python benchmarks/bench_clickhouse.py --hours 1 --hours 12 [--window 10] [--work DIR] [--seed 0]
+
+For each size, the four-model benchmark fleet (examples/fleets/four_models.toml) is simulated for that many
+hours (`infertrace simulate --fleet … --duration`, once; the trace is kept in DIR), ingested into a local
+store, and the store written into chdb (`export --to`). Then, alternately on each backend: `report` (the
+whole report document, analyses computed, nothing materialised) and `analyze_itl` (opening the store
+included: for ClickHouse that is choosing and typing the spans in ClickHouse and reading them back). Wall and
+CPU time (this process, all threads), the load average, and ClickHouse's compressed bytes per span are
+printed. The machine is shared: quote the load average with any figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.report import ReportOptions, build_report
+from infertrace.store.clickhouse.connection import connect
+from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = ROOT / "examples" / "fleets" / "four_models.toml"
+
+
+def timed(what: Callable[[], Any]) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    what()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float, float]:
+    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size."""
+    name = f"fleet-{hours:g}h-seed{seed}"
+    trace, store = work / f"{name}.jsonl", work / f"{name}-store"
+    url = f"chdb://{work / 'chdb'}?database=" + name.replace("-", "_").replace(".", "_")
+    if not trace.is_file():
+        partial = trace.with_suffix(".partial.jsonl")
+        subprocess.run([sys.executable, "-m", "infertrace", "simulate", "--fleet", str(FLEET), "--duration",
+                        str(hours * 3600), "--seed", str(seed), "--out", str(partial)], check=True)
+        partial.rename(trace)
+    ingest_s = export_s = 0.0
+    if not (store / "READY").is_file():
+        shutil.rmtree(store, ignore_errors=True)
+        ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        connection = connect(url)
+        connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
+        connection.close()
+        with Store.open(store) as opened:
+            export_s, _ = timed(lambda: export_rows(opened, url))
+        (store / "READY").write_text("", encoding="utf-8")
+    with Store.open(store) as opened:
+        spans = opened.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    return store, url, spans, ingest_s, export_s
+
+
+def compressed_bytes_per_span(url: str) -> float:
+    connection = connect(url)
+    try:
+        row = connection.query_arrow(
+            "SELECT sum(data_compressed_bytes) AS b, sum(rows) AS n FROM system.parts WHERE active AND database = "
+            "{db:String} AND table = 'otel_traces'", {"db": connection.target.database}).to_pylist()[0]
+        return row["b"] / max(row["n"], 1)
+    finally:
+        connection.close()
+
+
+def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None) -> None:
+    """`report` and `analyze_itl` on each backend, alternately; with a window, the local store is opened whole and
+    the report selects the window (what `report --since/--until` does), ClickHouse reads the window only."""
+    options = ReportOptions(since_ns=since, until_ns=until)
+
+    def report_local() -> None:
+        with Store.open(store) as s:
+            build_report(s, options)
+
+    def report_chdb() -> None:
+        with ClickHouseStore.open(url, since, until) as s:
+            build_report(s, options)
+
+    def itl_local() -> None:
+        with Store.open(store) as s:
+            analyze_itl(s)
+
+    def itl_chdb() -> None:
+        with ClickHouseStore.open(url, since, until) as s:
+            analyze_itl(s)
+
+    label = "" if since is None else f" {(until - since) / 60e9:g} min window"  # type: ignore[operator]
+    runs = [("report" + label, report_local, report_chdb)]
+    if since is None:  # the ITL analysis has no window of its own: the whole store
+        runs.append(("analyze_itl", itl_local, itl_chdb))
+    for what, local, chdb in runs:
+        lw, lc = timed(local)
+        cw, cc = timed(chdb)
+        print(f"{spans:>10} {what:<26} {lw:>12.1f} {lc:>11.1f} {cw:>11.1f} {cc:>10.1f} {cw / lw:>10.2f} "
+              f"{os.getloadavg()[0]:>5.1f}", flush=True)
+
+
+def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
+          f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
+    for h in hours:
+        store, url, spans, ingest_s, export_s = prepare(work, h, seed)
+        if ingest_s:
+            print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+        if whole:
+            measure(store, url, spans)
+        with Store.open(store) as opened:
+            first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
+        for minutes in windows:  # windows from the middle of the run
+            since = first + int(h * 3600e9 / 2)
+            measure(store, url, spans, since, since + int(minutes * 60e9))
+        print(f"{spans:>10} compressed bytes/span in otel_traces: {compressed_bytes_per_span(url):.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hours", type=float, action="append", help="simulated hours per size (repeatable)")
+    parser.add_argument("--window", type=float, action="append", default=[],
+                        help="also a report over a window of this many minutes (repeatable)")
+    parser.add_argument("--no-whole", action="store_true", help="only the windowed reports")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""A second store backend: the spans where the OpenTelemetry Collector's ClickHouse exporter wrote them."""

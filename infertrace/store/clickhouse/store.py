@@ -1,0 +1,194 @@
+"""The store over ClickHouse's `otel_traces` (as the Collector's exporter writes it), and the two ways between a
+local store and ClickHouse.
+
+    with ClickHouseStore.open("clickhouse://reader@ch1:8123/otel", since_ns=t0, until_ns=t1) as store:
+        store.sql("SELECT model, count(*) FROM requests GROUP BY model").fetchall()
+
+`ClickHouseStore` is a `Store`: the same views (`spans_raw`, `spans`, the derived relations of `RELATIONS`,
+the side relations) on a private DuckDB connection, so every analyzer, report section and runbook query runs
+on it unchanged. What runs in ClickHouse: choosing the spans (the window, pushed down as bound parameters;
+whole traces, so that a request that overlaps the window comes with all its spans) and turning the
+exporter's rows into the store's typed columns (`rows.from_otel_traces_sql`). What comes back: the typed
+span rows of the window, once per snapshot (`refresh()`); the relations then run on them in DuckDB from the
+same `.sql` files as on a local store.
+
+`export_rows` writes a local store's spans into `otel_traces` as the exporter writes them; `ingest --from`
+(`infertrace.cli.store`) writes a window of ClickHouse's spans into a local store as segments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from infertrace.store.clickhouse.connection import Connection, connect
+from infertrace.store.clickhouse.rows import (
+    EXPORT_MACROS,
+    duckdb_casts,
+    exporter_rows,
+    from_otel_traces_sql,
+    to_otel_traces_sql,
+)
+from infertrace.store.store import Store
+
+EXPORT_BATCH_ROWS = 100_000
+
+
+def otel_traces_ddl(database: str) -> str:
+    """The exporter's CREATE TABLE for `otel_traces` in `database` (otel_traces.sql, pinned and cited there)."""
+    text = resources.files("infertrace.store.clickhouse").joinpath("otel_traces.sql").read_text(encoding="utf-8")
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
+    return body.replace("{database}", database)
+
+
+def create_otel_traces(connection: Connection) -> None:
+    """Creates the database and `otel_traces` as the exporter does, when missing."""
+    connection.command(f"CREATE DATABASE IF NOT EXISTS {connection.target.database}")
+    connection.command(otel_traces_ddl(connection.target.database))
+
+
+def window_clause(table: str, since_ns: int | None, until_ns: int | None) -> tuple[str, dict[str, Any]]:
+    """WHERE clause (bound parameters) choosing a window's spans with the context its analyses need: the traces
+    with a span overlapping [since, until) give an extent (the earliest start and latest end of their spans);
+    every trace with a span overlapping that extent is kept whole. So a request that overlaps the window comes
+    with all its spans, and the engine steps (their own traces) of its whole life come too: its tokens and ITLs
+    are those of the whole store. Empty for no window."""
+    tests, params = [], {}
+    if until_ns is not None:
+        tests.append("Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})")
+        params["until_ns"] = until_ns
+    if since_ns is not None:
+        tests.append("toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) >= {since_ns:Int64}")
+        params["since_ns"] = since_ns
+    if not tests:
+        return "", {}
+    end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
+    in_window = f"SELECT TraceId FROM {table} WHERE {' AND '.join(tests)}"
+    lo = f"(SELECT min(Timestamp) FROM {table} WHERE TraceId IN ({in_window}))"
+    hi = f"(SELECT max({end}) FROM {table} WHERE TraceId IN ({in_window}))"
+    extended = (f"SELECT TraceId FROM {table} WHERE Timestamp < fromUnixTimestamp64Nano({hi}) "
+                f"AND {end} >= toUnixTimestamp64Nano({lo})")
+    return f"WHERE TraceId IN ({extended})", params
+
+
+def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None) -> pa.Table:
+    """The spans of a window (whole traces) in the store's columns, typed in ClickHouse (lists as JSON text:
+    `rows.duckdb_casts` finishes them)."""
+    where, params = window_clause(connection.target.table, since_ns, until_ns)
+    return connection.query_arrow(from_otel_traces_sql(connection.target.table, where), params)
+
+
+class ClickHouseStore(Store):
+    """A `Store` whose spans are those of ClickHouse's `otel_traces` in a window (all of them without one)."""
+
+    def __init__(self, connection: Connection, con: duckdb.DuckDBPyConnection, since_ns: int | None,
+                 until_ns: int | None, side_inputs: Path | None = None) -> None:
+        self.connection = connection
+        self.side_inputs = side_inputs
+        self.since_ns, self.until_ns = since_ns, until_ns
+        self.url = str(connection.target)
+        # Results kept per snapshot (infertrace.results) go into a private directory removed on close.
+        super().__init__(Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-")), con)
+
+    @classmethod
+    def open(cls, url: str, since_ns: int | None = None, until_ns: int | None = None,  # type: ignore[override]
+             threads: int | None = None, side_inputs: Path | None = None) -> ClickHouseStore:
+        """Raises ValueError for a bad URL, and ClickHouse's own error when the table cannot be read.
+        `side_inputs`: a local store directory whose client token times and iteration logs (not spans, so not
+        in otel_traces) the store reads as well."""
+        connection = connect(url)
+        con = duckdb.connect(":memory:")
+        con.execute("SET enable_progress_bar = false")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        try:
+            return cls(connection, con, since_ns, until_ns, side_inputs)
+        except BaseException:
+            connection.close()
+            con.close()
+            raise
+
+    def _load_spans_raw(self) -> None:
+        rows = span_rows(self.connection, self.since_ns, self.until_ns)
+        self.con.register("_clickhouse_rows", rows)
+        try:
+            self.con.execute("CREATE OR REPLACE TABLE _clickhouse_spans AS " + duckdb_casts("_clickhouse_rows"))
+        finally:
+            self.con.unregister("_clickhouse_rows")
+        self.con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
+        self.skipped, self.notes = [], {}
+        # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
+        (count, last), = self.con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
+        key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
+        self.segments = [Path(f"clickhouse-{key}")] if count else []
+
+    def side_inputs_root(self) -> Path:
+        return self.side_inputs if self.side_inputs is not None else self.root
+
+    def _ensure_snapshot(self) -> None:
+        """The snapshot is a table of this connection: nothing to re-list."""
+
+    def close(self) -> None:
+        super().close()
+        self.connection.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def exporter_batches(store: Store, rows_per_batch: int = EXPORT_BATCH_ROWS) -> Iterator[pa.Table]:
+    """A local store's spans (each once) as the exporter's `otel_traces` rows, in batches."""
+    for macro in EXPORT_MACROS:
+        store.con.execute(macro)
+    reader = store.con.sql(to_otel_traces_sql("spans")).to_arrow_reader(rows_per_batch)
+    for batch in reader:
+        if batch.num_rows:
+            yield exporter_rows(pa.Table.from_batches([batch]))
+
+
+def export_rows(store: Store, url: str) -> int:
+    """Writes a local store's spans into ClickHouse's `otel_traces` (created when missing) as the Collector's
+    exporter writes them; returns the number of spans written. Exporting the same store twice writes its spans
+    twice, as an exporter's retry does: readers read each (trace id, span id) once."""
+    connection = connect(url)
+    try:
+        create_otel_traces(connection)
+        written = 0
+        for batch in exporter_batches(store):
+            connection.insert_arrow(connection.target.table, batch)
+            written += batch.num_rows
+        return written
+    finally:
+        connection.close()
+
+
+def ingest_window(root: Path, url: str, since_ns: int | None, until_ns: int | None,
+                  rows_per_segment: int = EXPORT_BATCH_ROWS) -> tuple[int, int]:
+    """Writes a window of ClickHouse's spans (chosen as `ClickHouseStore` chooses them) into a local store
+    directory as segments; returns (spans read, spans new to the store). The rows are cut into segments in a
+    fixed order, so pulling the same window again adds nothing."""
+    from infertrace.store.schema import SCHEMA
+    from infertrace.store.segments import write_segments
+
+    connection = connect(url)
+    con = duckdb.connect(":memory:")
+    try:
+        rows = span_rows(connection, since_ns, until_ns)
+        con.register("_clickhouse_rows", rows)
+        reader = con.sql(duckdb_casts("_clickhouse_rows") + " ORDER BY start_ns, trace_id, span_id"
+                         ).to_arrow_reader(rows_per_segment)
+        read = new = 0
+        for batch in reader:
+            table = pa.Table.from_batches([batch]).cast(SCHEMA)
+            read += table.num_rows
+            new += write_segments(root, table).spans_new
+        return read, new
+    finally:
+        con.close()
+        connection.close()

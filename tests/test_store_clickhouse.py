@@ -1,0 +1,301 @@
+"""A store over ClickHouse's `otel_traces` (rows as the OpenTelemetry Collector's exporter writes them, in
+ClickHouse's own engine through chdb) answers exactly as the local store holding the same spans: every derived
+relation row for row, every report section, every runbook query. Parametrised over every sample incident and
+over every relation the store defines, so a relation or a sample added later is covered without listing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from infertrace.report import ReportOptions, build_report
+from infertrace.runbook import load_queries, run_query
+from infertrace.store.clickhouse.connection import ChdbConnection, parse_url
+from infertrace.store.clickhouse.rows import SPAN_KINDS, STATUS_CODES
+from infertrace.store.clickhouse.store import ClickHouseStore, create_otel_traces, ingest_window
+from infertrace.store.store import RELATIONS, SIDE_RELATIONS, Store, open_store
+from tests.clickhouse_stores import chdb_url, exported, sample_in_clickhouse
+from tests.incident_stores import SAMPLES
+
+SAMPLE_NAMES = sorted(p.parent.name for p in SAMPLES.glob("*/ground_truth.json"))
+# The default run compares one sample (a prefill storm on a multi-model fleet); CI's slow run all of them.
+DEFAULT_SAMPLES = ("prefill_storm",)
+SAMPLES_PARAMS = [pytest.param(s, marks=() if s in DEFAULT_SAMPLES else pytest.mark.slow) for s in SAMPLE_NAMES]
+
+
+def _rows(store: Store, name: str) -> pa.Table:
+    return store.sql(f"SELECT * FROM {name} ORDER BY ALL").to_arrow_table()
+
+
+@pytest.fixture(scope="module")
+def opened() -> Iterator[dict[str, tuple[Store, Store]]]:
+    """(local store, store over chdb) per sample, opened once for the module's many read-only comparisons."""
+    stores: dict[str, tuple[Store, Store]] = {}
+    yield stores
+    for local, clickhouse in stores.values():
+        local.close()
+        clickhouse.close()
+
+
+def _both(opened: dict[str, tuple[Store, Store]], sample: str) -> tuple[Store, Store]:
+    if sample not in opened:
+        local, url = sample_in_clickhouse(sample)
+        pair = Store.open(local), open_store(url)
+        for store in pair:  # each relation computed once per backend: the many queries below then read it
+            store.materialize()
+        opened[sample] = pair
+    return opened[sample]
+
+
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
+@pytest.mark.parametrize("relation", [*RELATIONS, *SIDE_RELATIONS])
+def test_every_relation_reads_the_same_rows_from_clickhouse_as_from_the_local_store(
+        opened: dict[str, tuple[Store, Store]], sample: str, relation: str) -> None:
+    local, clickhouse = _both(opened, sample)
+    expected, got = _rows(local, relation), _rows(clickhouse, relation)
+    assert got.schema == expected.schema
+    assert got.num_rows == expected.num_rows
+    assert got.equals(expected)
+
+
+def test_spans_come_back_typed_exactly_as_ingest_stored_them(opened: dict[str, tuple[Store, Store]]) -> None:
+    local, clickhouse = _both(opened, "prefill_storm")
+    # event attribute values and links' text are what the exporter's Map(String, String) cannot carry
+    query = ("SELECT * EXCLUDE (events, links), list_transform(events, lambda e: {'t': e.time_ns, 'n': e.name}) "
+             "AS events FROM spans ORDER BY trace_id, span_id")
+    expected, got = local.sql(query).to_arrow_table(), clickhouse.sql(query).to_arrow_table()
+    assert got.num_rows == expected.num_rows > 1000
+    assert got.equals(expected)
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """The report document less the one thing that differs by construction: how many files held the spans."""
+    doc = json.loads(json.dumps(doc))
+    del doc["store"]["segments"]
+    return doc
+
+
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
+def test_every_report_section_is_the_same_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str) -> None:
+    local, clickhouse = _both(opened, sample)
+    expected = _comparable(build_report(local, ReportOptions()))
+    got = _comparable(build_report(clickhouse, ReportOptions()))
+    assert set(got["sections"]) == set(expected["sections"]) and expected["sections"]
+    for section in expected["sections"]:
+        assert got["sections"][section] == expected["sections"][section], section
+    assert got == expected
+
+
+def _values_for(store: Store) -> dict[str, str]:
+    rid = store.sql("SELECT request_id FROM tokens ORDER BY itl_ns DESC NULLS LAST, request_id LIMIT 1").fetchall()
+    step = store.sql("SELECT instance, end_ns FROM steps ORDER BY duration_ns DESC, end_ns LIMIT 1").fetchall()
+    model = store.sql("SELECT model FROM requests GROUP BY model ORDER BY count(*) DESC, model LIMIT 1").fetchall()
+    lo, hi = store.sql("SELECT min(start_ns), max(end_ns) FROM spans").fetchall()[0]
+    return {"request_id": rid[0][0] if rid else "none", "instance": step[0][0] if step else "none",
+            "at": str(step[0][1] if step else lo), "model": model[0][0], "models": model[0][0],
+            "since": str(lo + (hi - lo) // 3), "until": str(lo + 2 * (hi - lo) // 3)}
+
+
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
+@pytest.mark.parametrize("query", sorted(load_queries()))
+def test_every_runbook_query_returns_the_same_rows_on_clickhouse(opened: dict[str, tuple[Store, Store]], sample: str,
+                                                                 query: str) -> None:
+    local, clickhouse = _both(opened, sample)
+    q = load_queries()[query]
+    values = _values_for(local)
+    params = {p.name: values[p.name] for p in q.parameters if p.required}
+    expected, got = run_query(local, q, params), run_query(clickhouse, q, params)
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+
+
+def test_a_window_read_from_clickhouse_reports_as_the_same_window_pulled_into_a_local_store(tmp_path: Path) -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local:
+        lo, hi = local.sql("SELECT min(start_ns), max(end_ns) FROM spans").fetchall()[0]
+        everything = local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    since, until = lo + (hi - lo) // 3, lo + (hi - lo) // 2
+    read, new = ingest_window(tmp_path / "window", url, since, until)
+    assert 0 < read == new < everything  # the window was chosen in ClickHouse: only part of the spans came
+    assert ingest_window(tmp_path / "window", url, since, until) == (read, 0)  # pulling it again adds nothing
+    options = ReportOptions(since_ns=since, until_ns=until)
+    with Store.open(tmp_path / "window") as pulled, ClickHouseStore.open(url, since, until) as clickhouse:
+        assert clickhouse.sql("SELECT count(*) FROM spans").fetchall()[0][0] == read
+        assert _comparable(build_report(clickhouse, options)) == _comparable(build_report(pulled, options))
+
+
+def test_a_window_brings_every_token_of_the_requests_in_it() -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local:
+        lo, hi = local.sql("SELECT min(start_ns), max(end_ns) FROM spans").fetchall()[0]
+        since, until = lo + (hi - lo) // 3, lo + (hi - lo) // 2
+        with ClickHouseStore.open(url, since, until) as clickhouse:
+            ids = [r[0] for r in clickhouse.sql("SELECT request_id FROM requests WHERE arrival_ns < $u AND "
+                                                "finish_ns >= $s", {"s": since, "u": until}).fetchall()]
+            assert len(ids) > 10
+            query = "SELECT * FROM tokens WHERE list_contains($ids, request_id) ORDER BY ALL"
+            expected = local.sql(query, {"ids": ids}).to_arrow_table()
+            assert clickhouse.sql(query, {"ids": ids}).to_arrow_table().equals(expected)
+
+
+def test_rows_are_written_as_the_collector_exporter_writes_them() -> None:
+    _, url = sample_in_clickhouse("prefill_storm")
+    connection = ChdbConnection(parse_url(url))
+    try:
+        table = connection.target.table
+        kinds = {r["SpanKind"] for r in connection.query_arrow(f"SELECT DISTINCT SpanKind FROM {table}").to_pylist()}
+        status = {r["StatusCode"] for r in
+                  connection.query_arrow(f"SELECT DISTINCT StatusCode FROM {table}").to_pylist()}
+        step = connection.query_arrow(
+            f"SELECT ServiceName, SpanAttributes, Duration, toUnixTimestamp64Nano(Timestamp) AS start FROM {table} "
+            "WHERE SpanName = 'engine_step' ORDER BY Timestamp LIMIT 1").to_pylist()[0]
+        columns = [r["name"] for r in connection.query_arrow(f"DESCRIBE TABLE {table}").to_pylist()]
+    finally:
+        connection.close()
+    assert kinds <= set(SPAN_KINDS) and "Server" in kinds
+    assert status <= set(STATUS_CODES)
+    attributes = dict(step["SpanAttributes"])
+    # arrays arrive as JSON text, integers in decimal, as pcommon's Value.AsString writes them
+    assert json.loads(attributes["infertrace.step.durations_ns"]) and attributes["infertrace.step.index"].isdigit()
+    assert step["ServiceName"] and step["Duration"] > 0
+    assert columns[:4] == ["Timestamp", "TraceId", "SpanId", "ParentSpanId"]
+    assert "Events.Timestamp" in columns and "Links.Attributes" in columns
+
+
+def test_a_declared_key_whose_text_is_not_of_its_type_stays_as_text_in_the_map() -> None:
+    url = chdb_url("odd_values")
+    connection = ChdbConnection(parse_url(url))
+    try:
+        create_otel_traces(connection)
+        connection.command(
+            f"INSERT INTO {connection.target.table} (Timestamp, TraceId, SpanId, SpanName, SpanKind, ServiceName, "
+            "ResourceAttributes, SpanAttributes, Duration, StatusCode) VALUES "
+            "(toDateTime64('2026-01-01 00:00:00', 9), 'ab', 'cd', 'engine_step', 'Internal', 'e', "
+            "map('service.name', 'e'), map('infertrace.step.index', 'seven', 'infertrace.step.running', '3', "
+            "'infertrace.step.durations_ns', 'not json', 'custom.key', 'x'), 5, 'Ok')")
+    finally:
+        connection.close()
+    with open_store(url) as store:
+        row = store.sql('SELECT "attr.infertrace.step.index", "attr.infertrace.step.running", '
+                        '"attr.infertrace.step.durations_ns", span_attributes, end_ns - start_ns, status_code '
+                        "FROM spans").fetchall()
+    index, running, durations, attributes, duration, status = row[0]
+    assert (index, running, durations, duration, status) == (None, 3, None, 5, 1)
+    assert attributes == {"infertrace.step.index": "seven", "infertrace.step.durations_ns": "not json",
+                          "custom.key": "x"}
+
+
+def test_a_password_in_the_url_is_refused_and_read_from_the_environment_instead(tmp_path: Path) -> None:
+    from infertrace.store.clickhouse.connection import password_from_env
+
+    with pytest.raises(ValueError, match="INFERTRACE_CLICKHOUSE_PASSWORD"):
+        parse_url("clickhouse://oncall:secret@ch1:8123/otel")
+    target = parse_url("clickhouse://oncall@ch1/otel")
+    assert (target.user, target.host, target.port, target.table) == ("oncall", "ch1", 8123, "otel.otel_traces")
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\nignored\n", encoding="utf-8")
+    assert password_from_env({"INFERTRACE_CLICKHOUSE_PASSWORD_FILE": str(secret)}) == "s3cret"
+    assert password_from_env({"INFERTRACE_CLICKHOUSE_PASSWORD": "a", "INFERTRACE_CLICKHOUSE_PASSWORD_FILE": "x"}) == "a"
+    with pytest.raises(ValueError, match="not a plain ClickHouse name"):
+        parse_url("clickhouse://u@h/otel;drop")
+
+
+def test_exporting_twice_stores_each_span_twice_and_readers_read_it_once() -> None:
+    local_dir, _ = sample_in_clickhouse("host_pauses")
+    url = exported(local_dir, "host_pauses_twice")
+    with Store.open(local_dir) as local:
+        from infertrace.store.clickhouse.store import export_rows
+
+        export_rows(local, url)
+        with open_store(url) as clickhouse:
+            assert clickhouse.duplicate_rows == local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+            assert clickhouse.conflicting_spans == 0
+            assert _rows(clickhouse, "requests").equals(_rows(local, "requests"))
+
+
+@pytest.mark.slow
+def test_evaluate_scores_a_generated_bank_identically_on_both_backends(tmp_path: Path) -> None:
+    from infertrace.evaluation import clickhouse_backend
+    from infertrace.evaluation.itl import evaluate_itl
+    from infertrace.evaluation.rca import evaluate_rca_section
+    from reference_engine.scenarios.bank import bank, generate
+    from tests.clickhouse_stores import chdb_dir
+
+    generate(bank(seed=3, count=3, duration_s=120.0), tmp_path / "bank")
+
+    def scores() -> dict[str, Any]:
+        result = {"itl": evaluate_itl(tmp_path / "bank"), "rca": evaluate_rca_section(tmp_path / "bank")}
+        return json.loads(json.dumps(_without_timing(result)))  # wall-clock seconds differ, nothing else may
+
+    local = scores()
+    with clickhouse_backend(chdb_dir()):
+        clickhouse = scores()
+    assert local["itl"]["tp"] > 0 and local["rca"]
+    assert clickhouse == local
+
+
+def _without_timing(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_timing(v) for v in value]
+    return value
+
+
+SERVER_ENV = "INFERTRACE_TEST_CLICKHOUSE_URL"
+
+
+@pytest.mark.skipif(not os.environ.get(SERVER_ENV), reason=(
+    f"no ClickHouse server: set ${SERVER_ENV}=clickhouse://USER@HOST:8123/DB (a scratch database) to run it. None is "
+    "installable here: Debian's clickhouse-server is 18.16 (2018), without the DateTime64 and Map columns the "
+    "exporter's table needs; PyPI and npm carry clients and chdb, not the server"))
+def test_end_to_end_through_clickhouse_connect_to_a_server(opened: dict[str, tuple[Store, Store]]) -> None:
+    from infertrace.store.clickhouse.connection import connect
+    from infertrace.store.clickhouse.store import export_rows
+
+    url = os.environ[SERVER_ENV]
+    connection = connect(url)
+    connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
+    connection.close()
+    local, _ = _both(opened, "prefill_storm")
+    assert export_rows(local, url) == local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    with open_store(url) as server:
+        for relation in RELATIONS:
+            assert _rows(server, relation).equals(_rows(local, relation)), relation
+        assert _comparable(build_report(server, ReportOptions())) == _comparable(build_report(local, ReportOptions()))
+
+
+def test_cli_exports_to_and_ingests_from_clickhouse_and_reports_on_it(tmp_path: Path) -> None:
+    local_dir = str(sample_in_clickhouse("host_pauses")[0])
+    chdb = f"chdb://{tmp_path / 'chdb'}?database=otel"
+
+    def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace.cli", *args], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, **env})
+
+    exported_run = cli("export", "--store", local_dir, "--to", chdb)
+    assert exported_run.returncode == 0, exported_run.stderr
+    spans = Store.open(local_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    assert f"Wrote {spans} spans to" in exported_run.stderr
+    report = cli("report", "--store", chdb, "--format", "json", "--fail-on", "never")
+    assert report.returncode == 0, report.stderr
+    with Store.open(local_dir) as local:
+        assert _comparable(json.loads(report.stdout))["sections"] == _comparable(build_report(local))["sections"]
+    pulled = cli("ingest", "--store", str(tmp_path / "pulled"), "--from", chdb, "--no-materialize")
+    assert pulled.returncode == 0 and f"Read {spans} spans" in pulled.stderr, pulled.stderr
+    with Store.open(tmp_path / "pulled") as back, Store.open(local_dir) as local:
+        assert _rows(back, "tokens").equals(_rows(local, "tokens"))
+    refused = cli("report", "--store", "clickhouse://oncall:secret@127.0.0.1:1/otel")
+    assert refused.returncode == 2 and "INFERTRACE_CLICKHOUSE_PASSWORD" in refused.stderr
+    unreachable = cli("query", "--store", "clickhouse://oncall@127.0.0.1:1/otel", "slowest_requests",
+                      INFERTRACE_CLICKHOUSE_PASSWORD="x")
+    assert unreachable.returncode == 2 and "--store clickhouse://oncall@127.0.0.1:1/otel" in unreachable.stderr
