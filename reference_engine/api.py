@@ -219,7 +219,8 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
     return asdict(result.params), errors
 
 
-BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json"}
+BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json", "splitwise-a100": "splitwise_a100_llama2_70b.json",
+                  "splitwise-h100": "splitwise_h100_llama2_70b.json"}
 
 
 def table_calibration_report(table: Path) -> tuple[dict[str, Any], str]:

@@ -320,7 +320,8 @@ def fit_design(design: Design, measured: np.ndarray, phases_of: np.ndarray,
     lower, upper = design.bounds()
     overhead0 = float(np.min(measured))
     extra0 = {"layer_launch_s": defaults.layer_launch_s, "allreduce_latency_s": hw.interconnect_latency_s,
-              "allreduce_hop_latency_s": hw.interconnect_hop_latency_s, "allreduce_floor_s": defaults.allreduce_floor_s}
+              "allreduce_hop_latency_s": hw.interconnect_hop_latency_s, "allreduce_floor_s": defaults.allreduce_floor_s,
+              "interconnect_efficiency": defaults.interconnect_efficiency}
     best = None
     for eta in (1.0, 0.1, 0.01, 0.001):
         for share in (0.9, 0.3):
