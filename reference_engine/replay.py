@@ -25,7 +25,7 @@ from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.fleet.config import DisaggregationSpec, FleetSpec, LinkSpec, ModelDeployment, RouterSpec
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.gateway import Router
-from reference_engine.stats import SimulationStats
+from reference_engine.stats import SimulationStats, weighted_percentile
 
 
 class CapturedRequest(Protocol):
@@ -71,12 +71,13 @@ class Deployment(Protocol):
 @dataclass
 class ReplayRun:
     """What the replayed requests saw: per request (served ones), ITL over every token gap (disaggregated: the
-    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it),
-    and the engines' KV use and preemptions."""
+    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it) as
+    distinct gaps with how many tokens had each, and the engines' KV use and preemptions."""
 
     ttft_ns: np.ndarray
     e2e_ns: np.ndarray
-    itl_ns: np.ndarray
+    itl_values_ns: np.ndarray
+    itl_counts: np.ndarray
     output_tokens: int
     requests: int
     rejected: int  # by an engine (e.g. a prompt longer than its KV)
@@ -87,6 +88,10 @@ class ReplayRun:
     kv_mean: float  # mean over steps
     steps: int
     per_request: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (ttft, e2e) ns
+
+    def itl_percentile_ns(self, q: float) -> float | None:
+        """The q-th percentile (0–100) of ITL over every token, None without a token gap."""
+        return weighted_percentile(self.itl_values_ns, self.itl_counts, q) if len(self.itl_values_ns) else None
 
 
 def _prompt(r: CapturedRequest) -> Prompt:
@@ -225,11 +230,14 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
     ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
     e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
-    itl = np.concatenate([*(np.repeat(*s.itl_counts()) for s in collector.stats),
-                          np.asarray(collector.transfer_gaps, np.int64)])
+    gaps = [s.itl_counts() for s in collector.stats]
+    transfer = np.asarray(collector.transfer_gaps, np.int64)
+    itl_values = np.concatenate([*(values for values, _ in gaps), transfer])
+    itl_counts = np.concatenate([*(counts for _, counts in gaps), np.ones(len(transfer), np.int64)])
     kv = np.asarray(collector.kv)
     return ReplayRun(
-        ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),
+        ttft_ns=ttft, e2e_ns=e2e, itl_values_ns=itl_values, itl_counts=itl_counts,
+        output_tokens=collector.output_tokens, requests=len(engine_reqs),
         rejected=len(collector.rejected), preemptions=collector.preemptions,
         first_arrival_ns=min(arrival.values()),
         last_finish_ns=max(collector.finish.values(), default=max(arrival.values())),

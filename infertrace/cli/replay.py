@@ -24,7 +24,7 @@ def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deploym
     from reference_engine.api import replay as engine_replay
 
     run = engine_replay(list(requests), deployment, seed)
-    return Distribution.from_arrays(run.ttft_ns, run.itl_ns, run.e2e_ns, run.output_tokens,
+    return Distribution.from_arrays(run.ttft_ns, run.itl_percentile_ns, run.e2e_ns, run.output_tokens,
                                     run.last_finish_ns - run.first_arrival_ns,
                                     (run.kv_mean, run.kv_peak) if run.steps else None, run.preemptions, run.rejected)
 

@@ -11,6 +11,7 @@ the tenant's requests that report the same length: an approximation, said in the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from itertools import pairwise
@@ -68,22 +69,34 @@ class Distribution:
     quantiles_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     @staticmethod
-    def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray, e2e_ns: np.ndarray, output_tokens: int,
+    def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray | Percentile, e2e_ns: np.ndarray, output_tokens: int,
                     span_ns: int, kv: tuple[float, float] | None, preemptions: int | None,
                     rejected: int) -> Distribution:
-        """`kv`: (mean, peak) share of KV blocks in use, None when unknown."""
-        def pct(values: np.ndarray, q: float) -> float | None:
-            return float(np.percentile(values, q) / 1e6) if len(values) else None
+        """`itl_ns`: every token's ITL, or its percentile function (a replay's gaps weighted by the tokens that had
+        them); `kv`: (mean, peak) share of KV blocks in use, None when unknown."""
+        at = {"ttft": _percentile(ttft_ns), "itl": itl_ns if callable(itl_ns) else _percentile(itl_ns),
+              "e2e": _percentile(e2e_ns)}
+
+        def ms(name: str, q: float) -> float | None:
+            ns = at[name](q)
+            return None if ns is None else ns / 1e6
 
         return Distribution(
-            requests=len(ttft_ns) + rejected, ttft_p50_ms=pct(ttft_ns, 50), ttft_p99_ms=pct(ttft_ns, 99),
-            itl_p50_ms=pct(itl_ns, 50), itl_p99_ms=pct(itl_ns, 99), e2e_p50_ms=pct(e2e_ns, 50),
-            e2e_p99_ms=pct(e2e_ns, 99),
+            requests=len(ttft_ns) + rejected, ttft_p50_ms=ms("ttft", 50), ttft_p99_ms=ms("ttft", 99),
+            itl_p50_ms=ms("itl", 50), itl_p99_ms=ms("itl", 99), e2e_p50_ms=ms("e2e", 50), e2e_p99_ms=ms("e2e", 99),
             output_tokens_per_s=output_tokens / (span_ns / 1e9) if span_ns > 0 else None,
             kv_peak=kv[1] if kv is not None else None, kv_mean=kv[0] if kv is not None else None,
             preemptions=preemptions, rejected=rejected,
-            quantiles_ms={name: tuple(float(v) for v in np.quantile(values, QUANTILES) / 1e6)
-                          for name, values in (("ttft", ttft_ns), ("itl", itl_ns), ("e2e", e2e_ns)) if len(values)})
+            quantiles_ms={name: tuple(ms(name, q * 100) or 0.0 for q in QUANTILES)
+                          for name in at if at[name](50) is not None})
+
+
+# The q-th percentile (0–100, numpy's linear method) of a latency in ns; None when there is no value.
+Percentile = Callable[[float], float | None]
+
+
+def _percentile(values: np.ndarray) -> Percentile:
+    return lambda q: float(np.percentile(values, q)) if len(values) else None
 
 
 @dataclass(frozen=True)

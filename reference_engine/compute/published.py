@@ -149,7 +149,8 @@ def table_report(path: str | Path) -> tuple[dict[str, Any], str]:
                  f"η_a {p.attention_efficiency:.3g}, η_kv {p.kv_memory_efficiency or p.memory_efficiency:.3g}, "
                  f"overhead {p.step_overhead_s * 1e3:.2f} ms + {p.per_sequence_overhead_s * 1e6:.1f} µs/sequence, "
                  f"prefill launches {p.layer_launch_s * 1e6:.1f} µs/layer"
-                 + (f", all-reduce α {p.allreduce_latency_s * 1e6:.1f} µs + α_hop {p.allreduce_hop_latency_s * 1e6:.2f} µs"
-                    f" per ring step, interconnect η {p.interconnect_efficiency:.3g}"
+                 + (f", all-reduce α {p.allreduce_latency_s * 1e6:.1f} µs + α_hop "
+                    f"{(p.allreduce_hop_latency_s or 0) * 1e6:.2f} µs per ring step, "
+                    f"interconnect η {p.interconnect_efficiency:.3g}"
                     if p.allreduce_latency_s is not None else ""))
     return report, "\n".join(lines)
