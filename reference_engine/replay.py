@@ -6,9 +6,8 @@ variant of it); this module turns them into the engine's requests and a one-mode
 captured policy and no latency of its own in front of the replicas, or prefill and decode workers over a link),
 runs it on the simulated clock, and returns what each request saw.
 
-Prompts are rebuilt from content segments: the system prompt (shared by every request naming it, so the prefix
-cache sees the captured sharing), an optional shared prefix of `shared_prefix_tokens` (for sources that report
-cached tokens but no system prompt id), the request's own text, and its assistant prefill.
+Each request's prompt comes as the toolkit rebuilt it, content segments (`ReplayRequest.segments`): a segment
+shared by several requests is a prefix the prefix cache can share.
 """
 
 from __future__ import annotations
@@ -29,20 +28,22 @@ from reference_engine.stats import SimulationStats, weighted_percentile
 
 
 class CapturedRequest(Protocol):
-    """What the toolkit knows of a request (infertrace.replay.capture.ReplayRequest)."""
+    """A request as the toolkit rebuilt it from the store (infertrace.replay.capture.ReplayRequest): its prompt
+    as content segments (a segment id shared by several requests is a shared prefix), its output, and the
+    attributes the engine's spans carry."""
 
     request_id: str
     arrival_ns: int
     tenant: str
-    input_tokens: int
     output_tokens: int
     max_tokens: int
     system_prompt_id: str | None
     system_prompt_tokens: int
-    shared_prefix_id: str | None
-    shared_prefix_tokens: int
     assistant_prefill_tokens: int
     route_ns: int | None  # when the router took it; None: on arrival
+
+    @property
+    def segments(self) -> tuple[tuple[str, int], ...]: ...
 
 
 class Deployment(Protocol):
@@ -94,22 +95,6 @@ class ReplayRun:
         return weighted_percentile(self.itl_values_ns, self.itl_counts, q) if len(self.itl_values_ns) else None
 
 
-def _prompt(r: CapturedRequest) -> Prompt:
-    segments: list[tuple[str, int]] = []
-    own = r.input_tokens
-    if r.system_prompt_id and r.system_prompt_tokens:
-        segments.append((r.system_prompt_id, r.system_prompt_tokens))
-        own -= r.system_prompt_tokens
-    if r.shared_prefix_id and r.shared_prefix_tokens:
-        segments.append((r.shared_prefix_id, r.shared_prefix_tokens))
-        own -= r.shared_prefix_tokens
-    own -= r.assistant_prefill_tokens
-    segments.append((f"user-{r.request_id}", max(own, 1)))
-    if r.assistant_prefill_tokens:
-        segments.append((f"assistant-{r.request_id}", r.assistant_prefill_tokens))
-    return Prompt(tuple(segments))
-
-
 def _routed_ns(r: CapturedRequest) -> int:
     return r.route_ns if r.route_ns is not None else r.arrival_ns
 
@@ -120,7 +105,7 @@ def engine_requests(requests: list[CapturedRequest], model: str) -> list[Request
     out = []
     for r in sorted(requests, key=lambda r: (_routed_ns(r), r.request_id)):
         output = max(r.output_tokens, 1)
-        out.append(Request(r.request_id, _routed_ns(r), _prompt(r), output, max(r.max_tokens, output),
+        out.append(Request(r.request_id, _routed_ns(r), Prompt(r.segments), output, max(r.max_tokens, output),
                            tenant=r.tenant, model=model, system_prompt_id=r.system_prompt_id,
                            system_prompt_tokens=r.system_prompt_tokens,
                            assistant_prefill_tokens=r.assistant_prefill_tokens))

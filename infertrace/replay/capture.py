@@ -48,6 +48,19 @@ class ReplayRequest:
     assistant_prefill_tokens: int = 0
     route_ns: int | None = None  # when the router took it (≤ arrival_ns); None: routed on arrival
 
+    @property
+    def segments(self) -> tuple[tuple[str, int], ...]:
+        """The prompt as content segments: the system prompt (shared by every request naming it, so the prefix
+        cache sees the captured sharing), the shared prefix (for sources that report cached tokens but no system
+        prompt), the request's own text, and its assistant prefill."""
+        segments = [(sid, n) for sid, n in ((self.system_prompt_id, self.system_prompt_tokens),
+                                             (self.shared_prefix_id, self.shared_prefix_tokens)) if sid and n]
+        own = self.input_tokens - sum(n for _, n in segments) - self.assistant_prefill_tokens
+        segments.append((f"user-{self.request_id}", max(own, 1)))
+        if self.assistant_prefill_tokens:
+            segments.append((f"assistant-{self.request_id}", self.assistant_prefill_tokens))
+        return tuple(segments)
+
 
 @dataclass(frozen=True)
 class Distribution:
