@@ -25,6 +25,7 @@ from reference_engine.fleet.config import DisaggregationSpec, FleetSpec, LinkSpe
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.gateway import Router
 from reference_engine.stats import SimulationStats, weighted_percentile
+from reference_engine.telemetry.tracer import step_facts
 
 
 class CapturedRequest(Protocol):
@@ -40,6 +41,8 @@ class CapturedRequest(Protocol):
     system_prompt_id: str | None
     system_prompt_tokens: int
     assistant_prefill_tokens: int
+    shared_prefix_id: str | None  # a prefix shared with other requests, where no system prompt says it
+    shared_prefix_tokens: int
     route_ns: int | None  # when the router took it; None: on arrival
 
     @property
@@ -149,11 +152,46 @@ class _CapturedRouter(Router):
         return self.latency.get((t, tenant), 0), 0, 200
 
 
+# A step's shape as the cost model reads it: (prefill chunks as (new, computed before) tokens, decodes, their
+# summed context, sampled positions).
+StepShape = tuple[tuple[tuple[int, int], ...], int, int, int]
+
+
+class StepRecorder:
+    """Every step of a replay (all engines, one numbering) and which requests it computed: the steps that
+    computed a request's prompt, and those in which it decoded (a decode worker's recomputed token included)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepShape] = []
+        self.prefill_steps: dict[str, list[tuple[int, int]]] = {}  # (step, the request's place in its chunks)
+        self.decode_steps: dict[str, list[range]] = {}
+
+    def on_step(self, role: str, report: StepReport) -> None:
+        facts = step_facts(report)
+        first, decodes = len(self.steps), len(facts.decode_ids)
+        if facts.prefills:
+            chunks = tuple((n, before) for _, n, before, _ in facts.prefills)
+            self.steps.append((chunks, decodes, facts.decode_context_tokens,
+                               decodes + sum(samples for *_, samples in facts.prefills)))
+            into = self.decode_steps if role == "decode_worker" else None
+            for place, (rid, *_) in enumerate(facts.prefills):
+                if into is None:
+                    self.prefill_steps.setdefault(rid, []).append((first, place))
+                else:
+                    into.setdefault(rid, []).append(range(first, first + 1))
+        else:
+            self.steps += [((), decodes, facts.decode_context_tokens + k * decodes, decodes)
+                           for k in range(len(facts.durations))]
+        steps = range(first, len(self.steps))
+        for rid in facts.decode_ids:
+            self.decode_steps.setdefault(rid, []).append(steps)
+
+
 class _Observer:
     """Per engine: token gaps (SimulationStats), KV use; per request: first token and finish."""
 
-    def __init__(self, role: str, engine: LLMEngine, run: _Collector) -> None:
-        self.role, self.engine, self.run = role, engine, run
+    def __init__(self, role: str, engine: LLMEngine, run: _Collector, recorder: StepRecorder | None) -> None:
+        self.role, self.engine, self.run, self.recorder = role, engine, run, recorder
         self.stats = SimulationStats()
         run.stats.append(self.stats)
 
@@ -161,6 +199,8 @@ class _Observer:
         self.stats.on_step(report)
         if report.kv_total_blocks:
             self.run.kv.append(report.kv_used_blocks / report.kv_total_blocks)
+        if self.recorder is not None:
+            self.recorder.on_step(self.role, report)
 
     def on_finish(self, seq: Sequence) -> None:
         self.stats.on_finish(seq)
@@ -194,8 +234,9 @@ class _Collector:
         self.output_tokens = 0
 
 
-def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 0) -> ReplayRun:
-    """Serve the captured requests on the deployment; what each saw."""
+def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 0,
+           recorder: StepRecorder | None = None) -> ReplayRun:
+    """Serve the captured requests on the deployment; what each saw (and every step, to `recorder`)."""
     if not requests:
         raise ValueError("nothing to replay: no requests reached an engine in that window")
     spec = fleet_of(deployment)
@@ -203,7 +244,7 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     collector = _Collector()
 
     def observe(instance: str, engine: LLMEngine) -> list[_Observer]:
-        return [_Observer(roles[instance], engine, collector)]
+        return [_Observer(roles[instance], engine, collector, recorder)]
 
     engine_reqs = engine_requests(requests, deployment.model)
     arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured

@@ -199,7 +199,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                          f"{', '.join(known) or 'none'}")
     columns = ("request_id", "tenant", "arrival_ns", "input_tokens", "output_tokens", "max_tokens", "cached_tokens",
                "system_prompt_id", "system_prompt_tokens", "assistant_prefill_tokens", "engine_error", "ttft_ns",
-               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns")
+               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns", "core_ttft_ns", "core_e2e_ns")
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
@@ -213,8 +213,13 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     requests = _requests(records, deployment, block, notes)
 
     served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
-    ttft = np.array([r["ttft_ns"] for r in served], dtype=np.int64)
-    e2e = np.array([r["e2e_ns"] for r in served], dtype=np.int64)
+    core = bool(served) and all(r["core_ttft_ns"] is not None and r["core_e2e_ns"] is not None for r in served)
+    if core:  # a replay serves requests on the engine's clock: compare it with the engine core's view
+        notes.append("TTFT and E2E as vLLM's engine core measured them (time_in_queue + time_in_model_prefill, "
+                     "+ time_in_model_inference): its span's TTFT and E2E add the API server's own latency, which "
+                     "the replay does not model")
+    ttft = np.array([r["core_ttft_ns" if core else "ttft_ns"] for r in served], dtype=np.int64)
+    e2e = np.array([r["core_e2e_ns" if core else "e2e_ns"] for r in served], dtype=np.int64)
     itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
     has_steps = any(e["step_spans"] for e in engines)
     if not has_steps:
@@ -308,3 +313,12 @@ def measured_steps(store: Store, model: str, since_ns: int | None = None, until_
     if len(steps) > limit:
         steps = [steps[i] for i in np.linspace(0, len(steps) - 1, limit).astype(int)]
     return steps
+
+
+def measured_phase_times(store: Store, model: str, since_ns: int | None = None,
+                         until_ns: int | None = None) -> dict[str, tuple[int | None, int | None]]:
+    """Each request's measured (prefill ns, decode ns), from request-level telemetry (None: not measured)."""
+    params = {"model": model, "since_ns": since_ns if since_ns is not None else _ALL_TIME[0],
+              "until_ns": until_ns if until_ns is not None else _ALL_TIME[1]}
+    return {rid: (None if p is None else int(p), None if d is None else int(d))
+            for rid, p, d in store.sql(query_text("capture_phase_times"), params).fetchall()}

@@ -12,6 +12,7 @@ simulator's own `StepCostModel`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +86,19 @@ class StepDesign(Design):
                 + np.maximum(f[:, 6] / v["attention_efficiency"], f[:, 7] / v["kv_memory_efficiency"])
                 + v["step_overhead_s"] + v["per_sequence_overhead_s"] * f[:, 8] + allreduce
                 + (v["layer_launch_s"] * f[:, 13] if self.fit_launch else 0.0))
+
+
+class RunDesign(StepDesign):
+    """Measured sums of steps (a request's prefill steps, its decode steps): `runs`, a 0/1 matrix of runs × steps,
+    says which steps each measured time covers."""
+
+    def __init__(self, rows: Sequence[StepRow], runs: Any, hw: HardwareSpec, microbatch: int = 0) -> None:
+        super().__init__(rows, hw, microbatch)
+        self.runs = runs
+        self.rows = runs.shape[0]
+
+    def seconds(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.runs @ super().seconds(x))
 
 
 def fit_rows(rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0,
