@@ -11,7 +11,7 @@ membership moves with the times) and fit again, `iterations` times. The error is
 what the fitted deployment predicts for each request against what was measured.
 
 vLLM's spans carry no cached-token count, so a prefix-cache hit is invisible but in the time: a request that
-prefilled clearly faster than its whole prompt costs (under a quarter of the difference is noise) is given the
+prefilled clearly faster than its whole prompt costs in the fitted replay (under `HIT_EVIDENCE` of it) is given the
 shared prefix that explains it, its length read off its own prefill steps (the latest steps that fit in the measured
 time, the boundary step's share of its chunk by its marginal cost), rounded to a quarter of its power of two and
 shared with the tenant's requests of the same inferred length (the same rounding groups one system prompt's
@@ -92,14 +92,16 @@ def _replayed(requests: Sequence[CapturedRequest], deployment: Deployment, cost:
 
 
 def _fit(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]],
-         deployment: Deployment) -> dict[str, float]:
+         deployment: Deployment, hits_unknown: bool) -> dict[str, float]:
+    """`hits_unknown`: the replay does not know the prefix-cache hits yet, so a prefill may be faster than it."""
     runs, seconds, phases = _runs(recorder, measured)
     if len(seconds) < 20:
         raise ValueError(f"need at least 20 measured request phases to fit the cost model, got {len(seconds)}")
     spec, hw = model_spec(deployment.model), hardware_spec(deployment.hardware)
     steps = [(MeasuredStep(chunks, decodes, ctx, sampled, 0), spec, deployment.tensor_parallel)
              for chunks, decodes, ctx, sampled in recorder.steps]
-    params, _ = fit_design(RunDesign(steps, runs, hw, deployment.prefill_microbatch), seconds, phases, hw)
+    params, _ = fit_design(RunDesign(steps, runs, hw, deployment.prefill_microbatch), seconds, phases, hw,
+                           phases == "prefill" if hits_unknown else None)
     return {k: v for k, v in asdict(params).items() if v is not None}
 
 
@@ -157,13 +159,13 @@ def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deploymen
     current = list(requests)
     for iteration in range(iterations):
         recorder, _ = _replayed(current, deployment, cost, seed)
-        cost = _fit(recorder, measured, deployment)
-        if iteration == 0:
-            recorder, seconds = _replayed(current, deployment, cost, seed)
-            prefixes = _inferred_prefixes(current, recorder, seconds, _cost_model(deployment, cost), measured)
+        cost = _fit(recorder, measured, deployment, hits_unknown=iteration == 0)
+        if iteration < iterations - 1:  # the hits, from the original requests' prefills under this fit
+            recorder, seconds = _replayed(requests, deployment, cost, seed)
+            prefixes = _inferred_prefixes(requests, recorder, seconds, _cost_model(deployment, cost), measured)
             current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
                                shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
-                       for r in current]
+                       for r in requests]
     recorder, seconds = _replayed(current, deployment, cost, seed)
     runs, measured_s, phases = _runs(recorder, measured)
     return RequestFit(cost, _errors(runs @ seconds, measured_s, phases), len(measured_s), len(recorder.steps),
