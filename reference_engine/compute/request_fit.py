@@ -36,6 +36,7 @@ from reference_engine.engine.models import model as model_spec
 from reference_engine.replay import CapturedRequest, Deployment, StepRecorder, replay
 
 BLOCK = 16
+OUTLIER_ERROR = 0.02  # a request's phase off by more (preempted, a hit not inferred) weighs linearly, not squared
 HIT_EVIDENCE = 0.75  # a measured prefill under this share of the replayed one says part of the prompt was cached
 
 
@@ -101,7 +102,7 @@ def _fit(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | 
     steps = [(MeasuredStep(chunks, decodes, ctx, sampled, 0), spec, deployment.tensor_parallel)
              for chunks, decodes, ctx, sampled in recorder.steps]
     params, _ = fit_design(RunDesign(steps, runs, hw, deployment.prefill_microbatch), seconds, phases, hw,
-                           phases == "prefill" if hits_unknown else None)
+                           phases == "prefill" if hits_unknown else None, outlier_error=OUTLIER_ERROR)
     return {k: v for k, v in asdict(params).items() if v is not None}
 
 
