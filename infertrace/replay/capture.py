@@ -210,14 +210,16 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     routes = store.sql(query_text("capture_routes"), params).fetchall()
     deployment, source = _deployment(model, engines, dict(overrides or {}), notes, routes)
     block = next((e["block_size"] for e in engines if e["block_size"]), 16)
-    requests = _requests(records, deployment, block, notes)
-
     served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
     core = bool(served) and all(r["core_ttft_ns"] is not None and r["core_e2e_ns"] is not None for r in served)
     if core:  # a replay serves requests on the engine's clock: compare it with the engine core's view
         notes.append("TTFT and E2E as vLLM's engine core measured them (time_in_queue + time_in_model_prefill, "
-                     "+ time_in_model_inference): its span's TTFT and E2E add the API server's own latency, which "
-                     "the replay does not model")
+                     "+ time_in_model_inference), each request reaching the engine after the API server's own "
+                     "latency (its span's TTFT less the core's; the replay does not model the API server)")
+        for r in served:
+            r["arrival_ns"] += max(r["ttft_ns"] - r["core_ttft_ns"], 0)
+    requests = _requests(records, deployment, block, notes)
+
     ttft = np.array([r["core_ttft_ns" if core else "ttft_ns"] for r in served], dtype=np.int64)
     e2e = np.array([r["core_e2e_ns" if core else "e2e_ns"] for r in served], dtype=np.int64)
     itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
