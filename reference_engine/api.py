@@ -62,6 +62,7 @@ __all__ = [
     "calibration_report",
     "cuda_hardware_name",
     "fit_cost_params",
+    "fit_cost_params_from_requests",
     "generate",
     "generate_whatif",
     "make_scenario",
@@ -219,7 +220,22 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
     return asdict(result.params), errors
 
 
-BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json"}
+def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
+                                  measured: dict[str, tuple[int | None, int | None]], seed: int = 0
+                                  ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple[str, int]]]:
+    """Fit the cost model to per-request timings alone (`measured`: request id -> (prefill ns, decode ns), e.g. vLLM's
+    `llm_request` spans), the steps rebuilt by replaying the captured requests on the deployment
+    (`reference_engine.compute.request_fit`); returns (CostParams fields, median relative error per phase and
+    overall, measured phases fitted, request id -> (shared prefix id, tokens) inferred from prefills faster than
+    their whole prompt)."""
+    from reference_engine.compute.request_fit import fit_request_times
+
+    fit = fit_request_times(requests, deployment, measured, seed=seed)
+    return fit.cost, fit.median_error, fit.phases, fit.prefixes
+
+
+BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json", "splitwise-a100": "splitwise_a100_llama2_70b.json",
+                  "splitwise-h100": "splitwise_h100_llama2_70b.json"}
 
 
 def table_calibration_report(table: Path) -> tuple[dict[str, Any], str]:

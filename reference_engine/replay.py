@@ -6,9 +6,8 @@ variant of it); this module turns them into the engine's requests and a one-mode
 captured policy and no latency of its own in front of the replicas, or prefill and decode workers over a link),
 runs it on the simulated clock, and returns what each request saw.
 
-Prompts are rebuilt from content segments: the system prompt (shared by every request naming it, so the prefix
-cache sees the captured sharing), an optional shared prefix of `shared_prefix_tokens` (for sources that report
-cached tokens but no system prompt id), the request's own text, and its assistant prefill.
+Each request's prompt comes as the toolkit rebuilt it, content segments (`ReplayRequest.segments`): a segment
+shared by several requests is a prefix the prefix cache can share.
 """
 
 from __future__ import annotations
@@ -25,24 +24,29 @@ from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.fleet.config import DisaggregationSpec, FleetSpec, LinkSpec, ModelDeployment, RouterSpec
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.gateway import Router
-from reference_engine.stats import SimulationStats
+from reference_engine.stats import SimulationStats, weighted_percentile
+from reference_engine.telemetry.tracer import step_facts
 
 
 class CapturedRequest(Protocol):
-    """What the toolkit knows of a request (infertrace.replay.capture.ReplayRequest)."""
+    """A request as the toolkit rebuilt it from the store (infertrace.replay.capture.ReplayRequest): its prompt
+    as content segments (a segment id shared by several requests is a shared prefix), its output, and the
+    attributes the engine's spans carry."""
 
     request_id: str
     arrival_ns: int
     tenant: str
-    input_tokens: int
     output_tokens: int
     max_tokens: int
     system_prompt_id: str | None
     system_prompt_tokens: int
-    shared_prefix_id: str | None
-    shared_prefix_tokens: int
     assistant_prefill_tokens: int
+    shared_prefix_id: str | None  # a prefix shared with other requests, where no system prompt says it
+    shared_prefix_tokens: int
     route_ns: int | None  # when the router took it; None: on arrival
+
+    @property
+    def segments(self) -> tuple[tuple[str, int], ...]: ...
 
 
 class Deployment(Protocol):
@@ -71,12 +75,13 @@ class Deployment(Protocol):
 @dataclass
 class ReplayRun:
     """What the replayed requests saw: per request (served ones), ITL over every token gap (disaggregated: the
-    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it),
-    and the engines' KV use and preemptions."""
+    gap between the prefill worker's token and the decode worker's first one included, as the caller sees it) as
+    distinct gaps with how many tokens had each, and the engines' KV use and preemptions."""
 
     ttft_ns: np.ndarray
     e2e_ns: np.ndarray
-    itl_ns: np.ndarray
+    itl_values_ns: np.ndarray
+    itl_counts: np.ndarray
     output_tokens: int
     requests: int
     rejected: int  # by an engine (e.g. a prompt longer than its KV)
@@ -88,21 +93,9 @@ class ReplayRun:
     steps: int
     per_request: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (ttft, e2e) ns
 
-
-def _prompt(r: CapturedRequest) -> Prompt:
-    segments: list[tuple[str, int]] = []
-    own = r.input_tokens
-    if r.system_prompt_id and r.system_prompt_tokens:
-        segments.append((r.system_prompt_id, r.system_prompt_tokens))
-        own -= r.system_prompt_tokens
-    if r.shared_prefix_id and r.shared_prefix_tokens:
-        segments.append((r.shared_prefix_id, r.shared_prefix_tokens))
-        own -= r.shared_prefix_tokens
-    own -= r.assistant_prefill_tokens
-    segments.append((f"user-{r.request_id}", max(own, 1)))
-    if r.assistant_prefill_tokens:
-        segments.append((f"assistant-{r.request_id}", r.assistant_prefill_tokens))
-    return Prompt(tuple(segments))
+    def itl_percentile_ns(self, q: float) -> float | None:
+        """The q-th percentile (0–100) of ITL over every token, None without a token gap."""
+        return weighted_percentile(self.itl_values_ns, self.itl_counts, q) if len(self.itl_values_ns) else None
 
 
 def _routed_ns(r: CapturedRequest) -> int:
@@ -115,7 +108,7 @@ def engine_requests(requests: list[CapturedRequest], model: str) -> list[Request
     out = []
     for r in sorted(requests, key=lambda r: (_routed_ns(r), r.request_id)):
         output = max(r.output_tokens, 1)
-        out.append(Request(r.request_id, _routed_ns(r), _prompt(r), output, max(r.max_tokens, output),
+        out.append(Request(r.request_id, _routed_ns(r), Prompt(r.segments), output, max(r.max_tokens, output),
                            tenant=r.tenant, model=model, system_prompt_id=r.system_prompt_id,
                            system_prompt_tokens=r.system_prompt_tokens,
                            assistant_prefill_tokens=r.assistant_prefill_tokens))
@@ -159,11 +152,46 @@ class _CapturedRouter(Router):
         return self.latency.get((t, tenant), 0), 0, 200
 
 
+# A step's shape as the cost model reads it: (prefill chunks as (new, computed before) tokens, decodes, their
+# summed context, sampled positions).
+StepShape = tuple[tuple[tuple[int, int], ...], int, int, int]
+
+
+class StepRecorder:
+    """Every step of a replay (all engines, one numbering) and which requests it computed: the steps that
+    computed a request's prompt, and those in which it decoded (a decode worker's recomputed token included)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepShape] = []
+        self.prefill_steps: dict[str, list[tuple[int, int]]] = {}  # (step, the request's place in its chunks)
+        self.decode_steps: dict[str, list[range]] = {}
+
+    def on_step(self, role: str, report: StepReport) -> None:
+        facts = step_facts(report)
+        first, decodes = len(self.steps), len(facts.decode_ids)
+        if facts.prefills:
+            chunks = tuple((n, before) for _, n, before, _ in facts.prefills)
+            self.steps.append((chunks, decodes, facts.decode_context_tokens,
+                               decodes + sum(samples for *_, samples in facts.prefills)))
+            into = self.decode_steps if role == "decode_worker" else None
+            for place, (rid, *_) in enumerate(facts.prefills):
+                if into is None:
+                    self.prefill_steps.setdefault(rid, []).append((first, place))
+                else:
+                    into.setdefault(rid, []).append(range(first, first + 1))
+        else:
+            self.steps += [((), decodes, facts.decode_context_tokens + k * decodes, decodes)
+                           for k in range(len(facts.durations))]
+        steps = range(first, len(self.steps))
+        for rid in facts.decode_ids:
+            self.decode_steps.setdefault(rid, []).append(steps)
+
+
 class _Observer:
     """Per engine: token gaps (SimulationStats), KV use; per request: first token and finish."""
 
-    def __init__(self, role: str, engine: LLMEngine, run: _Collector) -> None:
-        self.role, self.engine, self.run = role, engine, run
+    def __init__(self, role: str, engine: LLMEngine, run: _Collector, recorder: StepRecorder | None) -> None:
+        self.role, self.engine, self.run, self.recorder = role, engine, run, recorder
         self.stats = SimulationStats()
         run.stats.append(self.stats)
 
@@ -171,6 +199,8 @@ class _Observer:
         self.stats.on_step(report)
         if report.kv_total_blocks:
             self.run.kv.append(report.kv_used_blocks / report.kv_total_blocks)
+        if self.recorder is not None:
+            self.recorder.on_step(self.role, report)
 
     def on_finish(self, seq: Sequence) -> None:
         self.stats.on_finish(seq)
@@ -204,8 +234,9 @@ class _Collector:
         self.output_tokens = 0
 
 
-def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 0) -> ReplayRun:
-    """Serve the captured requests on the deployment; what each saw."""
+def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 0,
+           recorder: StepRecorder | None = None) -> ReplayRun:
+    """Serve the captured requests on the deployment; what each saw (and every step, to `recorder`)."""
     if not requests:
         raise ValueError("nothing to replay: no requests reached an engine in that window")
     spec = fleet_of(deployment)
@@ -213,7 +244,7 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     collector = _Collector()
 
     def observe(instance: str, engine: LLMEngine) -> list[_Observer]:
-        return [_Observer(roles[instance], engine, collector)]
+        return [_Observer(roles[instance], engine, collector, recorder)]
 
     engine_reqs = engine_requests(requests, deployment.model)
     arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured
@@ -225,11 +256,14 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     served = [rid for rid in arrival if rid in collector.finish and rid in collector.first_token]
     ttft = np.array([collector.first_token[rid] - arrival[rid] for rid in served], dtype=np.int64)
     e2e = np.array([collector.finish[rid] - arrival[rid] for rid in served], dtype=np.int64)
-    itl = np.concatenate([*(np.repeat(*s.itl_counts()) for s in collector.stats),
-                          np.asarray(collector.transfer_gaps, np.int64)])
+    gaps = [s.itl_counts() for s in collector.stats]
+    transfer = np.asarray(collector.transfer_gaps, np.int64)
+    itl_values = np.concatenate([*(values for values, _ in gaps), transfer])
+    itl_counts = np.concatenate([*(counts for _, counts in gaps), np.ones(len(transfer), np.int64)])
     kv = np.asarray(collector.kv)
     return ReplayRun(
-        ttft_ns=ttft, e2e_ns=e2e, itl_ns=itl, output_tokens=collector.output_tokens, requests=len(engine_reqs),
+        ttft_ns=ttft, e2e_ns=e2e, itl_values_ns=itl_values, itl_counts=itl_counts,
+        output_tokens=collector.output_tokens, requests=len(engine_reqs),
         rejected=len(collector.rejected), preemptions=collector.preemptions,
         first_arrival_ns=min(arrival.values()),
         last_finish_ns=max(collector.finish.values(), default=max(arrival.values())),

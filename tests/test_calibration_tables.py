@@ -81,3 +81,28 @@ def test_calibrate_tp_must_be_a_degree_or_fit() -> None:
     result = subprocess.run([sys.executable, "-m", "infertrace.cli", "calibrate", "--tp", "four"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "--tp" in result.stderr
+
+
+@pytest.mark.parametrize("table", ["splitwise-a100", "splitwise-h100"])
+def test_calibrating_on_a_published_tp_2_4_8_table_predicts_the_held_out_half_within_10_percent_per_phase(
+        table: str) -> None:
+    report, text = table_calibration_report(Path(table))
+    assert report["source"]["url"].startswith("https://github.com/Mutinifni/splitwise-sim/blob/")
+    groups = {(g["tensor_parallel"], g["phase"]): g for g in report["held_out"]}
+    assert {tp for tp, _ in groups if tp is not None} == {2, 4, 8}
+    for phase in ("prefill", "decode"):
+        overall = groups[(None, phase)]
+        assert overall["calibrated_median_error"] <= 0.10, text
+        assert overall["calibrated_median_error"] < overall["roofline_median_error"], text
+    # fitted from two or more degrees: the all-reduce latency is the table's, not the interconnect's default
+    assert report["params"]["allreduce_latency_s"] is not None
+
+
+def test_repeated_measurements_of_one_shape_are_one_step_and_a_prefill_shape_ignores_the_output_length() -> None:
+    doc, _specs, steps = load_table(TABLES / "splitwise_h100_llama2_70b.json")
+    rows = doc["models"]["llama-2-70b"]["rows"]
+    assert len(rows) == 315 and {r[1] for r in rows} == {2, 4, 8}
+    shapes = [(s.tensor_parallel, s.phase, s.shape) for s in steps]
+    assert len(shapes) == len(set(shapes))
+    prefills = [s for s in steps if s.phase == "prefill"]
+    assert len(prefills) == 3 * 7 and all(s.shape[2] == 0 for s in prefills)

@@ -206,3 +206,39 @@ def test_a_capture_without_step_spans_is_checked_on_ttft_alone_and_the_sentence_
     t = trust(observed, replayed)
     assert t.trustworthy is True and set(t.errors) == {"ttft_p50_ms", "ttft_p99_ms"}
     assert "not checked, the capture lacks them: itl p50, itl p99" in t.sentence()
+
+
+@pytest.fixture(scope="module")
+def vllm_whatif_bank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two what-if scenarios whose captures are exported as vLLM V1 spans only, by engines of a hidden speed."""
+    from reference_engine.api import generate_whatif
+
+    root = tmp_path_factory.mktemp("whatif-vllm")
+    generate_whatif(seed=2, count=2, duration_s=45.0, out_dir=root, hidden_cost=True, telemetry="vllm-v1")
+    return root
+
+
+def test_a_vllm_capture_without_step_spans_is_calibrated_on_request_timings_and_checked_on_the_core_ttft(
+        vllm_whatif_bank: Path) -> None:
+    from infertrace.cli.replay import calibrate_from_capture
+    from infertrace.evaluation import open_ingested_store
+    from infertrace.replay.capture import read_capture
+
+    scenario = sorted(p for p in vllm_whatif_bank.iterdir() if p.is_dir())[0]
+    model = json.loads((scenario / "whatif.json").read_text())["model"]
+    with open_ingested_store(scenario / "capture" / "store", scenario / "capture" / "traces.jsonl.gz") as store:
+        capture = read_capture(store, model)
+        assert not capture.has_step_spans and capture.config_source == "flags"
+        assert capture.observed.itl_p50_ms is None
+        assert any("engine core" in n for n in capture.notes)
+    section = evaluate_whatif(vllm_whatif_bank, replay_distribution, calibrate_from_capture)
+    assert section["scenarios"] == 2 and section["calibrated"] == 2
+    assert section["capture_telemetry"] == ["vllm-v1"] and section["criteria"]["p99"] == 0.15
+    for row in section["per_scenario"]:
+        assert "measured request phases" in row["calibration"], row["calibration"]
+        assert row["baseline_compared_on"] == ["ttft_p50_ms", "ttft_p99_ms"]
+        calibrated = max(abs(row["baseline_error"][m]) for m in row["baseline_compared_on"])
+        uncalibrated = max(abs(row["uncalibrated_baseline_error"][m]) for m in row["baseline_compared_on"])
+        assert calibrated < uncalibrated, row
+        # the prediction of B is scored on B's own spans, per-token ITL included
+        assert row["actual"]["itl_p99_ms"] is not None and row["predicted"]["itl_p99_ms"] is not None

@@ -196,8 +196,9 @@ def calibrate(
     model_config: Annotated[Path | None, typer.Option(
         help="A Hugging Face config.json: the model's architecture instead of a built-in --model")] = None,
     table: Annotated[Path | None, typer.Option(
-        help="A published measurement table (infertrace.published_table/1, with its citation; `lmdeploy-a100` "
-             "names the bundled one): fit on half of it, report the held-out error per phase and TP degree")] = None,
+        help="A published measurement table (infertrace.published_table/1, with its citation; `lmdeploy-a100`, "
+             "`splitwise-a100` and `splitwise-h100` name the bundled ones): fit on half of it, report the held-out "
+             "error per phase and TP degree")] = None,
 ) -> None:
     """Fit the simulated executor's cost model (efficiencies, per-step overhead) to measured step times, and
     report the error per phase. Measuring the real executor fits one run and checks another (held out).
@@ -206,7 +207,7 @@ def calibrate(
       infertrace calibrate --out cost.json
       infertrace calibrate --csv measured_steps.csv --model llama-3-8b --hardware H100-SXM --format json
       infertrace calibrate --csv steps.csv --model-config config.json --hardware H100-SXM --tp fit
-      infertrace calibrate --table lmdeploy-a100
+      infertrace calibrate --table splitwise-h100
     """
     from reference_engine.api import calibration_report, table_calibration_report
 

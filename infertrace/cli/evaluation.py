@@ -107,6 +107,9 @@ def scenarios_whatif(
     hidden_cost: Annotated[bool, typer.Option(
         help="The engines run with cost parameters of their own that the spans do not carry: replays must "
              "calibrate on the capture's steps")] = False,
+    telemetry: Annotated[str, typer.Option(
+        help="Whose telemetry the captures export: infertrace (step spans) or a real engine's, e.g. vllm-v1 (request "
+             "spans only; replays calibrate on request timings)")] = "infertrace",
 ) -> None:
     """What-if validation scenarios: one model's traffic (with a prefill storm) served under config A
     (capture/) and, on the same requests, under config B, A with one knob changed (actual/): chunk budget,
@@ -115,6 +118,7 @@ def scenarios_whatif(
 
     Example:
       infertrace scenarios whatif --seed 0 --count 24 --duration 180 --jobs 2 --out whatif-bank/
+      infertrace scenarios whatif --seed 2 --count 24 --hidden-cost --telemetry vllm-v1 --out vllm-bank/
     """
     from reference_engine.api import WHATIF_KNOBS, generate_whatif
 
@@ -123,7 +127,10 @@ def scenarios_whatif(
     if out.exists() and not out.is_dir():
         raise fail(f"--out {out} exists and is not a directory")
     with err.status(f"Simulating {count} scenarios, twice each …"):
-        names = generate_whatif(seed, count, duration, out, jobs, hidden_cost)
+        try:
+            names = generate_whatif(seed, count, duration, out, jobs, hidden_cost, telemetry)
+        except ValueError as e:
+            raise fail(str(e)) from None
     err.print(f"{len(names)} what-if scenarios ({', '.join(WHATIF_KNOBS)}) written to {out}")
 
 

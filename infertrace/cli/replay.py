@@ -14,7 +14,7 @@ import typer
 
 from infertrace.cli.analysis import STORE_HELP
 from infertrace.cli.console import err, fail
-from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_steps
+from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_phase_times, measured_steps
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
 from infertrace.store.clickhouse.connection import is_clickhouse_url
@@ -26,7 +26,7 @@ def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deploym
     from reference_engine.api import replay as engine_replay
 
     run = engine_replay(list(requests), deployment, seed)
-    return Distribution.from_arrays(run.ttft_ns, run.itl_ns, run.e2e_ns, run.output_tokens,
+    return Distribution.from_arrays(run.ttft_ns, run.itl_percentile_ns, run.e2e_ns, run.output_tokens,
                                     run.last_finish_ns - run.first_arrival_ns,
                                     (run.kv_mean, run.kv_peak) if run.steps else None, run.preemptions, run.rejected)
 
@@ -38,14 +38,28 @@ def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Depl
 
 
 def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
-    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans);
-    and a sentence with the fit's error. Raises ValueError when the store holds too few steps."""
-    from reference_engine.api import fit_cost_params
+    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans),
+    or, where the store holds no step span (vLLM's request spans), to each request's measured prefill and decode
+    times; and a sentence with the fit's error. Raises ValueError when the store holds too few of either."""
+    from reference_engine.api import fit_cost_params, fit_cost_params_from_requests
 
-    steps = measured_steps(store, capture.model, capture.since_ns, capture.until_ns)
     d = capture.deployment
-    cost, errors = fit_cost_params(steps, d.model, d.hardware, d.tensor_parallel, d.prefill_microbatch)
-    sentence = (f"cost model fitted to {len(steps)} measured steps of {d.model}: median error "
+    if capture.has_step_spans:
+        steps = measured_steps(store, capture.model, capture.since_ns, capture.until_ns)
+        cost, errors = fit_cost_params(steps, d.model, d.hardware, d.tensor_parallel, d.prefill_microbatch)
+        what = f"{len(steps)} measured steps"
+    else:
+        measured = measured_phase_times(store, capture.model, capture.since_ns, capture.until_ns)
+        cost, errors, phases, prefixes = fit_cost_params_from_requests(list(capture.requests), d, measured)
+        what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
+                "steps rebuilt by replaying the capture)")
+        if prefixes:
+            what += (f"; {len(prefixes)} requests prefilled faster than their whole prompt and are replayed with "
+                     "the shared prefix that explains it (the spans carry no cached-token count)")
+            capture = replace(capture, requests=tuple(
+                replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
+                if r.request_id in prefixes else r for r in capture.requests))
+    sentence = (f"cost model fitted to {what} of {d.model}: median error "
                 + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
     calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))
     return calibrated, sentence
@@ -82,7 +96,8 @@ def replay(
     cost_params: Annotated[Path | None, typer.Option(
         help="Calibrated cost model (infertrace calibrate --out) for every replay")] = None,
     calibrate: Annotated[bool, typer.Option(
-        help="Fit the cost model to the captured engines' own step spans before replaying")] = False,
+        help="Fit the cost model to the captured engines' own step spans (without them: each request's measured "
+             "prefill and decode time) before replaying")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file")] = None,
     save: Annotated[bool, typer.Option(
         help="Keep the result in the store (<store>/whatif/) for the dashboard's What if page and the report's "

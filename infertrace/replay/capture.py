@@ -11,6 +11,7 @@ the tenant's requests that report the same length: an approximation, said in the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from itertools import pairwise
@@ -47,6 +48,19 @@ class ReplayRequest:
     assistant_prefill_tokens: int = 0
     route_ns: int | None = None  # when the router took it (≤ arrival_ns); None: routed on arrival
 
+    @property
+    def segments(self) -> tuple[tuple[str, int], ...]:
+        """The prompt as content segments: the system prompt (shared by every request naming it, so the prefix
+        cache sees the captured sharing), the shared prefix (for sources that report cached tokens but no system
+        prompt), the request's own text, and its assistant prefill."""
+        segments = [(sid, n) for sid, n in ((self.system_prompt_id, self.system_prompt_tokens),
+                                             (self.shared_prefix_id, self.shared_prefix_tokens)) if sid and n]
+        own = self.input_tokens - sum(n for _, n in segments) - self.assistant_prefill_tokens
+        segments.append((f"user-{self.request_id}", max(own, 1)))
+        if self.assistant_prefill_tokens:
+            segments.append((f"assistant-{self.request_id}", self.assistant_prefill_tokens))
+        return tuple(segments)
+
 
 @dataclass(frozen=True)
 class Distribution:
@@ -68,22 +82,34 @@ class Distribution:
     quantiles_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     @staticmethod
-    def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray, e2e_ns: np.ndarray, output_tokens: int,
+    def from_arrays(ttft_ns: np.ndarray, itl_ns: np.ndarray | Percentile, e2e_ns: np.ndarray, output_tokens: int,
                     span_ns: int, kv: tuple[float, float] | None, preemptions: int | None,
                     rejected: int) -> Distribution:
-        """`kv`: (mean, peak) share of KV blocks in use, None when unknown."""
-        def pct(values: np.ndarray, q: float) -> float | None:
-            return float(np.percentile(values, q) / 1e6) if len(values) else None
+        """`itl_ns`: every token's ITL, or its percentile function (a replay's gaps weighted by the tokens that had
+        them); `kv`: (mean, peak) share of KV blocks in use, None when unknown."""
+        at = {"ttft": _percentile(ttft_ns), "itl": itl_ns if callable(itl_ns) else _percentile(itl_ns),
+              "e2e": _percentile(e2e_ns)}
+
+        def ms(name: str, q: float) -> float | None:
+            ns = at[name](q)
+            return None if ns is None else ns / 1e6
 
         return Distribution(
-            requests=len(ttft_ns) + rejected, ttft_p50_ms=pct(ttft_ns, 50), ttft_p99_ms=pct(ttft_ns, 99),
-            itl_p50_ms=pct(itl_ns, 50), itl_p99_ms=pct(itl_ns, 99), e2e_p50_ms=pct(e2e_ns, 50),
-            e2e_p99_ms=pct(e2e_ns, 99),
+            requests=len(ttft_ns) + rejected, ttft_p50_ms=ms("ttft", 50), ttft_p99_ms=ms("ttft", 99),
+            itl_p50_ms=ms("itl", 50), itl_p99_ms=ms("itl", 99), e2e_p50_ms=ms("e2e", 50), e2e_p99_ms=ms("e2e", 99),
             output_tokens_per_s=output_tokens / (span_ns / 1e9) if span_ns > 0 else None,
             kv_peak=kv[1] if kv is not None else None, kv_mean=kv[0] if kv is not None else None,
             preemptions=preemptions, rejected=rejected,
-            quantiles_ms={name: tuple(float(v) for v in np.quantile(values, QUANTILES) / 1e6)
-                          for name, values in (("ttft", ttft_ns), ("itl", itl_ns), ("e2e", e2e_ns)) if len(values)})
+            quantiles_ms={name: tuple(ms(name, q * 100) or 0.0 for q in QUANTILES)
+                          for name in at if at[name](50) is not None})
+
+
+# The q-th percentile (0–100, numpy's linear method) of a latency in ns; None when there is no value.
+Percentile = Callable[[float], float | None]
+
+
+def _percentile(values: np.ndarray) -> Percentile:
+    return lambda q: float(np.percentile(values, q)) if len(values) else None
 
 
 @dataclass(frozen=True)
@@ -173,7 +199,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                          f"{', '.join(known) or 'none'}")
     columns = ("request_id", "tenant", "arrival_ns", "input_tokens", "output_tokens", "max_tokens", "cached_tokens",
                "system_prompt_id", "system_prompt_tokens", "assistant_prefill_tokens", "engine_error", "ttft_ns",
-               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns")
+               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns", "core_ttft_ns", "core_e2e_ns")
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
@@ -184,11 +210,18 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     routes = store.sql(query_text("capture_routes"), params).fetchall()
     deployment, source = _deployment(model, engines, dict(overrides or {}), notes, routes)
     block = next((e["block_size"] for e in engines if e["block_size"]), 16)
+    served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
+    core = bool(served) and all(r["core_ttft_ns"] is not None and r["core_e2e_ns"] is not None for r in served)
+    if core:  # a replay serves requests on the engine's clock: compare it with the engine core's view
+        notes.append("TTFT and E2E as vLLM's engine core measured them (time_in_queue + time_in_model_prefill, "
+                     "+ time_in_model_inference), each request reaching the engine after the API server's own "
+                     "latency (its span's TTFT less the core's; the replay does not model the API server)")
+        for r in served:
+            r["arrival_ns"] += max(r["ttft_ns"] - r["core_ttft_ns"], 0)
     requests = _requests(records, deployment, block, notes)
 
-    served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
-    ttft = np.array([r["ttft_ns"] for r in served], dtype=np.int64)
-    e2e = np.array([r["e2e_ns"] for r in served], dtype=np.int64)
+    ttft = np.array([r["core_ttft_ns" if core else "ttft_ns"] for r in served], dtype=np.int64)
+    e2e = np.array([r["core_e2e_ns" if core else "e2e_ns"] for r in served], dtype=np.int64)
     itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
     has_steps = any(e["step_spans"] for e in engines)
     if not has_steps:
@@ -282,3 +315,12 @@ def measured_steps(store: Store, model: str, since_ns: int | None = None, until_
     if len(steps) > limit:
         steps = [steps[i] for i in np.linspace(0, len(steps) - 1, limit).astype(int)]
     return steps
+
+
+def measured_phase_times(store: Store, model: str, since_ns: int | None = None,
+                         until_ns: int | None = None) -> dict[str, tuple[int | None, int | None]]:
+    """Each request's measured (prefill ns, decode ns), from request-level telemetry (None: not measured)."""
+    params = {"model": model, "since_ns": since_ns if since_ns is not None else _ALL_TIME[0],
+              "until_ns": until_ns if until_ns is not None else _ALL_TIME[1]}
+    return {rid: (None if p is None else int(p), None if d is None else int(d))
+            for rid, p, d in store.sql(query_text("capture_phase_times"), params).fetchall()}

@@ -303,10 +303,18 @@ def calibrate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
     return Calibration(spec.name, hw.name, params, phases, median)
 
 
+ONE_SIDED_WEIGHT = 0.1  # of an over-prediction of a row that may be faster than the model for reasons of its own
+
+
 def fit_design(design: Design, measured: np.ndarray, phases_of: np.ndarray,
-               hw: HardwareSpec) -> tuple[CostParams, float]:
+               hw: HardwareSpec, may_be_faster: np.ndarray | None = None,
+               robust: bool = True, outlier_error: float | None = None) -> tuple[CostParams, float]:
     """The parameters of `design` minimising the relative error against the measured seconds (each phase weighted
-    equally however many rows it has), the rest at their defaults; and the fit's cost."""
+    equally however many rows it has), the rest at their defaults; and the fit's cost. `may_be_faster`: rows whose
+    measured time may be shorter than the model's for a reason it does not see (a prefill that hit a prefix cache
+    no telemetry reported): their over-predictions weigh `ONE_SIDED_WEIGHT`, so the fit follows the others.
+    `robust`: large relative errors weigh linearly (soft L1), not squared; from `outlier_error` (a relative error;
+    None: the residual 0.1, weights included)."""
     from scipy.optimize import least_squares
 
     defaults = CostParams()
@@ -315,22 +323,31 @@ def fit_design(design: Design, measured: np.ndarray, phases_of: np.ndarray,
     log_measured = np.log(measured)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return weight * (np.log(design.seconds(x)) - log_measured)
+        r = weight * (np.log(design.seconds(x)) - log_measured)
+        return r if may_be_faster is None else np.where(may_be_faster & (r > 0), ONE_SIDED_WEIGHT * r, r)
 
     lower, upper = design.bounds()
+    f_scale = 0.1 if outlier_error is None else outlier_error * float(np.median(weight))
     overhead0 = float(np.min(measured))
     extra0 = {"layer_launch_s": defaults.layer_launch_s, "allreduce_latency_s": hw.interconnect_latency_s,
-              "allreduce_hop_latency_s": hw.interconnect_hop_latency_s, "allreduce_floor_s": defaults.allreduce_floor_s}
+              "allreduce_hop_latency_s": hw.interconnect_hop_latency_s, "allreduce_floor_s": defaults.allreduce_floor_s,
+              "interconnect_efficiency": defaults.interconnect_efficiency}
+    starts = [{n: eta for n in design.BASE[:4]} | {
+        "step_overhead_s": max(overhead0 * share, 2e-6), "per_sequence_overhead_s": 1e-6} | extra0
+        for eta in (1.0, 0.1, 0.01, 0.001) for share in (0.9, 0.3)]
+    # and the roofline's defaults: where measured times are sums of many steps (a request's), the smallest is no
+    # guide to one step's overhead
+    starts.append({"compute_efficiency": defaults.compute_efficiency, "memory_efficiency": defaults.memory_efficiency,
+                   "attention_efficiency": defaults.attention_efficiency,
+                   "kv_memory_efficiency": defaults.memory_efficiency, "step_overhead_s": defaults.step_overhead_s,
+                   "per_sequence_overhead_s": 1e-6} | extra0)
     best = None
-    for eta in (1.0, 0.1, 0.01, 0.001):
-        for share in (0.9, 0.3):
-            start = {n: eta for n in design.BASE[:4]} | {
-                "step_overhead_s": max(overhead0 * share, 2e-6), "per_sequence_overhead_s": 1e-6} | extra0
-            x0 = np.log([start[n] for n in design.names])
-            result = least_squares(residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
-                                   x_scale=1.0, loss="soft_l1", f_scale=0.1)
-            if best is None or result.cost < best.cost:
-                best = result
+    for start in starts:
+        x0 = np.log([start[n] for n in design.names])
+        result = least_squares(residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
+                               x_scale=1.0, loss="soft_l1" if robust else "linear", f_scale=f_scale)
+        if best is None or result.cost < best.cost:
+            best = result
     assert best is not None
     return design.params(best.x, defaults), float(best.cost)
 

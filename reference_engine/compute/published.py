@@ -6,11 +6,16 @@ benchmark (batch × prompt length × output length at a tensor-parallel degree),
 model (`configs/`), the hardware, and where the numbers come from. Measured steps are read from a row as:
 
 - prefill: a batch-1 row's first-token latency is one prefill step of `prompt_tokens` tokens;
-- decode: a row's median per-token latency is a decode step of `batch` sequences at the mean context of the
+- decode: a row's per-token latency is a decode step of `batch` sequences at the mean context of the
   generation, `prompt_tokens + output_tokens / 2`.
 
+Which columns hold them is the table's to say (`prefill_column`, `decode_column`, in `seconds_per_unit`; by default
+LMDeploy's `ftl_ave_s` and `token_latency_p50_s`). Rows repeating a measurement (the same model, degree and shape)
+are one step: their median. A prefill's shape is (batch, prompt): rows differing only in output length measure the
+same prefill.
+
 The fit is one set of `CostParams` for the table's hardware and engine over every model and TP degree. Held-out
-error: the distinct step shapes (model, phase, batch, prompt, output) are sorted and alternately assigned to the
+error: the distinct step shapes (model, phase, TP degree, shape) are sorted and alternately assigned to the
 fitting half and the held-out half; the fit sees only the first, the error is reported on the second, per phase
 and per TP degree, beside the uncalibrated roofline's error (the default `CostParams`) on the same rows.
 """
@@ -41,7 +46,7 @@ class TableStep:
     model: str
     tensor_parallel: int
     phase: str
-    shape: tuple[int, int, int]  # batch, prompt tokens, output tokens
+    shape: tuple[int, int, int]  # batch, prompt tokens, output tokens (0 for a prefill)
     step: MeasuredStep
 
 
@@ -55,11 +60,13 @@ def load_table(path: str | Path) -> tuple[dict[str, Any], dict[str, ModelSpec], 
     if doc.get("schema") != TABLE_SCHEMA:
         raise ValueError(f"{path}: not a published measurement table (schema {TABLE_SCHEMA})")
     columns = doc["columns"]
-    need = {"batch", "tp", "prompt_tokens", "output_tokens", "ftl_ave_s", "token_latency_p50_s"}
+    prefill_col, decode_col = doc.get("prefill_column", "ftl_ave_s"), doc.get("decode_column", "token_latency_p50_s")
+    unit = float(doc.get("seconds_per_unit", 1.0))
+    need = {"batch", "tp", "prompt_tokens", "output_tokens", prefill_col, decode_col}
     if not need <= set(columns):
         raise ValueError(f"{path}: columns {sorted(need - set(columns))} missing")
     specs: dict[str, ModelSpec] = {}
-    steps: list[TableStep] = []
+    measured: dict[tuple[str, int, str, tuple[int, int, int]], list[float]] = {}
     for name, entry in doc["models"].items():
         specs[name] = spec_from_hf_config(path.parent / entry["config"], name=name)
         for i, values in enumerate(entry["rows"]):
@@ -67,32 +74,41 @@ def load_table(path: str | Path) -> tuple[dict[str, Any], dict[str, ModelSpec], 
             batch, tp, prompt, output = (int(row[k]) for k in ("batch", "tp", "prompt_tokens", "output_tokens"))
             if min(batch, tp, prompt, output) < 1:
                 raise ValueError(f"{path}: {name} row {i}: batch, tp and token counts must be ≥ 1, got {values}")
-            shape = (batch, prompt, output)
             if batch == 1:
-                ns = round(float(row["ftl_ave_s"]) * 1e9)
-                steps.append(TableStep(name, tp, "prefill", shape, MeasuredStep(((prompt, 0),), 0, 0, 1, ns)))
-            context = prompt + output // 2
-            ns = round(float(row["token_latency_p50_s"]) * 1e9)
-            steps.append(TableStep(name, tp, "decode", shape, MeasuredStep((), batch, batch * context, batch, ns)))
+                measured.setdefault((name, tp, "prefill", (1, prompt, 0)), []).append(float(row[prefill_col]))
+            measured.setdefault((name, tp, "decode", (batch, prompt, output)), []).append(float(row[decode_col]))
+    steps = []
+    for (name, tp, phase, shape), seconds in sorted(measured.items()):
+        ns = round(float(np.median(seconds)) * unit * 1e9)
+        batch, prompt, output = shape
+        step = (MeasuredStep(((prompt, 0),), 0, 0, 1, ns) if phase == "prefill"
+                else MeasuredStep((), batch, batch * (prompt + output // 2), batch, ns))
+        steps.append(TableStep(name, tp, phase, shape, step))
     return doc, specs, steps
 
 
 def split_halves(steps: list[TableStep]) -> tuple[list[TableStep], list[TableStep]]:
     """Distinct shapes sorted, alternately to the fitting half and the held-out half."""
-    ordered = sorted(steps, key=lambda s: (s.model, s.phase, s.shape))
+    ordered = sorted(steps, key=lambda s: (s.model, s.phase, s.tensor_parallel, s.shape))
     return ordered[0::2], ordered[1::2]
 
 
 def fit_table(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str) -> CostParams:
-    return fit_rows([(s.step, specs[s.model], s.tensor_parallel) for s in steps], hardware_spec(hardware))[0]
+    """One set of CostParams for the table: the all-reduce latencies fitted where it has two or more TP degrees, and
+    the launch cost of a step with a prefill (an engine replaying CUDA graphs for decode-only steps, as vLLM does;
+    it fits to about 0 where prefills cost no more than that)."""
+    rows = [(s.step, specs[s.model], s.tensor_parallel) for s in steps]
+    return fit_rows(rows, hardware_spec(hardware), eager_prefill=True)[0]
 
 
-def errors(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str, params: CostParams) -> np.ndarray:
+def errors(steps: list[TableStep], specs: dict[str, ModelSpec], hardware: str, params: CostParams,
+           eager_prefill: bool = True) -> np.ndarray:
     """|predicted − measured| / measured per step, through the simulator's own StepCostModel."""
     hw = hardware_spec(hardware)
     out = []
     for s in steps:
-        cost = StepCostModel(specs[s.model], hw, tensor_parallel=s.tensor_parallel, params=params)
+        cost = StepCostModel(specs[s.model], hw, tensor_parallel=s.tensor_parallel, params=params,
+                             eager_prefill=eager_prefill)
         measured = s.step.duration_ns / 1e9
         out.append(abs(predict_seconds(cost, s.step) - measured) / measured)
     return np.asarray(out)
@@ -105,7 +121,7 @@ def table_report(path: str | Path) -> tuple[dict[str, Any], str]:
     fit_half, held = split_halves(steps)
     params = fit_table(fit_half, specs, hardware)
     calibrated = errors(held, specs, hardware, params)
-    roofline = errors(held, specs, hardware, CostParams())
+    roofline = errors(held, specs, hardware, CostParams(), eager_prefill=False)
     groups: list[dict[str, Any]] = []
     keys = sorted({(s.tensor_parallel, s.phase) for s in held})
     for tp, phase in [*keys, *((None, p) for p in ("prefill", "decode"))]:
@@ -131,5 +147,10 @@ def table_report(path: str | Path) -> tuple[dict[str, Any], str]:
     p = params
     lines.append(f"  fitted: η_c {p.compute_efficiency:.3g}, η_m {p.memory_efficiency:.3g}, "
                  f"η_a {p.attention_efficiency:.3g}, η_kv {p.kv_memory_efficiency or p.memory_efficiency:.3g}, "
-                 f"overhead {p.step_overhead_s * 1e3:.2f} ms + {p.per_sequence_overhead_s * 1e6:.1f} µs/sequence")
+                 f"overhead {p.step_overhead_s * 1e3:.2f} ms + {p.per_sequence_overhead_s * 1e6:.1f} µs/sequence, "
+                 f"prefill launches {p.layer_launch_s * 1e6:.1f} µs/layer"
+                 + (f", all-reduce α {p.allreduce_latency_s * 1e6:.1f} µs + α_hop "
+                    f"{(p.allreduce_hop_latency_s or 0) * 1e6:.2f} µs per ring step, "
+                    f"interconnect η {p.interconnect_efficiency:.3g}"
+                    if p.allreduce_latency_s is not None else ""))
     return report, "\n".join(lines)

@@ -12,6 +12,7 @@ simulator's own `StepCostModel`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,16 @@ class StepDesign(Design):
     """Per step, in seconds at 100% efficiency on its degree's devices: a full prefill micro-batch's linear FLOPs
     and weight bytes and how many full micro-batches there are; the same for the remainder (or the whole step
     without micro-batching) and whether there is one; attention FLOPs and KV bytes; the sequences in the step;
-    and the all-reduce time."""
+    the all-reduce time (the interconnect's own model); the collectives, their ring steps and their bytes' time;
+    and the layers run eagerly (a prefill step's, under `eager_prefill`).
 
-    def __init__(self, rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0) -> None:
+    Rows of two or more tensor-parallel degrees also fit the all-reduce latencies α and α_hop and the interconnect's
+    efficiency (one degree alone cannot tell them from the step overhead and the linear layers, so there the
+    interconnect's own model stays); `eager_prefill` fits
+    the per-layer launch cost of steps with a prefill (an engine with CUDA graphs for decode-only steps)."""
+
+    def __init__(self, rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0,
+                 eager_prefill: bool = False) -> None:
         costs: dict[tuple[str, int], StepCostModel] = {}
         features = []
         for s, spec, tp in rows:
@@ -51,31 +59,59 @@ class StepDesign(Design):
                            spec.bytes_per_weight * (device_params + touched) / bw if count else 0.0, count]
             pairs = s.decode_ctx + sum(n * c + n * (n + 1) // 2 for n, c in s.chunks)
             kv_tokens = s.decode_ctx + sum(c + n for n, c in s.chunks)
+            passes = sum(count for count, _, _ in batches)
+            collectives = 2 * spec.num_layers * passes if tp > 1 else 0
+            ring_bytes = spec.hidden_size * spec.dtype_bytes * 2 * (tp - 1) / tp
             features.append((*linear, 4 * spec.num_layers * spec.num_heads * spec.head_dim * pairs / flops,
                              spec.kv_bytes_per_token * kv_tokens / bw, s.num_decodes + len(s.chunks),
-                             cost.allreduce_seconds(tokens)))
-        self.f = np.asarray(features, dtype=np.float64).reshape(-1, 10)
+                             cost.allreduce_seconds(tokens), collectives, 2 * (tp - 1),
+                             2 * spec.num_layers * passes * tokens * ring_bytes / hw.interconnect_bandwidth,
+                             spec.num_layers * passes if s.chunks else 0))
+        self.f = np.asarray(features, dtype=np.float64).reshape(-1, 14)
         self.group = np.arange(len(rows))
         self.rows = len(rows)
-        self.fit_launch = self.fit_allreduce = False
-        self.names = self.BASE
+        self.fit_launch = eager_prefill
+        self.fit_allreduce = len({tp for _, _, tp in rows if tp > 1}) >= 2
+        self.names = (*self.BASE, *(("layer_launch_s",) if self.fit_launch else ()),
+                      *(("allreduce_latency_s", "allreduce_hop_latency_s", "interconnect_efficiency")
+                        if self.fit_allreduce else ()))
 
     def seconds(self, x: np.ndarray) -> np.ndarray:
-        eta_c, eta_m, eta_a, eta_kv, overhead, per_sequence = np.exp(x)
+        v = dict(zip(self.names, np.exp(x), strict=True))
         f = self.f
-        return (f[:, 2] * np.maximum(f[:, 0] / eta_c, f[:, 1] / eta_m)
-                + f[:, 5] * np.maximum(f[:, 3] / eta_c, f[:, 4] / eta_m)
-                + np.maximum(f[:, 6] / eta_a, f[:, 7] / eta_kv) + overhead + per_sequence * f[:, 8] + f[:, 9])
+        allreduce = (f[:, 10] * (v["allreduce_latency_s"] + v["allreduce_hop_latency_s"] * f[:, 11])
+                     + f[:, 12] / v["interconnect_efficiency"] if self.fit_allreduce else f[:, 9])
+        return (f[:, 2] * np.maximum(f[:, 0] / v["compute_efficiency"], f[:, 1] / v["memory_efficiency"])
+                + f[:, 5] * np.maximum(f[:, 3] / v["compute_efficiency"], f[:, 4] / v["memory_efficiency"])
+                + np.maximum(f[:, 6] / v["attention_efficiency"], f[:, 7] / v["kv_memory_efficiency"])
+                + v["step_overhead_s"] + v["per_sequence_overhead_s"] * f[:, 8] + allreduce
+                + (v["layer_launch_s"] * f[:, 13] if self.fit_launch else 0.0))
 
 
-def fit_rows(rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0) -> tuple[CostParams, float]:
+class RunDesign(StepDesign):
+    """Measured sums of steps (a request's prefill steps, its decode steps): `runs`, a 0/1 matrix of runs × steps,
+    says which steps each measured time covers."""
+
+    def __init__(self, rows: Sequence[StepRow], runs: Any, hw: HardwareSpec, microbatch: int = 0) -> None:
+        super().__init__(rows, hw, microbatch)
+        self.runs = runs
+        self.rows = runs.shape[0]
+
+    def seconds(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.runs @ super().seconds(x))
+
+
+def fit_rows(rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0,
+             eager_prefill: bool = False) -> tuple[CostParams, float]:
     """The CostParams minimising the relative error over measured steps (of any models and degrees), prefill and
-    decode steps weighted equally; and the fit's cost."""
-    if len(rows) < len(Design.BASE):
-        raise ValueError(f"need at least {len(Design.BASE)} measured steps to fit {len(Design.BASE)} parameters, "
+    decode steps weighted equally; and the fit's cost. `eager_prefill`: the engine ran steps with a prefill without
+    CUDA graphs (their launch cost is fitted)."""
+    design = StepDesign(rows, hw, microbatch, eager_prefill)
+    if len(rows) < len(design.names):
+        raise ValueError(f"need at least {len(design.names)} measured steps to fit {len(design.names)} parameters, "
                          f"got {len(rows)}")
     measured = np.array([s.duration_ns / 1e9 for s, _, _ in rows])
-    return fit_design(StepDesign(rows, hw, microbatch), measured, np.array([phase_of(s) for s, _, _ in rows]), hw)
+    return fit_design(design, measured, np.array([phase_of(s) for s, _, _ in rows]), hw)
 
 
 def fit_steps(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec, tensor_parallel: int = 1,

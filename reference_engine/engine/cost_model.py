@@ -20,7 +20,9 @@ batches (decode) run on the host, large prefill micro-batches stream.
 
 Tensor parallelism divides FLOPs and bytes by the degree p and adds two all-reduces of the hidden state per
 layer and micro-batch, each max(t_floor, α + 2(p−1)·α_hop + 2(p−1)/p · n / (B·η_net)) (NCCL's ring model).
-Without CUDA graphs every layer of every micro-batch adds a kernel-launch cost.
+Without CUDA graphs every layer of every micro-batch adds a kernel-launch cost; an engine that replays graphs for
+decode-only steps only (vLLM: a step with a prefill runs eagerly) pays it on the steps with a prefill
+(`eager_prefill`).
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ class OffloadStep:
 class StepCostModel:
     def __init__(self, model: ModelSpec, hw: HardwareSpec, *, tensor_parallel: int = 1,
                  prefill_microbatch: int = 0, offload_experts: bool = False, cpu_moe_layers: int = 0,
-                 cuda_graphs: bool = True, kv_remote_bandwidth: float = 25e9, params: CostParams | None = None) -> None:
+                 cuda_graphs: bool = True, kv_remote_bandwidth: float = 25e9, params: CostParams | None = None,
+                 eager_prefill: bool = False) -> None:
         """`cpu_moe_layers`: layers whose experts live in host memory; `offload_experts`: all of them.
-        `kv_remote_bandwidth`: bytes/s to a remote KV tier (the host tier uses the host link)."""
+        `kv_remote_bandwidth`: bytes/s to a remote KV tier (the host tier uses the host link). `eager_prefill`:
+        CUDA graphs for decode-only steps only, a step with a prefill pays the kernel launches."""
         if tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be ≥ 1, got {tensor_parallel}")
         if prefill_microbatch < 0:
@@ -104,6 +108,7 @@ class StepCostModel:
         self.microbatch = prefill_microbatch
         self.cpu_moe_layers = cpu_moe_layers
         self.cuda_graphs = cuda_graphs
+        self.eager_prefill = eager_prefill
         self.kv_remote_bandwidth = kv_remote_bandwidth
         self.params = params or CostParams()
         p, m = self.params, model
@@ -118,7 +123,7 @@ class StepCostModel:
         self._attn_s_per_decode_ctx = max(self._attn_flops_per_pair / self._attn_flop_rate,
                                           self._kv_bytes_per_token / self._kv_byte_rate)
         # Per forward pass (micro-batch): collectives and kernel launches that do not depend on the tokens.
-        self._launch_s = 0.0 if cuda_graphs else m.num_layers * p.layer_launch_s
+        self._launch_s = 0.0 if cuda_graphs and not eager_prefill else m.num_layers * p.layer_launch_s
         if tensor_parallel > 1:
             alpha = hw.interconnect_latency_s if p.allreduce_latency_s is None else p.allreduce_latency_s
             hop = hw.interconnect_hop_latency_s if p.allreduce_hop_latency_s is None else p.allreduce_hop_latency_s
@@ -136,7 +141,8 @@ class StepCostModel:
         """The same engine with other efficiencies and overheads."""
         return StepCostModel(self.model, self.hw, tensor_parallel=self.tp, prefill_microbatch=self.microbatch,
                              cpu_moe_layers=self.cpu_moe_layers, cuda_graphs=self.cuda_graphs,
-                             kv_remote_bandwidth=self.kv_remote_bandwidth, params=params)
+                             kv_remote_bandwidth=self.kv_remote_bandwidth, params=params,
+                             eager_prefill=self.eager_prefill)
 
     # ---------------------------------------------------------------------------------- linear layers
     def _experts_touched(self, tokens: float) -> float:
@@ -221,9 +227,8 @@ class StepCostModel:
         return 2 * self.model.num_layers * per_layer
 
     def launch_seconds(self, tokens: int) -> float:
-        """Kernel launches not hidden by CUDA graphs: per layer of every micro-batch."""
-        if self.cuda_graphs:
-            return 0.0
+        """Kernel launches not hidden by CUDA graphs: per layer of every micro-batch (of a step that runs eagerly:
+        every step without graphs, a step with a prefill under `eager_prefill`)."""
         return self._launch_s * sum(count for count, _, _ in self._microbatches(tokens, 0))
 
     def kv_load_seconds(self, host_tokens: int, remote_tokens: int) -> float:
@@ -250,7 +255,7 @@ class StepCostModel:
         p = self.params
         seconds = (self.linear_seconds(tokens, sampled) + attention + self.allreduce_seconds(tokens)
                    + p.step_overhead_s + p.per_sequence_overhead_s * (num_decodes + len(chunks)))
-        if not self.cuda_graphs:
+        if not self.cuda_graphs or (self.eager_prefill and chunks):
             seconds += self.launch_seconds(tokens)
         return seconds
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from reference_engine.engine.config import EngineConfig
 from reference_engine.engine.cost_model import CostParams
 from reference_engine.fleet.config import (
     AuthSpec,
@@ -37,6 +38,7 @@ from reference_engine.fleet.config import (
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
 from reference_engine.workload import DEFAULT_EPOCH_NS, SyntheticWorkload
 
 WHATIF_FILE = "whatif.json"
@@ -133,6 +135,23 @@ def _variant(rng: random.Random, fleet: FleetSpec, knob: str) -> tuple[FleetSpec
     raise ValueError(f"unknown what-if knob {knob!r}; known: {', '.join(KNOBS)}")
 
 
+def captured_settings(fleet: FleetSpec) -> list[tuple[str, str]]:
+    """Config A as `infertrace replay --captured` settings: the engine config of its one model, its replicas and its
+    router's policy (what a capture without the engines' configuration in its spans needs to be told)."""
+    m = fleet.models[0]
+    defaults = EngineConfig()
+    engine = {**{k: getattr(defaults, k) for k in ("tensor_parallel", "policy", "max_num_batched_tokens",
+                                                   "max_num_seqs", "chunked_prefill", "enable_prefix_caching",
+                                                   "prefill_microbatch")}, **m.engine}
+    return [("hardware", m.hardware), ("replicas", str(m.replicas)),
+            ("tensor_parallel", str(engine["tensor_parallel"])), ("policy", engine["policy"]),
+            ("max_num_batched_tokens", str(engine["max_num_batched_tokens"])),
+            ("max_num_seqs", str(engine["max_num_seqs"])),
+            ("chunked_prefill", str(bool(engine["chunked_prefill"])).lower()),
+            ("prefix_caching", str(bool(engine["enable_prefix_caching"])).lower()),
+            ("prefill_microbatch", str(engine["prefill_microbatch"])), ("router_policy", fleet.routers[0].policy)]
+
+
 def whatif_scenarios(seed: int, count: int, duration_s: float, hidden: bool = False) -> list[dict[str, Any]]:
     """`count` scenarios cycling through the knobs: each {name, seed, knob, model, settings, a, b, cost}. With
     `hidden`, both runs' engines have cost parameters of their own (drawn per scenario) that the spans do not
@@ -156,26 +175,29 @@ def _without_cost(fleet: FleetSpec) -> FleetSpec:
                                        for m in fleet.models))
 
 
-def _run(fleet: FleetSpec, duration_s: float, seed: int, path: Path) -> dict[str, Any]:
+def _run(fleet: FleetSpec, duration_s: float, seed: int, path: Path, telemetry: str = "infertrace") -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     requests = fleet_requests(fleet, duration_s, seed, DEFAULT_EPOCH_NS)
     writer = OtlpJsonLinesWriter(path)
     try:
-        summary = Fleet(fleet, writer, seed, DEFAULT_EPOCH_NS).run(requests)
+        summary = Fleet(fleet, writer, seed, DEFAULT_EPOCH_NS, telemetry=TelemetrySpec(engine=telemetry)).run(requests)
     finally:
         writer.close()
     return {"requests": summary.requests, "statuses": {str(k): v for k, v in sorted(summary.statuses.items())}}
 
 
-def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """Run config A (capture/) and config B (actual/) on the same requests; write whatif.json."""
+def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path,
+                          telemetry: str = "infertrace") -> dict[str, Any]:
+    """Run config A (capture/, exported as the `telemetry` profile) and config B (actual/) on the same requests;
+    write whatif.json."""
     out = Path(out_dir) / scenario["name"]
     s = scenario
-    capture = _run(s["a"], s["duration_s"], s["seed"], out / "capture" / "traces.jsonl.gz")
+    capture = _run(s["a"], s["duration_s"], s["seed"], out / "capture" / "traces.jsonl.gz", telemetry)
     actual = _run(s["b"], s["duration_s"], s["seed"], out / "actual" / "traces.jsonl.gz")
     doc = {"schema": WHATIF_SCHEMA, "name": s["name"], "seed": s["seed"], "knob": s["knob"], "model": s["model"],
            "settings": [f"{k}={v}" for k, v in s["settings"]], "duration_s": s["duration_s"],
-           "capture": {"traces": "capture/traces.jsonl.gz", "summary": capture,
+           "capture": {"traces": "capture/traces.jsonl.gz", "summary": capture, "telemetry": telemetry,
+                       "captured": [f"{k}={v}" for k, v in captured_settings(s["a"])],
                        "fleet": fleet_to_toml(_without_cost(s["a"]))},
            "actual": {"traces": "actual/traces.jsonl.gz", "summary": actual,
                       "fleet": fleet_to_toml(_without_cost(s["b"]))},
@@ -185,15 +207,17 @@ def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path) -> dict
 
 
 def generate_whatif(seed: int, count: int, duration_s: float, out_dir: str | Path, jobs: int = 1,
-                    hidden_cost: bool = False) -> list[str]:
-    """Write `count` what-if scenarios into out_dir; returns their names."""
+                    hidden_cost: bool = False, telemetry: str = "infertrace") -> list[str]:
+    """Write `count` what-if scenarios into out_dir, their captures exported as the `telemetry` profile; returns
+    their names."""
+    TelemetrySpec(engine=telemetry)  # a bad profile fails before anything runs
     scenarios = whatif_scenarios(seed, count, duration_s, hidden_cost)
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs) as pool:
-            list(pool.map(write_whatif_scenario, scenarios, [out_dir] * len(scenarios)))
+            list(pool.map(write_whatif_scenario, scenarios, [out_dir] * len(scenarios), [telemetry] * len(scenarios)))
     else:
         for s in scenarios:
-            write_whatif_scenario(s, out_dir)
+            write_whatif_scenario(s, out_dir, telemetry)
     return [s["name"] for s in scenarios]

@@ -9,15 +9,22 @@
 --   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, engine_error (error.type set by the
 --   engine), ttft_ns (arrival to first token on the engine that prefilled), e2e_ns (arrival to last token),
 --   preemptions, timing_source, instances (engine rows of the request), route_ns (when the router took the
---   request; NULL without a route span: the router's decision time, which a replay routes at).
+--   request; NULL without a route span: the router's decision time, which a replay routes at),
+--   core_ttft_ns and core_e2e_ns (vLLM V1 only: TTFT and E2E on the engine core's clock, time_in_queue plus
+--   time_in_model_prefill or time_in_model_inference; its ttft_ns and e2e_ns add the API server's own latency).
 WITH routes AS (
     SELECT trace_id, min(start_ns) AS route_ns
     FROM spans WHERE name = 'route' AND "attr.infertrace.route.target" IS NOT NULL
     GROUP BY trace_id
 ),
 rows AS (
-    SELECT r.*, routes.route_ns
+    SELECT r.*, routes.route_ns,
+           CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
+               + s."attr.gen_ai.latency.time_in_model_prefill") * 1e9) AS BIGINT) END AS core_ttft_ns,
+           CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
+               + s."attr.gen_ai.latency.time_in_model_inference") * 1e9) AS BIGINT) END AS core_e2e_ns
     FROM request_legs r
+    JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
     LEFT JOIN routes ON routes.trace_id = r.trace_id
     WHERE r.model = $model
 )
@@ -38,7 +45,9 @@ SELECT
     coalesce(sum(preemptions), 0) AS preemptions,
     any_value(timing_source) AS timing_source,
     count(*) AS instances,
-    min(route_ns) AS route_ns
+    min(route_ns) AS route_ns,
+    arg_min(core_ttft_ns, arrival_ns) AS core_ttft_ns,
+    max(core_e2e_ns) AS core_e2e_ns
 FROM rows
 GROUP BY request_id
 HAVING min(arrival_ns) >= $since_ns AND min(arrival_ns) < $until_ns

@@ -1,0 +1,173 @@
+"""Fit the cost model to per-request timings alone, for telemetry without engine steps (vLLM's `llm_request`
+spans: each request's time in model prefill, and its first and last token).
+
+A request's prefill time is the sum of the steps that computed its prompt; its decode time the sum of the steps
+it decoded in. Which steps those were is not in the telemetry, but the captured requests replayed on the captured
+deployment rebuild them: the scheduler decides a step's members from arrivals and lengths, and step times only
+shift that a little. So: replay and record every step's shape and each request's steps
+(`reference_engine.replay.StepRecorder`), fit the cost parameters so that each request's summed step times match
+its measured ones (prefill and decode weighted equally, `step_fit.RunDesign`), then replay with the fit (the
+membership moves with the times) and fit again, `iterations` times. The error is the last replay's, per phase:
+what the fitted deployment predicts for each request against what was measured.
+
+vLLM's spans carry no cached-token count, so a prefix-cache hit is invisible but in the time: a request that
+prefilled clearly faster than its whole prompt costs in the fitted replay (under `HIT_EVIDENCE` of it) is given the
+shared prefix that explains it, its length read off its own prefill steps (the latest steps that fit in the measured
+time, the boundary step's share of its chunk by its marginal cost), rounded to a quarter of its power of two and
+shared with the tenant's requests of the same inferred length (the same rounding groups one system prompt's
+requests). After the first fit only; later fits run with the inferred prefixes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from scipy.sparse import csr_matrix
+
+from reference_engine.compute.calibration import fit_design
+from reference_engine.compute.real_executor import MeasuredStep
+from reference_engine.compute.step_fit import RunDesign
+from reference_engine.engine.cost_model import CostParams, StepCostModel
+from reference_engine.engine.hardware import hardware as hardware_spec
+from reference_engine.engine.models import model as model_spec
+from reference_engine.replay import CapturedRequest, Deployment, StepRecorder, replay
+
+BLOCK = 16
+OUTLIER_ERROR = 0.02  # a request's phase off by more (preempted, a hit not inferred) weighs linearly, not squared
+HIT_EVIDENCE = 0.75  # a measured prefill under this share of the replayed one says part of the prompt was cached
+
+
+@dataclass(frozen=True)
+class RequestFit:
+    cost: dict[str, float]  # CostParams fields
+    median_error: dict[str, float]  # per phase (prefill, decode) and overall, of the last replay
+    phases: int  # measured request phases (a request's prefill, its decode) fitted
+    steps: int  # steps of the last replay
+    prefixes: dict[str, tuple[str, int]]  # request id -> inferred shared prefix (id, tokens)
+
+
+def _runs(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]]
+          ) -> tuple[csr_matrix, np.ndarray, np.ndarray]:
+    """(runs × steps 0/1 matrix, measured seconds per run, phase per run)."""
+    rows, cols, seconds, phases = [], [], [], []
+    for rid, (prefill_ns, decode_ns) in measured.items():
+        prefill = [i for i, _ in recorder.prefill_steps.get(rid, [])]
+        for phase, ns, steps in (("prefill", prefill_ns, [prefill]),
+                                 ("decode", decode_ns, recorder.decode_steps.get(rid, []))):
+            members = [i for part in steps for i in part]
+            if not ns or ns <= 0 or not members:
+                continue
+            rows += [len(seconds)] * len(members)
+            cols += members
+            seconds.append(ns / 1e9)
+            phases.append(phase)
+    matrix = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(seconds), len(recorder.steps)))
+    return matrix, np.asarray(seconds), np.asarray(phases)
+
+
+def _errors(predicted: np.ndarray, measured: np.ndarray, phases: np.ndarray) -> dict[str, float]:
+    error = np.abs(predicted - measured) / measured
+    out = {p: float(np.median(error[phases == p])) for p in ("prefill", "decode") if (phases == p).any()}
+    out["all"] = float(np.median(error)) if len(error) else float("nan")
+    return out
+
+
+def _cost_model(deployment: Deployment, cost: dict[str, float]) -> StepCostModel:
+    return StepCostModel(model_spec(deployment.model), hardware_spec(deployment.hardware),
+                         tensor_parallel=deployment.tensor_parallel, prefill_microbatch=deployment.prefill_microbatch,
+                         params=CostParams(**cost))
+
+
+def _replayed(requests: Sequence[CapturedRequest], deployment: Deployment, cost: dict[str, float],
+              seed: int) -> tuple[StepRecorder, np.ndarray]:
+    """The replay's steps, and each step's time under `cost`."""
+    recorder = StepRecorder()
+    replay(list(requests), replace(deployment, cost=cost), seed, recorder)  # type: ignore[type-var]
+    model = _cost_model(deployment, cost)
+    seconds = np.array([model.step_seconds(list(chunks), decodes, ctx, sampled)
+                        for chunks, decodes, ctx, sampled in recorder.steps])
+    return recorder, seconds
+
+
+def _fit(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]],
+         deployment: Deployment, hits_unknown: bool) -> dict[str, float]:
+    """`hits_unknown`: the replay does not know the prefix-cache hits yet, so a prefill may be faster than it."""
+    runs, seconds, phases = _runs(recorder, measured)
+    if len(seconds) < 20:
+        raise ValueError(f"need at least 20 measured request phases to fit the cost model, got {len(seconds)}")
+    spec, hw = model_spec(deployment.model), hardware_spec(deployment.hardware)
+    steps = [(MeasuredStep(chunks, decodes, ctx, sampled, 0), spec, deployment.tensor_parallel)
+             for chunks, decodes, ctx, sampled in recorder.steps]
+    params, _ = fit_design(RunDesign(steps, runs, hw, deployment.prefill_microbatch), seconds, phases, hw,
+                           phases == "prefill" if hits_unknown else None, outlier_error=OUTLIER_ERROR)
+    return {k: v for k, v in asdict(params).items() if v is not None}
+
+
+def _computed_tokens(steps: list[tuple[int, int]], recorder: StepRecorder, seconds: np.ndarray,
+                     model: StepCostModel, measured_s: float) -> float:
+    """How many of the request's replayed prefill tokens its measured prefill time holds: its latest steps that
+    fit in it, and of the boundary step the share of its chunk that the time left pays for at its marginal cost."""
+    computed, elapsed = 0.0, 0.0
+    for i, place in reversed(steps):
+        chunks, decodes, ctx, sampled = recorder.steps[i]
+        own = chunks[place][0]
+        if elapsed + seconds[i] <= measured_s:
+            computed += own
+            elapsed += seconds[i]
+            continue
+        others = [c for k, c in enumerate(chunks) if k != place]
+        without = model.step_seconds(others, decodes, ctx, max(sampled - 1, decodes))
+        marginal = max(seconds[i] - without, 1e-9)
+        computed += own * min(max((measured_s - elapsed - without) / marginal, 0.0), 1.0)
+        break
+    return computed
+
+
+def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecorder, seconds: np.ndarray,
+                       model: StepCostModel, measured: Mapping[str, tuple[int | None, int | None]]
+                       ) -> dict[str, tuple[str, int]]:
+    """Request id -> (shared prefix id, tokens) for the requests whose measured prefill shows a prefix-cache hit."""
+    out: dict[str, tuple[str, int]] = {}
+    for r in requests:
+        prefill_ns = measured.get(r.request_id, (None, None))[0]
+        steps = recorder.prefill_steps.get(r.request_id)
+        if not prefill_ns or not steps or r.system_prompt_id or r.shared_prefix_id:
+            continue
+        replayed = float(sum(seconds[i] for i, _ in steps))
+        if prefill_ns / 1e9 >= HIT_EVIDENCE * replayed:
+            continue
+        total = sum(recorder.steps[i][0][place][0] for i, place in steps)
+        cached = total - _computed_tokens(steps, recorder, seconds, model, prefill_ns / 1e9)
+        if cached < BLOCK:
+            continue
+        quantum = max(BLOCK, 2 ** (int(math.log2(cached)) - 2))
+        tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
+        if tokens >= BLOCK:
+            out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
+    return out
+
+
+def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
+                      measured: Mapping[str, tuple[int | None, int | None]], iterations: int = 3,
+                      seed: int = 0) -> RequestFit:
+    """CostParams for `deployment` from each request's measured (prefill ns, decode ns) (None: not measured), and
+    the shared prefixes the measured prefills show. Raises ValueError when too few requests were measured."""
+    cost = dict(deployment.cost)
+    prefixes: dict[str, tuple[str, int]] = {}
+    current = list(requests)
+    for iteration in range(iterations):
+        recorder, _ = _replayed(current, deployment, cost, seed)
+        cost = _fit(recorder, measured, deployment, hits_unknown=iteration == 0)
+        if iteration < iterations - 1:  # the hits, from the original requests' prefills under this fit
+            recorder, seconds = _replayed(requests, deployment, cost, seed)
+            prefixes = _inferred_prefixes(requests, recorder, seconds, _cost_model(deployment, cost), measured)
+            current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
+                               shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
+                       for r in requests]
+    recorder, seconds = _replayed(current, deployment, cost, seed)
+    runs, measured_s, phases = _runs(recorder, measured)
+    return RequestFit(cost, _errors(runs @ seconds, measured_s, phases), len(measured_s), len(recorder.steps),
+                      prefixes)
