@@ -76,6 +76,7 @@ def test_every_command_has_an_example_whose_options_exist_and_parse(monkeypatch:
     assert found >= 15
 
 
+@pytest.mark.slow  # one of the longest in the default run; CI runs it with the slow set
 def test_help_shows_defaults_and_env_vars_without_type_noise_or_eaten_brackets() -> None:
     for path, _ in commands():
         result = infertrace(*path, "--help")

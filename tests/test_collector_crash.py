@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import requests
 
 from infertrace.store.receiver import Receiver
@@ -105,6 +106,7 @@ def test_sigkill_at_random_points_loses_no_acknowledged_span_and_stores_none_twi
     assert len(list_segments(store)) < batches  # compaction ran between the kills
 
 
+@pytest.mark.slow  # one of the longest in the default run; CI runs it with the slow set
 def test_sigkill_during_store_compact_never_loses_or_repeats_a_span(tmp_path: Path) -> None:
     store = tmp_path / "store"
     receiver = Receiver(store)

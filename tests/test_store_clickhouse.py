@@ -274,6 +274,7 @@ def test_end_to_end_through_clickhouse_connect_to_a_server(opened: dict[str, tup
         assert _comparable(build_report(server, ReportOptions())) == _comparable(build_report(local, ReportOptions()))
 
 
+@pytest.mark.slow  # one of the longest in the default run; CI runs it with the slow set
 def test_cli_exports_to_and_ingests_from_clickhouse_and_reports_on_it(tmp_path: Path) -> None:
     local_dir = str(sample_in_clickhouse("host_pauses")[0])
     chdb = f"chdb://{tmp_path / 'chdb'}?database=otel"

@@ -503,7 +503,8 @@ def test_spans_without_events_take_the_columnar_path_and_match_the_record_path(t
     assert fast.column("events").null_count == fast.num_rows
 
 
-@pytest.mark.parametrize("chunk", [1, 37, 4096])
+# chunk=1 (a byte per read) is the slowest case of the default run: CI runs it with the slow set
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 37, 4096])
 def test_lines_cut_across_reads_keep_their_numbers_and_over_long_ones_are_quarantined(
         trace_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
     from infertrace.store import ingest
