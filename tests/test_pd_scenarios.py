@@ -53,7 +53,7 @@ def test_rca_names_the_fibre_link_or_the_prefill_pool_across_data_centres(tmp_pa
     assert {t["root_cause"]["kind"] for t in truths} <= {"link", "engine"}
     for t in truths:
         model = t["details"]["model"]
-        assert t["topology"]["models"][model]["link"] == "fibre-dc1-dc2"
+        assert t["topology"][model]["link"] == "fibre-dc1-dc2"
     result = CliRunner().invoke(app, ["evaluate", str(bank), "--section", "rca", "--format", "json"])
     assert result.exit_code == 0, result.output
     rca = json.loads(result.stdout)["rca"]
