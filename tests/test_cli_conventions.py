@@ -164,6 +164,7 @@ def test_completion_offers_commands_and_runbook_query_names() -> None:
     assert complete("infertrace query worst", 2) == ["worst_itl_gaps"]
 
 
+@pytest.mark.slow
 def test_log_level_sends_log_records_to_stderr_and_a_bad_level_is_a_usage_error(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.pftrace"
     quiet = infertrace("export", "--store", str(store), "--format", "perfetto", "--out", str(out), "--no-progress")

@@ -42,6 +42,7 @@ def test_simulate_replays_the_azure_trace(tmp_path: Path) -> None:
     assert ids and all(i.startswith("azure-") for i in ids)
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_naming_the_input_and_the_problem(tmp_path: Path) -> None:
     cases = [
         (("--policy", "fastest"), "policy"),

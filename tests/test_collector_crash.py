@@ -56,6 +56,7 @@ def _body(batch: int, spans: int) -> bytes:
         {"key": "service.name", "value": {"stringValue": "llm-engine"}}]}, "scopeSpans": [{"spans": out}]}]}).encode()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path) -> None:
     store, port = tmp_path / "store", _free_port()
     url = f"http://127.0.0.1:{port}/v1/traces"
@@ -142,6 +143,7 @@ def test_sigkill_during_store_compact_never_loses_or_repeats_a_span(tmp_path: Pa
         assert s.sql("SELECT count(*), count(DISTINCT span_id) FROM spans_raw").fetchall() == [(expected, expected)]
 
 
+@pytest.mark.slow
 def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> None:
     store, port = tmp_path / "store", _free_port()
     url = f"http://127.0.0.1:{port}/v1/traces"
@@ -193,6 +195,7 @@ def test_a_reader_keeps_querying_while_the_collector_writes(tmp_path: Path) -> N
         assert s.sql("SELECT count(*) FROM requests").fetchall() == [(batches * spans_per_batch,)]
 
 
+@pytest.mark.slow
 def test_infertrace_simulate_exports_over_otlp_http_to_infertrace_collect(tmp_path: Path) -> None:
     store, port = tmp_path / "store", _free_port()
     proc = _start(store, port)

@@ -226,6 +226,7 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
         process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_collect_with_metrics_serves_them_and_materialises_what_it_received(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     process = subprocess.Popen([sys.executable, "-m", "infertrace", "collect", "--store", str(store_dir),

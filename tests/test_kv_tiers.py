@@ -145,6 +145,7 @@ def test_a_remote_tier_holds_what_the_host_tier_evicts_and_costs_the_network(tmp
     assert "Hit rate by KV tier" in text and "What more KV capacity would buy" in text
 
 
+@pytest.mark.slow
 @needs_mooncake
 def test_a_host_tier_lifts_the_mooncake_hit_rate_toward_the_infinite_cache_bound_and_ttft_pays_the_copy(
         tmp_path: Path) -> None:

@@ -112,6 +112,7 @@ def test_prefix_cache_hit_reuses_cached_kv_and_equals_a_miss() -> None:
     assert_matches_recompute(hit, second, TOL["float64"])
 
 
+@pytest.mark.slow
 def test_preemption_frees_blocks_and_recompute_restores_the_same_tokens() -> None:
     requests = [request(f"r{i}", ((f"p{i}", 30),), 40) for i in range(4)]
     roomy, _ = serve(requests, num_kv_blocks=64)

@@ -184,6 +184,7 @@ def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_re
     assert "uncalibrated roofline cost model" in after["because"]
 
 
+@pytest.mark.slow
 def test_replay_calibrate_fits_the_cost_model_to_the_captured_steps_and_says_the_replay_is_calibrated(
         two_models: Path) -> None:
     result = infertrace("replay", "--store", str(two_models), "--model", "llama-3-8b", "--calibrate", "--no-save",
@@ -218,6 +219,7 @@ def vllm_whatif_bank(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_vllm_capture_without_step_spans_is_calibrated_on_request_timings_and_checked_on_the_core_ttft(
         vllm_whatif_bank: Path) -> None:
     from infertrace.cli.replay import calibrate_from_capture

@@ -198,6 +198,7 @@ def _cli(*args: str) -> Result:
     return CliRunner().invoke(app, ["report", *args])
 
 
+@pytest.mark.slow
 def test_exit_codes_follow_fail_on_and_usage_errors(tmp_path: Path) -> None:
     store = str(demo_store().store)
     quick = ("--section", "slo")

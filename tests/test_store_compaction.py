@@ -154,6 +154,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.slow
 def test_store_commands_compact_check_and_repair(tmp_path: Path) -> None:
     root = tmp_path / "store"
     _small_segments(root, 12)

@@ -316,6 +316,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 _junk_line = st.binary(max_size=60).map(lambda b: b.replace(b"\n", b" ").decode("latin-1")) | _json.map(json.dumps)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_lines_never_crash_the_ingester_and_every_span_is_stored_or_quarantined(
