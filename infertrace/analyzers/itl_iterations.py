@@ -201,8 +201,7 @@ def _decode_levels(log: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
                          params: IterationParams | None = None) -> IterationAttribution:
     """`iterations`: the `iteration_log` relation; `requests`: request_id, instance, tenant, scheduled_ns,
-    first_token_ns, finish_ns, input_tokens, cached_tokens (and arrival_ns, when known: where the engine can
-    have idled)."""
+    first_token_ns, finish_ns, input_tokens, cached_tokens."""
     p = params or IterationParams()
     notes: list[str] = []
     if iterations.empty:
@@ -240,9 +239,9 @@ def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
         idle = idle_periods(mine)
         slack = p.match_window_ns
         exact = {i: int(first[r[0]]) for i, r in anchors.items()}
-        exact = consistent_anchors(elapsed, exact, scheduler_overhead(elapsed, exact), idle, slack)
+        exact = consistent_anchors(elapsed, exact, scheduler_overhead(elapsed, exact, idle), idle, slack)
         anchors = {i: r for i, r in anchors.items() if i in exact}
-        overhead = scheduler_overhead(elapsed, exact)
+        overhead = scheduler_overhead(elapsed, exact, idle)
         placed = place_ends(log, lo + offset, hi + offset, exact, overhead, idle, slack)
         scheduled = mine["scheduled_ns"].fillna(mine["first_token_ns"]).to_numpy(dtype=np.int64)
         more = timed_anchors(placed, elapsed, prefill_rows, first, scheduled, p.match_window_ns)
@@ -278,26 +277,25 @@ def timed_anchors(placed: np.ndarray, elapsed: np.ndarray, prefill_rows: np.ndar
     return out
 
 
-def scheduler_overhead(elapsed: np.ndarray, anchored: dict[int, int]) -> float:
+def scheduler_overhead(elapsed: np.ndarray, anchored: dict[int, int], idle: tuple[np.ndarray, np.ndarray]) -> float:
     """The scheduler's own time per iteration, which the logged elapsed time leaves out: the median, over pairs of
-    anchors up to 50 iterations apart, of the time between them the elapsed times do not cover, per iteration
-    (pairs with idle time between them, or a wrong anchor, fall outside 0–2 ms or in the median's tails)."""
+    anchors up to 50 iterations apart with no idle period of the spans between them, of the time between them
+    the elapsed times do not cover, per iteration (a wrong anchor falls outside 0-2 ms or in the median's
+    tails)."""
     cum = np.cumsum(elapsed)
     keys = sorted(anchored)
     gaps = [((anchored[b] - anchored[a]) - int(cum[b] - cum[a])) / (b - a) for a, b in itertools.pairwise(keys)
-            if 0 < b - a <= 50]
+            if 0 < b - a <= 50 and _idle_between(idle, anchored[a], anchored[b]) is None]
     busy = [g for g in gaps if 0 <= g <= 2_000_000]
     return float(np.median(busy)) if busy else 0.0
 
 
 def idle_periods(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """When the engine had no request at all (between one's arrival and its finish on the spans), as sorted
-    (start, end) arrays: the only times it can have idled between iterations. (The spans' arrivals are early by
-    the API server's input latency and their finishes late by its output latency: the periods read shorter than
-    they were, never longer.)"""
+    """When the engine was running no request (none between its first scheduling and its finish on the spans), as
+    sorted (start, end) arrays: the only times it can have idled between iterations (a request waits unscheduled
+    only while the engine is busy). The spans' times are late by the API server's output latency, a fraction of
+    the slack the placement allows."""
     start = requests["scheduled_ns"].fillna(requests["first_token_ns"])
-    if "arrival_ns" in requests:
-        start = requests["arrival_ns"].fillna(start)
     finish = requests["finish_ns"].fillna(requests["first_token_ns"])
     order = np.argsort(start.to_numpy(dtype=np.int64), kind="stable")
     s, f = start.to_numpy(dtype=np.int64)[order], finish.to_numpy(dtype=np.int64)[order]
@@ -348,37 +346,65 @@ def consistent_anchors(elapsed: np.ndarray, anchored: dict[int, int], overhead: 
     return kept
 
 
+def _carried_forward(end: int, steps: np.ndarray, idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
+    """The ends of the iterations after one that ended at `end`, each `steps` long: an iteration that would run into
+    an idle period of the spans (the engine had no request) began when it ended (a request arrived)."""
+    starts, ends = idle
+    k = int(np.searchsorted(ends, end - slack_ns, "right"))
+    out = np.empty(len(steps), dtype=np.int64)
+    pos = end
+    for j, step in enumerate(steps.tolist()):
+        while k < len(starts) and pos + step > int(starts[k]) + slack_ns:
+            pos = max(pos, int(ends[k]))
+            k += 1
+        pos += step
+        out[j] = pos
+    return out
+
+
+def _carried_back(end: int, steps: np.ndarray, idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
+    """The ends of the iterations before one that ended at `end` (`steps`: theirs and its own lengths, in line
+    order; the last is its own): an iteration that would have begun before an idle period of the spans ended
+    was the first after it, and the one before it ended when the period began."""
+    starts, ends = idle
+    k = int(np.searchsorted(starts, end + slack_ns, "left")) - 1
+    out = np.empty(len(steps) - 1, dtype=np.int64)
+    pos = end
+    for j in range(len(steps) - 1, 0, -1):
+        pos -= int(steps[j])
+        while k >= 0 and pos < int(ends[k]) - slack_ns:
+            pos = min(pos, int(starts[k]))
+            k -= 1
+        out[j - 1] = pos
+    return out
+
+
 def place_ends(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, anchored: dict[int, int], overhead: float,
                idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
-    """Every iteration's end on the spans' clock: an anchored one at its request's first token; the others from
-    the anchors around them through the elapsed times plus the scheduler's time per iteration (`overhead`), held
-    within their stamps' bounds. Between two anchors the time the chain leaves over is spread evenly where the
-    engine had requests throughout (by the spans); across an idle period, the iterations carried from the
-    anchor before that end before it starts are placed so, those carried from the anchor after that end after
-    it ends likewise, and any left between from the nearer anchor. With no anchor, the bounds' midpoint."""
+    """Every iteration's end on the spans' clock: an anchored one at its request's first token; the others carried
+    from the anchors around them through the elapsed times plus the scheduler's time per iteration (`overhead`),
+    waiting out the idle periods of the spans (`idle_periods`), and held within their stamps' bounds. Between two
+    anchors, where the two carries agree within `slack_ns` the time they leave over is spread evenly (the
+    scheduler's time varies); where they do not (idle time the spans do not show), the nearer anchor's carry is
+    kept. With no anchor, the bounds' midpoint."""
     n = len(log)
     step = log["elapsed_ns"].to_numpy(dtype=np.int64) + round(overhead)
-    cum = np.cumsum(step)
     out = lo + (hi - lo) // 2
     keys = sorted(anchored)
     if not keys:
         return out
     first, last = keys[0], keys[-1]
-    out[:first] = anchored[first] - (cum[first] - cum[:first])  # before the first and after the last: carried
-    out[last:] = anchored[last] + (cum[last:] - cum[last])
+    out[:first] = _carried_back(anchored[first], step[:first + 1], idle, slack_ns)
+    out[last + 1:] = _carried_forward(anchored[last], step[last + 1:], idle, slack_ns)
     for a, b in itertools.pairwise(keys):
         if b - a < 2:
             continue
-        fwd = anchored[a] + (cum[a + 1:b] - cum[a])
-        bwd = anchored[b] - (cum[b] - cum[a + 1:b])
-        gap = _idle_between(idle, anchored[a], anchored[b])
-        if gap is None:
-            share = np.arange(1, b - a) / (b - a)
-            out[a + 1:b] = fwd + np.rint((bwd - fwd) * share).astype(np.int64)
-            continue
+        fwd = _carried_forward(anchored[a], step[a + 1:b], idle, slack_ns)
+        bwd = _carried_back(anchored[b], step[a + 1:b + 1], idle, slack_ns)
         i = np.arange(a + 1, b)
+        spread = fwd + np.rint((bwd - fwd) * (i - a) / (b - a)).astype(np.int64)
         nearer = np.where(i - a <= b - i, fwd, bwd)
-        out[a + 1:b] = np.where(fwd <= gap[0] + slack_ns, fwd, np.where(bwd >= gap[1] - slack_ns, bwd, nearer))
+        out[a + 1:b] = np.where(np.abs(bwd - fwd) <= slack_ns, spread, nearer)
     for i, t in anchored.items():
         out[i] = t
     free = np.ones(n, dtype=bool)
@@ -479,8 +505,8 @@ def _implausible_cleared(stalls: list[IterationStall], per_token: list[float],
 
 def attribute_store_iterations(store: Store, params: IterationParams | None = None) -> IterationAttribution:
     iterations = store.sql("SELECT * FROM iteration_log").df()
-    requests = store.sql("SELECT request_id, instance, tenant, arrival_ns, scheduled_ns, first_token_ns, finish_ns, "
-                         "input_tokens, cached_tokens FROM requests").df()
+    requests = store.sql("SELECT request_id, instance, tenant, scheduled_ns, first_token_ns, finish_ns, input_tokens, "
+                         "cached_tokens FROM requests").df()
     return attribute_iterations(iterations, requests, params)
 
 
