@@ -11,25 +11,37 @@ elapsed time, stamped with the logging process's local wall clock in whole secon
    estimate is their midpoint (idle time between iterations is not assumed away: a second boundary resets
    the bounds);
 2. the clock offset between the log and the spans (time zone, the whole-second stamps, and vLLM V1's
-   API-server clock on the spans) is estimated from the data: iterations that prefilled end when their
-   requests' first tokens are produced, so the offset is the densest 1 ms bin of (first token − iteration
-   end) within the time zone's quarter hour, refined by the median around it;
-3. a stall is an iteration with context tokens that delayed requests decoding beside it or waiting for it:
-   its elapsed time less the decode-only time of its generation requests (the median of the log's
-   generation-only iterations of that size, interpolated; for a prefill-only iteration the whole elapsed
-   time and the decode-only time of the requests that were decoding then, from the spans) is at least
-   `stall_ratio` times that decode-only time and at least `min_excess_ns`;
-4. its culprits are the requests whose prefill interval on the spans (first scheduling to first token, with
-   a tolerance of the offset's spread) holds the iteration's end: a request whose first token came at that
-   end finished its prompt there; a longer one was chunked over it. Candidates are ranked by how close their
-   first token is to the end, and the named set is cut at `context_requests`; the confidence is 1 when the
-   named requests' uncached prompt tokens can account for the iteration's context tokens, less when the
-   candidates were more than the line's count or their tokens fall short.
+   API-server clock on the spans) is estimated from the data: lone prefill iterations whose context tokens are
+   exactly one request's prompt (anchors) end when that request's first token is produced, so the offset is the
+   one that puts the most anchored first tokens inside their iterations' bounds;
+3. placement on the spans' clock: an anchor is kept only where the log's own times agree with its neighbours
+   (the elapsed times between two anchors fit between their first tokens, and, where the spans show the engine
+   running requests throughout, with at most twice the median scheduler time per iteration beside them: a
+   request whose prompt merely happens to match is dropped). The scheduler's time per iteration, which vLLM's
+   timer leaves out, is read between anchors with no idle period between them. Every other iteration is carried
+   from the anchors before and after it through the elapsed times plus that scheduler time, waiting out the
+   engine's idle periods (times when no request was between its first scheduling and its finish on the spans);
+   a request's first scheduling or first token within a few ms of one placed iteration anchors it too;
+4. a stall is an iteration with context tokens that delayed requests decoding beside it or waiting for it:
+   its wall time (elapsed plus the scheduler's time) less the decode-only wall time of its generation requests
+   (the median of the log's generation-only iterations of that size, interpolated; for a prefill-only
+   iteration on an engine that makes decodes wait for prefills, the whole wall time and the decode-only time of
+   the requests that were decoding then, from the spans) is at least `stall_ratio` times that decode-only time
+   and at least `min_excess_ns`. On an engine that runs decodes beside prefills (the log has mixed iterations:
+   vLLM V1), a prefill-only iteration stalls no one: a decoding request left out of it had been preempted;
+5. its culprits are the requests whose prefill interval on the spans (first scheduling to first token) holds
+   the iteration, within the placement's tolerance: scheduled before it began, first token not before it
+   ended. A lone context request computes at most its whole prompt there, so a request whose prompt is smaller
+   than the iteration's context tokens is not it (a preempted request's recompute: its prompt and the tokens it
+   had generated). Candidates are ranked by how close their first token is to the end, and the named set is
+   cut at `context_requests`; the confidence is 1 when the named requests' uncached prompt tokens can account
+   for the iteration's context tokens, less when the candidates were more than the line's count or their
+   tokens fall short.
 
 Iterations with no context tokens that still ran long (host pauses) are stalls without a culprit, as is a stall
 far longer than its context tokens can cost (four times the median excess per context token of the log's mixed
-iterations, plus 20 ms: a host pause during a small chunk). A preemption's recompute is logged as context tokens
-and is not told apart.
+iterations, plus 20 ms: a host pause during a small chunk), and a recompute that no fresh prefill could have
+shared.
 """
 
 from __future__ import annotations
