@@ -11,25 +11,37 @@ elapsed time, stamped with the logging process's local wall clock in whole secon
    estimate is their midpoint (idle time between iterations is not assumed away: a second boundary resets
    the bounds);
 2. the clock offset between the log and the spans (time zone, the whole-second stamps, and vLLM V1's
-   API-server clock on the spans) is estimated from the data: iterations that prefilled end when their
-   requests' first tokens are produced, so the offset is the densest 1 ms bin of (first token − iteration
-   end) within the time zone's quarter hour, refined by the median around it;
-3. a stall is an iteration with context tokens that delayed requests decoding beside it or waiting for it:
-   its elapsed time less the decode-only time of its generation requests (the median of the log's
-   generation-only iterations of that size, interpolated; for a prefill-only iteration the whole elapsed
-   time and the decode-only time of the requests that were decoding then, from the spans) is at least
-   `stall_ratio` times that decode-only time and at least `min_excess_ns`;
-4. its culprits are the requests whose prefill interval on the spans (first scheduling to first token, with
-   a tolerance of the offset's spread) holds the iteration's end: a request whose first token came at that
-   end finished its prompt there; a longer one was chunked over it. Candidates are ranked by how close their
-   first token is to the end, and the named set is cut at `context_requests`; the confidence is 1 when the
-   named requests' uncached prompt tokens can account for the iteration's context tokens, less when the
-   candidates were more than the line's count or their tokens fall short.
+   API-server clock on the spans) is estimated from the data: lone prefill iterations whose context tokens are
+   exactly one request's prompt (anchors) end when that request's first token is produced, so the offset is the
+   one that puts the most anchored first tokens inside their iterations' bounds;
+3. placement on the spans' clock: an anchor is kept only where the log's own times agree with its neighbours
+   (the elapsed times between two anchors fit between their first tokens, and, where the spans show the engine
+   running requests throughout, with at most twice the median scheduler time per iteration beside them: a
+   request whose prompt merely happens to match is dropped). The scheduler's time per iteration, which vLLM's
+   timer leaves out, is read between anchors with no idle period between them. Every other iteration is carried
+   from the anchors before and after it through the elapsed times plus that scheduler time, waiting out the
+   engine's idle periods (times when no request was between its first scheduling and its finish on the spans);
+   a request's first scheduling or first token within a few ms of one placed iteration anchors it too;
+4. a stall is an iteration with context tokens that delayed requests decoding beside it or waiting for it:
+   its wall time (elapsed plus the scheduler's time) less the decode-only wall time of its generation requests
+   (the median of the log's generation-only iterations of that size, interpolated; for a prefill-only
+   iteration on an engine that makes decodes wait for prefills, the whole wall time and the decode-only time of
+   the requests that were decoding then, from the spans) is at least `stall_ratio` times that decode-only time
+   and at least `min_excess_ns`. On an engine that runs decodes beside prefills (the log has mixed iterations:
+   vLLM V1), a prefill-only iteration stalls no one: a decoding request left out of it had been preempted;
+5. its culprits are the requests whose prefill interval on the spans (first scheduling to first token) holds
+   the iteration, within the placement's tolerance: scheduled before it began, first token not before it
+   ended. A lone context request computes at most its whole prompt there, so a request whose prompt is smaller
+   than the iteration's context tokens is not it (a preempted request's recompute: its prompt and the tokens it
+   had generated). Candidates are ranked by how close their first token is to the end, and the named set is
+   cut at `context_requests`; the confidence is 1 when the named requests' uncached prompt tokens can account
+   for the iteration's context tokens, less when the candidates were more than the line's count or their
+   tokens fall short.
 
 Iterations with no context tokens that still ran long (host pauses) are stalls without a culprit, as is a stall
 far longer than its context tokens can cost (four times the median excess per context token of the log's mixed
-iterations, plus 20 ms: a host pause during a small chunk). A preemption's recompute is logged as context tokens
-and is not told apart.
+iterations, plus 20 ms: a host pause during a small chunk), and a recompute that no fresh prefill could have
+shared.
 """
 
 from __future__ import annotations
@@ -235,13 +247,19 @@ def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
         anchors = anchor_iterations(log, lo + coarse, hi + coarse, mine, p.match_window_ns)
         offset = coarse + fine_offset(lo + coarse, hi + coarse, anchors, first) if anchors else coarse
         logs.append(LogPlacement(name, instance, len(log), offset, len(anchors), int(prefill_rows.sum())))
+        elapsed = log["elapsed_ns"].to_numpy(dtype=np.int64)
+        idle = idle_periods(mine)
+        slack = p.match_window_ns
         exact = {i: int(first[r[0]]) for i, r in anchors.items()}
-        placed = place_ends(log, lo + offset, hi + offset, exact)
+        exact = consistent_anchors(elapsed, exact, scheduler_overhead(elapsed, exact, idle), idle, slack)
+        anchors = {i: r for i, r in anchors.items() if i in exact}
+        overhead = scheduler_overhead(elapsed, exact, idle)
+        placed = place_ends(log, lo + offset, hi + offset, exact, overhead, idle, slack)
         scheduled = mine["scheduled_ns"].fillna(mine["first_token_ns"]).to_numpy(dtype=np.int64)
-        more = timed_anchors(placed, log["elapsed_ns"].to_numpy(dtype=np.int64), prefill_rows, first, scheduled,
-                             p.match_window_ns)
-        placed = place_ends(log, lo + offset, hi + offset, {**more, **exact})
-        found, without_culprit = _log_stalls(name, instance, log, placed, half, mine, anchors, p)
+        more = timed_anchors(placed, elapsed, prefill_rows, first, scheduled, p.match_window_ns)
+        kept = consistent_anchors(elapsed, {**more, **exact}, overhead, idle, slack)
+        placed = place_ends(log, lo + offset, hi + offset, kept, overhead, idle, slack)
+        found, without_culprit = _log_stalls(name, instance, log, placed, half, mine, anchors, overhead, p)
         stalls += found
         unexplained += without_culprit
     stalls.sort(key=lambda s: (s.instance, s.end_ns))
@@ -271,53 +289,153 @@ def timed_anchors(placed: np.ndarray, elapsed: np.ndarray, prefill_rows: np.ndar
     return out
 
 
-def place_ends(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, anchored: dict[int, int]) -> np.ndarray:
-    """Every iteration's end on the spans' clock: an anchored one at its request's first token; the others carried
-    from the nearest anchor (in iterations) through the elapsed times plus the scheduler's own time between
-    iterations (estimated from pairs of anchors), held within their bounds; the bounds' midpoint with no anchor."""
-    n = len(log)
-    elapsed = log["elapsed_ns"].to_numpy(dtype=np.int64)
+def scheduler_overhead(elapsed: np.ndarray, anchored: dict[int, int], idle: tuple[np.ndarray, np.ndarray]) -> float:
+    """The scheduler's own time per iteration, which the logged elapsed time leaves out: the median, over pairs of
+    anchors up to 50 iterations apart with no idle period of the spans between them, of the time between them
+    the elapsed times do not cover, per iteration (a wrong anchor falls outside 0-2 ms or in the median's
+    tails)."""
     cum = np.cumsum(elapsed)
     keys = sorted(anchored)
     gaps = [((anchored[b] - anchored[a]) - int(cum[b] - cum[a])) / (b - a) for a, b in itertools.pairwise(keys)
-            if 0 < b - a <= 50]
+            if 0 < b - a <= 50 and _idle_between(idle, anchored[a], anchored[b]) is None]
     busy = [g for g in gaps if 0 <= g <= 2_000_000]
-    overhead = float(np.median(busy)) if busy else 0.0
-    fwd = np.full(n, -1, dtype=np.int64)
-    fwd_dist = np.full(n, n + 1)
-    last, at = None, -1
-    for i in range(n):
-        if i in anchored:
-            last, at = anchored[i], i
-        elif last is not None:
-            last = last + int(elapsed[i]) + round(overhead)
-        if last is not None:
-            last = min(max(last, int(lo[i])), int(hi[i])) if i not in anchored else last
-            fwd[i], fwd_dist[i] = last, i - at
-    bwd = np.full(n, -1, dtype=np.int64)
-    bwd_dist = np.full(n, n + 1)
-    nxt, at = None, n
-    for i in range(n - 1, -1, -1):
-        if i in anchored:
-            nxt, at = anchored[i], i
-        elif nxt is not None:
-            nxt = nxt - int(elapsed[i + 1]) - round(overhead)
-        if nxt is not None:
-            nxt = min(max(nxt, int(lo[i])), int(hi[i])) if i not in anchored else nxt
-            bwd[i], bwd_dist[i] = nxt, at - i
-    mid = lo + (hi - lo) // 2
-    return np.where((fwd_dist <= bwd_dist) & (fwd >= 0), fwd, np.where(bwd >= 0, bwd, mid))
+    return float(np.median(busy)) if busy else 0.0
+
+
+def idle_periods(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """When the engine was running no request (none between its first scheduling and its finish on the spans), as
+    sorted (start, end) arrays: the only times it can have idled between iterations (a request waits unscheduled
+    only while the engine is busy). The spans' times are late by the API server's output latency, a fraction of
+    the slack the placement allows."""
+    start = requests["scheduled_ns"].fillna(requests["first_token_ns"])
+    finish = requests["finish_ns"].fillna(requests["first_token_ns"])
+    order = np.argsort(start.to_numpy(dtype=np.int64), kind="stable")
+    s, f = start.to_numpy(dtype=np.int64)[order], finish.to_numpy(dtype=np.int64)[order]
+    if not len(s):
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    busy_until = np.maximum.accumulate(f)
+    hole = np.flatnonzero(s[1:] > busy_until[:-1])
+    return busy_until[hole], s[hole + 1]
+
+
+def _idle_between(idle: tuple[np.ndarray, np.ndarray], t0: int, t1: int) -> tuple[int, int] | None:
+    """The start of the first and the end of the last idle period wholly between t0 and t1, or None."""
+    k0 = int(np.searchsorted(idle[0], t0, "left"))
+    k1 = int(np.searchsorted(idle[1], t1, "right"))
+    return (int(idle[0][k0]), int(idle[1][k1 - 1])) if k1 > k0 else None
+
+
+def consistent_anchors(elapsed: np.ndarray, anchored: dict[int, int], overhead: float,
+                       idle: tuple[np.ndarray, np.ndarray], slack_ns: int, lookback: int = 30) -> dict[int, int]:
+    """The largest set of anchors that the log's own times agree with: between two kept anchors the elapsed times
+    must fit (iterations do not overlap), and where the engine cannot have idled between them (it had requests
+    throughout, by the spans: it steps again at once while any is running or waiting) the time between them is
+    the elapsed times plus at most twice the median scheduler time per iteration. `slack_ns` allows for the
+    anchors' own error (the spans' first token is late by the API server's output latency). A wrong anchor
+    (another request whose prompt happens to fit the iteration's context tokens) breaks these bounds with its
+    neighbours and is dropped."""
+    keys = sorted(anchored)
+    if len(keys) < 2:
+        return dict(anchored)
+    cum = np.r_[0, np.cumsum(elapsed)]  # cum[b + 1] − cum[a + 1]: elapsed of iterations a+1 … b
+    best = [1] * len(keys)
+    back = [-1] * len(keys)
+    for k, b in enumerate(keys):
+        for m in range(max(k - lookback, 0), k):
+            a = keys[m]
+            between = anchored[b] - anchored[a]
+            work = int(cum[b + 1] - cum[a + 1])
+            fits = between >= work - slack_ns
+            if fits and _idle_between(idle, anchored[a], anchored[b]) is None:
+                fits = between <= work + 2 * overhead * (b - a) + slack_ns
+            if fits and best[m] + 1 > best[k]:
+                best[k], back[k] = best[m] + 1, m
+    k = int(np.argmax(best))
+    kept: dict[int, int] = {}
+    while k >= 0:
+        kept[keys[k]] = anchored[keys[k]]
+        k = back[k]
+    return kept
+
+
+def _carried_forward(end: int, steps: np.ndarray, idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
+    """The ends of the iterations after one that ended at `end`, each `steps` long: an iteration that would run into
+    an idle period of the spans (the engine had no request) began when it ended (a request arrived)."""
+    starts, ends = idle
+    k = int(np.searchsorted(ends, end - slack_ns, "right"))
+    out = np.empty(len(steps), dtype=np.int64)
+    pos = end
+    for j, step in enumerate(steps.tolist()):
+        while k < len(starts) and pos + step > int(starts[k]) + slack_ns:
+            pos = max(pos, int(ends[k]))
+            k += 1
+        pos += step
+        out[j] = pos
+    return out
+
+
+def _carried_back(end: int, steps: np.ndarray, idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
+    """The ends of the iterations before one that ended at `end` (`steps`: theirs and its own lengths, in line
+    order; the last is its own): an iteration that would have begun before an idle period of the spans ended
+    was the first after it, and the one before it ended when the period began."""
+    starts, ends = idle
+    k = int(np.searchsorted(starts, end + slack_ns, "left")) - 1
+    out = np.empty(len(steps) - 1, dtype=np.int64)
+    pos = end
+    for j in range(len(steps) - 1, 0, -1):
+        pos -= int(steps[j])
+        while k >= 0 and pos < int(ends[k]) - slack_ns:
+            pos = min(pos, int(starts[k]))
+            k -= 1
+        out[j - 1] = pos
+    return out
+
+
+def place_ends(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, anchored: dict[int, int], overhead: float,
+               idle: tuple[np.ndarray, np.ndarray], slack_ns: int) -> np.ndarray:
+    """Every iteration's end on the spans' clock: an anchored one at its request's first token; the others carried
+    from the anchors around them through the elapsed times plus the scheduler's time per iteration (`overhead`),
+    waiting out the idle periods of the spans (`idle_periods`), and held within their stamps' bounds. Between two
+    anchors, where the two carries agree within `slack_ns` the time they leave over is spread evenly (the
+    scheduler's time varies); where they do not (idle time the spans do not show), the nearer anchor's carry is
+    kept. With no anchor, the bounds' midpoint."""
+    n = len(log)
+    step = log["elapsed_ns"].to_numpy(dtype=np.int64) + round(overhead)
+    out = lo + (hi - lo) // 2
+    keys = sorted(anchored)
+    if not keys:
+        return out
+    first, last = keys[0], keys[-1]
+    out[:first] = _carried_back(anchored[first], step[:first + 1], idle, slack_ns)
+    out[last + 1:] = _carried_forward(anchored[last], step[last + 1:], idle, slack_ns)
+    for a, b in itertools.pairwise(keys):
+        if b - a < 2:
+            continue
+        fwd = _carried_forward(anchored[a], step[a + 1:b], idle, slack_ns)
+        bwd = _carried_back(anchored[b], step[a + 1:b + 1], idle, slack_ns)
+        i = np.arange(a + 1, b)
+        spread = fwd + np.rint((bwd - fwd) * (i - a) / (b - a)).astype(np.int64)
+        nearer = np.where(i - a <= b - i, fwd, bwd)
+        out[a + 1:b] = np.where(np.abs(bwd - fwd) <= slack_ns, spread, nearer)
+    for i, t in anchored.items():
+        out[i] = t
+    free = np.ones(n, dtype=bool)
+    free[keys] = False
+    out[free] = np.minimum(np.maximum(out[free], lo[free]), hi[free])
+    return out
 
 
 def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, half: np.ndarray,
-                requests: pd.DataFrame, anchors: dict[int, list[int]],
+                requests: pd.DataFrame, anchors: dict[int, list[int]], overhead: float,
                 p: IterationParams) -> tuple[list[IterationStall], int]:
     sizes, levels = _decode_levels(log)
+    scheduler = round(overhead)
 
     def decode_only(n: int) -> int:
+        """The wall time of a decode-only iteration of n requests: the log's elapsed time plus the scheduler's."""
         if not len(sizes) or n <= 0:
             return 0
-        return round(float(np.interp(n, sizes, levels)))
+        return round(float(np.interp(n, sizes, levels))) + scheduler
 
     first = requests["first_token_ns"].to_numpy(dtype=np.int64)
     sched = requests["scheduled_ns"].fillna(requests["first_token_ns"]).to_numpy(dtype=np.int64)
@@ -326,7 +444,11 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
     tenants = requests["tenant"].to_numpy() if "tenant" in requests else np.full(len(ids), None)
     uncached = (requests["input_tokens"].fillna(0) - requests["cached_tokens"].fillna(0)).clip(lower=0).to_numpy(
         dtype=np.int64)
-    tol = 2 * p.match_window_ns
+    tol = p.match_window_ns  # how far an iteration's placed end may be off
+    # Whether the engine runs decodes in the same iterations as prefills (chunked, decode-first: vLLM V1's only
+    # policy) or makes them wait (prefill-first): read from the log's own mix of iterations.
+    real = log[~log["dummy"] & (log["context_tokens"] > 0)]
+    shares_steps = int((real["generation_requests"] > 0).sum()) >= max(1, 0.05 * len(real))
     out: list[IterationStall] = []
     rows = log.to_dict("records")
     per_token: list[float] = []  # every mixed iteration's excess per context token: what a prompt token costs
@@ -334,31 +456,39 @@ def _log_stalls(name: str, instance: str, log: pd.DataFrame, ends: np.ndarray, h
         if row["dummy"]:
             continue
         end, elapsed = int(ends[i]), int(row["elapsed_ns"])
+        wall = elapsed + scheduler
         gen = int(row["generation_requests"])
         if gen and row["context_tokens"]:
-            per_token.append(max(elapsed - decode_only(gen), 0) / row["context_tokens"])
+            per_token.append(max(wall - decode_only(gen), 0) / row["context_tokens"])
         if row["context_tokens"] == 0:
             base = decode_only(gen)
-            if gen and elapsed - base >= max(p.stall_ratio * base, p.min_excess_ns):
+            if gen and wall - base >= max(p.stall_ratio * base, p.min_excess_ns):
                 out.append(IterationStall(instance, name, int(row["iteration"]), int(row["line"]), end, int(half[i]),
-                                          elapsed, base, elapsed - base, 0, 0, gen, ()))
+                                          elapsed, base, wall - base, 0, 0, gen, ()))
             continue
         if gen:
             base = decode_only(gen)
-            excess = elapsed - base
+            excess = wall - base
+        elif shares_steps:
+            continue  # decodes run beside prefills here: one not in this iteration was preempted, not waiting
         else:
             edge = 1_000_000  # the spans' first tokens and finishes are late by the API server's output latency
             waiting = int(((first <= end - elapsed + edge) & (first < end - edge) & (finish > end + edge)).sum())
             if not waiting:
                 continue
-            base, excess = decode_only(waiting), elapsed
+            base, excess = decode_only(waiting), wall  # the waiting decodes lose the whole step
         if excess < max(p.stall_ratio * base, p.min_excess_ns):
             continue
         if i in anchors:
             named = np.array(anchors[i])
             confidence = 1.0
         else:
-            held = np.flatnonzero((sched <= end + tol) & (first >= end - tol))
+            # a request in the iteration was scheduled before it began and had no first token before it ended;
+            # the one context request of an iteration computes at most its whole prompt there (more is a
+            # preempted request's recompute: its prompt and the tokens it had generated)
+            held = np.flatnonzero((sched <= end - elapsed + tol) & (first >= end - tol))
+            if int(row["context_requests"]) == 1:
+                held = held[uncached[held] >= int(row["context_tokens"])]
             held = held[np.argsort(np.abs(first[held] - end), kind="stable")]
             named = held[:int(row["context_requests"])]
             cover = min(1.0, int(uncached[named].sum()) / row["context_tokens"]) if row["context_tokens"] else 1.0
