@@ -41,9 +41,17 @@ def test_a_surge_that_fills_the_prefill_pool_is_blamed_on_the_load_as_queueing_a
 
 
 def test_a_prefill_pool_slower_for_the_same_work_is_blamed_itself_not_the_models_engines() -> None:
-    ctx = BlameContext({"m": "m engines"}, significant={"m prefill pool": 0.6}, changed={"m prefill pool"},
-                       loads={"load: t": 40.0}, load_models={"load: t": {"m"}}, pool_of=POOLS)
+    # the model's engines as a whole changed too (the prefill pool's slowdown shows in them), the decode pool not
+    ctx = BlameContext({"m": "m engines"}, significant={"m prefill pool": 0.6, "m engines": 0.3},
+                       changed={"m prefill pool", "m engines"}, loads={"load: t": 40.0},
+                       load_models={"load: t": {"m"}}, pool_of=POOLS)
     assert _blame(ctx)[["target", "how"]].values.tolist() == [["m prefill pool", "own"]]
+
+
+def test_a_model_whose_prefill_and_decode_pools_both_slowed_is_blamed_as_its_engines() -> None:
+    significant = {"m prefill pool": 0.6, "m decode pool": 0.5, "m engines": 0.55}
+    ctx = BlameContext({"m": "m engines"}, significant=significant, changed=set(significant), pool_of=POOLS)
+    assert _blame(ctx)[["target", "how"]].values.tolist() == [["m engines", "engine queueing at m prefill pool"]]
 
 
 def test_a_colocated_models_engine_time_still_goes_to_its_engines() -> None:

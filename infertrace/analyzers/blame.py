@@ -226,11 +226,15 @@ def _hold_cause(queue: str, model: str, engines_id: str, router: str | None, ctx
 def _engine_cause(model: str, engines_id: str, held_in: str | None, ctx: BlameContext,
                   pool: str | None = None) -> Targets:
     """An engine's slow first token or decode: the engines when they are slower for their work (for a
-    disaggregated model's leg, the pool that served it, if that pool slowed), else load on the model, else a global
-    queue's burst, else unexplained (the engines or the pool, when finding candidates)."""
-    for engines in dict.fromkeys((pool or engines_id, engines_id)):
-        if engines in ctx.significant:
-            return [(engines, 1.0)]
+    disaggregated model's leg, the pool that served it, if that pool slowed and its other pool did not: both
+    slowed is the model's engines), else load on the model, else a global queue's burst, else unexplained (the
+    engines or the pool, when finding candidates)."""
+    if pool is not None and pool != engines_id and pool in ctx.significant:
+        others = {p for p in ctx.pool_of.values() if p != pool and p.rsplit(" ", 2)[0] == model}
+        both = engines_id in ctx.significant and bool(others & ctx.significant.keys())
+        return [(engines_id if both else pool, 1.0)]
+    if engines_id in ctx.significant:
+        return [(engines_id, 1.0)]
     loads = _loads_on(model, ctx)
     if loads:
         return loads
