@@ -9,8 +9,9 @@ request's weight is spread over candidates:
    answered so (the component whose span says `error`, `timeout` or `rejected`; the engines for an engine error
    or a generation cut at `max_tokens`). A slow request (TTFT) is blamed on the hops whose own time rose, in
    proportion to each one's excess over its baseline median: a component's service time, its wait for a worker,
-   a global queue's hold, a KV link's transfer, the engine's time to the first token. A slow decode (time per
-   output token) is the engine's.
+   a global queue's hold, a KV link's transfer, the engine's time to the first token (a disaggregated model's, per
+   leg: the prefill pool's and the decode pool's, `pools.py`). A slow decode (time per output token) is the
+   engine's.
 2. **Why it went wrong there** (causal direction). A wait is a consequence, passed on to its cause:
    - a wait for a component's workers (and a timeout there) is shared between the component's own slowdown and
      the tenants whose traffic through it rose (load), in proportion to how much each raised the load on its
@@ -19,7 +20,8 @@ request's weight is spread over candidates:
    - a global queue's hold goes downstream: to a router the queue releases to (the request's own, or another one
      whose backlog holds the head of the queue) or to the model's engines, whichever slowed for its own reasons
      (the larger effect); else to load on the model; else it is the queue's own (it stalled);
-   - an engine's time to the first token goes to its engines when their steps are slower for the same work; else
+   - an engine's time to the first token goes to its engines (a leg's pool) when their steps are slower for the
+     same work; else
      to load on the model; else to a global queue that held the request and released it in a burst;
    - a rate limiter's 429s for a tenant go, as far as the tenant's extra first attempts explain them, to that
      load; as far as retries explain them (one retry per failure of the tenant's requests elsewhere: an auth that
@@ -65,6 +67,7 @@ class BlameContext:
     service_rise: dict[str, float] = field(default_factory=dict)
     load_through: dict[str, dict[str, float]] = field(default_factory=dict)
     strict: bool = True  # blame slowness only on what changed; False: on the hop, whatever (to find candidates)
+    pool_of: dict[str, str] = field(default_factory=dict)  # engine instance -> its pool's candidate id (pools.py)
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,12 @@ def blame_requests(troubled: pd.DataFrame, hops: pd.DataFrame, engine_rows: pd.D
         if o in ("error", "timeout", "rejected"):
             failing_by[r] = (i, k, o)
         hops_by[r].append((i, k, se, we))
-    engine_excess: dict[int, float] = defaultdict(float)
+    engine_excess: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # req -> pool -> excess
     engine_req = engine_rows["req"].to_numpy()
-    excess = _excess(engine_rows["engine_ttft_ns"].to_numpy(dtype=float),
-                     engine_rows["instance"].to_numpy(dtype=object), engine_base)
-    for r, e in zip(engine_req.tolist(), excess.tolist(), strict=True):
-        engine_excess[r] += e
+    engine_instances = engine_rows["instance"].to_numpy(dtype=object)
+    excess = _excess(engine_rows["engine_ttft_ns"].to_numpy(dtype=float), engine_instances, engine_base)
+    for r, i, e in zip(engine_req.tolist(), engine_instances, excess.tolist(), strict=True):
+        engine_excess[r][ctx.pool_of.get(i, "")] += e  # a disaggregated model's leg: its pool ("": the engines)
     engine_failed = set(engine_req[engine_rows["failed"].to_numpy(dtype=bool, na_value=False)].tolist())
 
     deferred = []  # rejections: resolved once the failures that trigger retries are known
@@ -160,7 +163,7 @@ def blame_requests(troubled: pd.DataFrame, hops: pd.DataFrame, engine_rows: pd.D
             else:
                 parts.append((instance, "service", s_excess))
                 parts.append((instance, "wait", w_excess))
-        parts.append((engines_id, "engine", engine_excess.get(r, 0.0)))
+        parts += [(pool or engines_id, "engine", e) for pool, e in engine_excess.get(r, {}).items()]
         total = sum(p[2] for p in parts)
         if total <= 0:
             continue  # nothing on its path was slower than usual: unexplained, blamed on nobody
@@ -174,8 +177,8 @@ def blame_requests(troubled: pd.DataFrame, hops: pd.DataFrame, engine_rows: pd.D
             elif mode == "hold":
                 targets, how = _hold_cause(source, model, engines_id, ctx.router_of.get(r), ctx), f"hold in {source}"
             else:
-                targets = _engine_cause(model, engines_id, held_by.get(r), ctx)
-                how = f"engine queueing at {engines_id}"
+                targets = _engine_cause(model, engines_id, held_by.get(r), ctx, pool=source)
+                how = f"engine queueing at {source}"
             _rows(out, r, targets, weight * amount / total, source, how)
 
     for r, instance, tenant, weight in deferred:
@@ -220,9 +223,16 @@ def _hold_cause(queue: str, model: str, engines_id: str, router: str | None, ctx
     return _loads_on(model, ctx) or _own(queue, ctx)
 
 
-def _engine_cause(model: str, engines_id: str, held_in: str | None, ctx: BlameContext) -> Targets:
-    """An engine's slow first token or decode: the engines when they are slower for their work, else load on
-    the model, else a global queue's burst, else unexplained (the engines, when finding candidates)."""
+def _engine_cause(model: str, engines_id: str, held_in: str | None, ctx: BlameContext,
+                  pool: str | None = None) -> Targets:
+    """An engine's slow first token or decode: the engines when they are slower for their work (for a
+    disaggregated model's leg, the pool that served it, if that pool slowed and its other pool did not: both
+    slowed is the model's engines), else load on the model, else a global queue's burst, else unexplained (the
+    engines or the pool, when finding candidates)."""
+    if pool is not None and pool != engines_id and pool in ctx.significant:
+        others = {p for p in ctx.pool_of.values() if p != pool and p.rsplit(" ", 2)[0] == model}
+        both = engines_id in ctx.significant and bool(others & ctx.significant.keys())
+        return [(engines_id if both else pool, 1.0)]
     if engines_id in ctx.significant:
         return [(engines_id, 1.0)]
     loads = _loads_on(model, ctx)
@@ -230,4 +240,4 @@ def _engine_cause(model: str, engines_id: str, held_in: str | None, ctx: BlameCo
         return loads
     if held_in is not None and (held_in in ctx.changed or not ctx.strict):
         return [(held_in, 1.0)]
-    return _own(engines_id, ctx) if not ctx.strict else []
+    return _own(pool or engines_id, ctx) if not ctx.strict else []

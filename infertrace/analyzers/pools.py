@@ -6,7 +6,10 @@ the model's engines as one candidate hides which; ranking each pool names it. A 
 one role (`request_legs` role prefill or decode, seen in `request_paths` as prefill_worker / decode_worker);
 the pool's own signals are its legs' (`engine_requests` reads `request_legs`): the prefill pool's TTFT is its
 legs' prefill, the decode pool's TTFT its legs' queue and first decode. The KV link between them is already a
-candidate (a component of kind link).
+candidate (a component of kind link). Blame follows the legs (`blame.py`, `pool_of`): a request's time to its
+first token rose in the prefill pool, the decode pool or both, and each part is passed on from there (to the pool
+when its steps slowed for the same work; when it only queued, to the load that filled it): a tenant's surge of
+long prompts is named as load, queueing at the prefill pool, not at the model's engines as a whole.
 """
 
 from __future__ import annotations
@@ -35,3 +38,8 @@ def pools(topology: Topology) -> list[Pool]:
         if all(found.values()):
             out += [Pool(f"{model} {name}", model, kind, found[kind]) for kind, name in POOL_KINDS.items()]
     return out
+
+
+def pool_of(topology: Topology) -> dict[str, str]:
+    """Each engine instance of a disaggregated model -> its pool's id."""
+    return {instance: p.id for p in pools(topology) for instance in p.instances}

@@ -51,6 +51,7 @@ from infertrace.analyzers.candidates import (
     own_signals,
 )
 from infertrace.analyzers.commonality import Commonality, attribute_lift
+from infertrace.analyzers.pools import pool_of
 from infertrace.analyzers.topology import Topology
 from infertrace.store.store import Store
 
@@ -315,7 +316,8 @@ def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: li
     released_to = {str(q): set(part.astype(str)) for q, part in pairs.groupby("instance_queue")["instance_router"]}
     return BlameContext({m: f"{m} engines" for m in inputs.topology.models}, significant, changed, loads,
                         load_models, dict(zip(router_rows["req"].tolist(), router_rows["instance"].tolist(),
-                                              strict=True)), released_to, service_rise, load_through)
+                                              strict=True)), released_to, service_rise, load_through,
+                        pool_of=pool_of(inputs.topology))
 
 
 def _arrival_span(inputs: RcaInputs, reqs: np.ndarray, weights: np.ndarray) -> tuple[int, int]:

@@ -1,17 +1,53 @@
-"""Prefill/decode disaggregation recommendations against ground truth: for each scenario of the bank whose tasks
-include `pd` (family `cpu_decode_host`: a CPU-only host serving a model), the report built from the store must
-recommend a GPU prefill host in front of the engine and quote a TTFT p50 within 15% of what the scenario's twin
-(the same traffic on that disaggregated deployment, simulated beside it) measured.
+"""Prefill/decode disaggregation against ground truth, in two parts, each beside naive baselines scored the same way.
+
+**Recommendation.** For each scenario of the bank whose tasks include `pd` (family `cpu_decode_host`: a CPU-only
+host serving a model), the report built from the store must recommend a GPU prefill host in front of the engine
+and quote a TTFT p50 within 15% of what the scenario's twin (the same traffic on that disaggregated deployment,
+simulated beside it) measured. Two naive estimates of the same TTFT p50 are scored beside it:
+
+- `gpu_prefill_alone`: the median prompt's roofline prefill time on the GPU, nothing else (no gateway, no wait at
+  the GPU host, no KV transfer, no decode step): what a glance at a roofline table quotes;
+- `flops_ratio`: the CPU-only host's observed TTFT p50 scaled by the ratio of the two devices' peak FLOP/s (as if
+  TTFT were all compute, its minutes of queueing included).
+
+**Root cause.** For the P/D families scored by root-cause ranking (`PD_RCA_FAMILIES`: a KV link congesting, or a
+tenant's surge saturating a prefill pool), AC@k as the `rca` section scores it (`evaluation.rca`), per family
+beside that section's baselines (random ranking, the highest own anomaly scored as BARO scores services, the most
+models served). A surge's cause is the tenant's load; its truth also names the pool it saturated (`pool`), and the
+top cause *names the pool* when it is that pool, or when the blame that reached it came through engine queueing at
+that pool more than at any other (`blame.py`: a disaggregated request's time to its first token is blamed per
+leg, from the pool that served it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 TOLERANCE = 0.15
+NAIVE = ("gpu_prefill_alone", "flops_ratio")
+PD_RCA_FAMILIES = ("cross_dc_read_write", "kv_transfer_congestion")
+QUEUED_AT = "engine queueing at "  # how blame.py names blame that came through an engine's (or a pool's) queue
+
+
+def _scored(quoted: float | None, measured: float | None) -> dict[str, Any]:
+    if quoted is None or not measured:
+        return {"quoted_ttft_p50_ms": quoted, "relative_error": None, "ok": False}
+    error = (quoted - measured) / measured
+    return {"quoted_ttft_p50_ms": round(quoted, 3), "relative_error": round(error, 4), "ok": abs(error) <= TOLERANCE}
+
+
+def naive_estimates(estimate: dict[str, Any]) -> dict[str, float | None]:
+    """The naive baselines' TTFT p50 (ms) for a CPU-only engine, from the report's `gpu_prefill_host` entry."""
+    from infertrace.analyzers.roofline import HARDWARE
+
+    cpu, gpu = HARDWARE.get(estimate["hardware"]), HARDWARE.get(estimate["gpu_hardware"])
+    ratio = (estimate["ttft_p50_ms"] * cpu.peak_flops / gpu.peak_flops
+             if cpu is not None and gpu is not None and estimate["ttft_p50_ms"] is not None else None)
+    return {"gpu_prefill_alone": estimate["predicted_prefill_p50_ms"], "flops_ratio": ratio}
 
 
 def _scenario(scenario: Path, truth: dict[str, Any]) -> dict[str, Any]:
@@ -21,24 +57,76 @@ def _scenario(scenario: Path, truth: dict[str, Any]) -> dict[str, Any]:
     instances = set(truth["root_cause"].get("instances", ()))
     row: dict[str, Any] = {"scenario": truth["scenario"], "family": truth["family"], "measured_ttft_p50_ms": measured,
                            "quoted_ttft_p50_ms": None, "relative_error": None, "recommended": False, "ok": False,
-                           "why": None}
+                           "why": None, "baselines": {name: _scored(None, measured) for name in NAIVE}}
     with open_scenario_store(scenario) as store:
         doc = build_report(store, ReportOptions(sections=("ttft",)))
+    estimates = [g for g in doc["sections"]["ttft"].get("gpu_prefill_host", []) if g["instance"] in instances]
+    if estimates:
+        row["baselines"] = {name: _scored(q, measured) for name, q in naive_estimates(estimates[0]).items()}
     found = [r for r in doc["recommendations"]
              if r["id"].startswith("gpu_prefill_host:") and r["id"].split(":", 1)[1] in instances]
     if measured is None:
         row["why"] = "the ground truth has no twin measurement"
     elif not found:
-        estimates = doc["sections"]["ttft"].get("gpu_prefill_host", [])
         why = doc["sections"]["ttft"].get("not_estimated") or []
         row["why"] = "no GPU prefill host recommendation" + (f" ({'; '.join(why)})" if why else "") + \
             ("" if estimates else "; no CPU-only engine found")
     else:
-        quoted = found[0]["evidence"]["predicted_ttft_p50_ms"]
-        error = (quoted - measured) / measured
-        row.update(quoted_ttft_p50_ms=quoted, relative_error=round(error, 4), recommended=True,
-                   ok=abs(error) <= TOLERANCE)
+        scored = _scored(found[0]["evidence"]["predicted_ttft_p50_ms"], measured)
+        row.update(quoted_ttft_p50_ms=scored["quoted_ttft_p50_ms"], relative_error=scored["relative_error"],
+                   recommended=True, ok=scored["ok"])
     return row
+
+
+def _named_pool(cause: Any) -> str | None:
+    """The pool a ranked cause names: itself, or the pool its blame came through most (`QUEUED_AT`)."""
+    if cause.candidate.id.endswith((" prefill pool", " decode pool")):
+        return str(cause.candidate.id)
+    queued = [(n, how[len(QUEUED_AT):]) for how, n in cause.received if how.startswith(QUEUED_AT)]
+    pools = [(n, where) for n, where in queued if where.endswith((" prefill pool", " decode pool"))]
+    return max(pools)[1] if pools else None
+
+
+def _pools_named(scenario: Path, truth: dict[str, Any]) -> list[dict[str, Any]]:
+    from infertrace.analyzers.rca import RcaInputs, analyze_inputs
+    from infertrace.evaluation.rca import culprits, match
+
+    pooled = [c for c in culprits(truth) if c.get("pool")]
+    if not pooled:
+        return []
+    with open_scenario_store(scenario) as store:
+        inputs = RcaInputs.load(store)
+    report = analyze_inputs(inputs)
+    out = []
+    for cause in pooled:
+        found = match(report.diagnoses, cause)
+        top = found.causes[0] if found is not None and found.causes else None
+        named = None if top is None else _named_pool(top)
+        out.append({"scenario": truth["scenario"], "pool": cause["pool"], "named": named,
+                    "top": None if top is None else top.label(), "ok": named == cause["pool"]})
+    return out
+
+
+def _rca(bank: str | Path) -> dict[str, Any]:
+    from infertrace.evaluation.rca import BASELINES, accuracy, evaluate_scenario
+
+    results, pools = [], []
+    for scenario in scenario_dirs(bank):
+        truth = load_truth(scenario)
+        if truth.get("family") in PD_RCA_FAMILIES and "rca" in truth.get("tasks", ()):
+            results += evaluate_scenario(scenario)[0]
+            pools += _pools_named(scenario, truth)
+    families = sorted({r.family for r in results})
+
+    def scores(family: str | None) -> dict[str, Any]:
+        mine = [r for r in results if family in (None, r.family)]
+        return {"infertrace": accuracy(r.hit_at for r in mine).to_json(),
+                **{b: accuracy(r.baselines[b] for r in mine).to_json() for b in BASELINES}}
+
+    return {"cases": len(results), **scores(None), "per_family": {f: scores(f) for f in families},
+            "pool_named": {"cases": len(pools), "named": sum(p["ok"] for p in pools), "scenarios": pools},
+            "scenarios": [{"scenario": r.scenario, "family": r.family, "truth": list(r.truth), "top": r.top,
+                           "hit@1": r.hit_at[0], "hit@3": r.hit_at[2]} for r in results]}
 
 
 def evaluate_pd(bank: str | Path) -> dict[str, Any]:
@@ -50,16 +138,64 @@ def evaluate_pd(bank: str | Path) -> dict[str, Any]:
     ok = sum(r["ok"] for r in rows)
     return {"cases": len(rows), "within_tolerance": ok, "tolerance": TOLERANCE,
             "share_within_tolerance": round(ok / len(rows), 4) if rows else None,
+            "median_abs_error": _median_abs([r["relative_error"] for r in rows]),
+            "baselines": {name: {"within_tolerance": sum(r["baselines"][name]["ok"] for r in rows),
+                                 "median_abs_error": _median_abs([r["baselines"][name]["relative_error"]
+                                                                  for r in rows])} for name in NAIVE},
             "not_analysed": [f"{r['scenario']}: {r['why']}" for r in rows if r["why"]],
-            "scenarios": rows}
+            "scenarios": rows, "rca": _rca(bank)}
+
+
+def _median_abs(errors: list[float | None]) -> float | None:
+    known = [abs(e) for e in errors if e is not None]
+    return round(float(median(known)), 4) if known else None
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _error(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
 
 
 def render_pd(section: dict[str, Any]) -> str:
     lines = [f"P/D recommendations: {section['within_tolerance']} of {section['cases']} scenarios quote the GPU "
-             f"prefill host's TTFT p50 within {section['tolerance']:.0%} of the disaggregated simulation"]
+             f"prefill host's TTFT p50 within {section['tolerance']:.0%} of the disaggregated simulation (median "
+             f"|error| {_share(section['median_abs_error'])})"]
+    for name, b in section["baselines"].items():
+        lines.append(f"  baseline {name.replace('_', ' ')}: {b['within_tolerance']} of {section['cases']} within "
+                     f"{section['tolerance']:.0%} (median |error| {_share(b['median_abs_error'])})")
+        if section["cases"] and b["within_tolerance"] >= section["within_tolerance"]:
+            lines.append(f"    (at {section['tolerance']:.0%} this bank does not separate the estimate from this "
+                         f"baseline: compare the median |error|)")
     for r in section["scenarios"]:
+        naive = ", ".join(f"{name.replace('_', ' ')} {_error(b['relative_error'])}"
+                          for name, b in r["baselines"].items())
+        why = f" ({r['why']})" if r["why"] else ""
         lines.append(f"  {r['scenario']}: measured {r['measured_ttft_p50_ms']} ms, quoted {r['quoted_ttft_p50_ms']} ms"
-                     f", error {r['relative_error']}" + (f" ({r['why']})" if r["why"] else ""))
+                     f", error {_error(r['relative_error'])} (baselines: {naive}){why}")
     if not section["cases"]:
         lines.append("  (no scenario of the bank has the pd task: nothing scored)")
+    rca = section["rca"]
+    if not rca["cases"]:
+        lines.append(f"P/D root-cause ranking: no scenario of {', '.join(PD_RCA_FAMILIES)} with the rca task: "
+                     f"nothing scored")
+        return "\n".join(lines)
+    header = ("P/D root-cause ranking", "cases", "AC@1", "AC@3", "Avg@5")
+    rows = [header]
+    for family, scores in [("all P/D families", rca), *rca["per_family"].items()]:
+        for name in scores:
+            if name in ("infertrace", "random", "highest_own_anomaly", "most_models"):
+                a = scores[name]
+                label = "infertrace" if name == "infertrace" else f"  baseline: {name.replace('_', ' ')}"
+                rows.append((f"{family}: {label}" if name == "infertrace" else label, str(a["cases"]),
+                             f"{a['ac@1']:.3f}", f"{a['ac@3']:.3f}", f"{a['avg@5']:.3f}"))
+    width = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(width[i]) if i == 0 else c.rjust(width[i]) for i, c in enumerate(r)) for r in rows]
+    pools = rca["pool_named"]
+    if pools["cases"]:
+        lines.append(f"surges that saturated a pool whose top cause names that pool: {pools['named']}/{pools['cases']}")
+        for p in pools["scenarios"]:
+            lines.append(f"  {p['scenario']}: top {p['top']}, names {p['named'] or 'no pool'} (truth: {p['pool']})")
     return "\n".join(lines)

@@ -422,8 +422,9 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
     """Read/write separation across data centres: the fleet's largest dense model gets a prefill pool in dc1 (a
     70B on 8-GPU machines, TP 8) and a decode pool on large-memory machines (H200) in dc2, the KV over a
     400 Gbit/s fibre link of 200–1000 km (≈ 5 µs/km one way, plus switching); its other models stay colocated.
-    The incident: the link congests (the KV of every request crawls: only the disaggregated model degrades), or a
-    tenant's surge of long prompts saturates the prefill pool."""
+    The incident: the link congests (the KV of every request crawls: only the disaggregated model degrades; root
+    cause the link), or a tenant's surge of long prompts saturates the prefill pool (root cause the tenant's load,
+    with the pool it saturated named in the truth as `pool`)."""
     model = _dense_model(fleet, largest=True)
     km = rng.uniform(200, 1000)
     link = LinkSpec("fibre-dc1-dc2", bandwidth_gb_s=50.0, latency_ms=round(km * 0.005 + 0.2, 2))
@@ -446,7 +447,10 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
         fault = FaultSpec("request_surge", model, onset, length, {
             "tenant": tenant, "rate": round(rng.uniform(2.0, 4.0), 2), "prompt_mean": 12000.0, "prompt_sigma": 0.2,
             "output_mean": 32.0, "output_sigma": 0.3, "max_tokens": 64.0})
-        root = {"kind": "engine", "instances": prefill, "models": [model], "shared": False, "tenant": tenant}
+        # the cause is the tenant's traffic (load, as a traffic surge's truth is in large_fleets.py); the prefill
+        # pool it saturates is where the RCA must say that traffic queued (`pool`, scored by `evaluate --section pd`)
+        root = {"kind": "load", "tenant": tenant, "instances": [], "models": [model], "shared": False,
+                "pool": f"{model} prefill pool", "consequences": prefill}
         details["mode"] = "prefill_pool"
     return _scenario("cross_dc_read_write", name, seed, duration_s, fleet, ("rca", "ttft"), root, fault,
                      details=details)
