@@ -37,7 +37,9 @@ def _literal(path: Path) -> str:
 
 
 def materialize_relations(store: Store) -> float:
-    """Writes every derived relation of the snapshot as Parquet (unless already there); returns seconds."""
+    """Writes every derived relation of the snapshot as Parquet (unless already there); returns seconds. Each
+    relation is computed once: those that read it (`tokens` reads `steps` and `step_membership`, `requests` reads
+    `request_legs` and `component_calls`) read its written file instead of expanding the spans again."""
     if not store.segments:
         return 0.0
     parent = store.root / RELATIONS_DIR
@@ -49,9 +51,17 @@ def materialize_relations(store: Store) -> float:
     temporary = parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    for name in _relations():
-        store.con.execute(f"COPY (SELECT * FROM {name}) TO {_literal(temporary / f'{name}.parquet')} "
-                          f"(FORMAT parquet, COMPRESSION zstd)")
+    views = dict(store.con.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND view_name IN "
+        "(SELECT unnest($names))", {"names": list(_relations())}).fetchall())
+    try:
+        for name in _relations():  # in dependency order: each later relation reads the files written before it
+            path = _literal(temporary / f"{name}.parquet")
+            store.con.execute(f"COPY (SELECT * FROM {name}) TO {path} (FORMAT parquet, COMPRESSION zstd)")
+            store.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path})")
+    finally:  # the views as they were (`attach` points them at the files once they are in place)
+        for sql in views.values():
+            store.con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
     (temporary / "done").write_text("")
     try:
         temporary.rename(final)

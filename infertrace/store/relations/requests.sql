@@ -43,42 +43,47 @@
 -- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
 -- otherwise legs are matched on (trace, request id).
 WITH
-trace_legs AS MATERIALIZED (
+-- Per trace: its legs of each declared role and its first leg by arrival. Groupings over the legs' keys, not
+-- windows over their whole rows (a window over tens of thousands of one-leg traces costs several times as much).
+per_trace AS (
     SELECT
-        l.*,
-        count(*) OVER t AS trace_legs,
-        count(*) FILTER (WHERE l.role = 'prefill') OVER t AS declared_prefills,
-        count(*) FILTER (WHERE l.role = 'decode') OVER t AS declared_decodes,
-        count(*) FILTER (WHERE l.role = 'colocated') OVER t AS declared_colocated,
-        row_number() OVER o AS position,
-        first_value(l.output_tokens) OVER o AS first_output,
-        first_value(l.finish_ns) OVER o AS first_finish_ns,
-        last_value(l.arrival_ns) OVER t_all AS last_arrival_ns
-    FROM request_legs l
-    WINDOW t AS (PARTITION BY l.trace_id),
-           o AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id),
-           t_all AS (PARTITION BY l.trace_id ORDER BY l.arrival_ns, l.span_id
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+        trace_id,
+        count(*) AS trace_legs,
+        count(*) FILTER (WHERE role = 'prefill') AS declared_prefills,
+        count(*) FILTER (WHERE role = 'decode') AS declared_decodes,
+        count(*) FILTER (WHERE role = 'colocated') AS declared_colocated,
+        arg_min(span_id, (arrival_ns, span_id)) AS first_span_id,
+        arg_min_null(output_tokens, (arrival_ns, span_id)) AS first_output,
+        arg_min_null(finish_ns, (arrival_ns, span_id)) AS first_finish_ns,
+        max(arrival_ns) AS last_arrival_ns
+    FROM request_legs
+    GROUP BY trace_id
 ),
 -- A trace of exactly two legs whose engines declare no role (vLLM's `llm_request` spans behind a P/D proxy): the
 -- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
 -- prefill request with max_tokens 1, then the decode request).
 paired AS (
-    SELECT *,
-           trace_legs = 2 AND declared_colocated = 2 AND first_output = 1 AND first_finish_ns <= last_arrival_ns
-               AS roles_inferred
-    FROM trace_legs
+    SELECT l.trace_id, l.span_id, l.request_id, l.role, l.arrival_ns, l.preemptions, l.status_code, l.outcome,
+           p.declared_prefills, p.declared_decodes, p.declared_colocated,
+           l.span_id = p.first_span_id AS first_leg,
+           p.trace_legs = 2 AND p.declared_colocated = 2 AND p.first_output = 1
+               AND p.first_finish_ns <= p.last_arrival_ns AS roles_inferred
+    FROM request_legs l
+    JOIN per_trace p ON p.trace_id = l.trace_id
 ),
 keyed AS (
-    SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE position WHEN 1 THEN 'prefill' ELSE 'decode' END
+    SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE WHEN first_leg THEN 'prefill' ELSE 'decode' END
                            ELSE role END AS role),
            CASE WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
                 THEN trace_id ELSE trace_id || '/' || request_id END AS request_key
     FROM paired
 ),
+-- per request: its legs, and which of them is the leg whose tokens the client receives (the decode leg, else the
+-- only or latest leg) and the leg it entered the engines by (the prefill leg, else the only or earliest leg)
 counts AS (
     SELECT
         request_key,
+        any_value(trace_id) AS trace_id,
         count(*) AS legs,
         count(*) FILTER (WHERE role = 'prefill') AS prefills,
         count(*) FILTER (WHERE role = 'decode') AS decodes,
@@ -86,25 +91,29 @@ counts AS (
         bool_or(roles_inferred) AS roles_inferred,
         sum(preemptions)::BIGINT AS all_preemptions,
         max(status_code) AS all_status_code,
-        bool_or(outcome = 'error') AS any_error
+        bool_or(outcome = 'error') AS any_error,
+        arg_min(span_id, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_span_id,
+        arg_min(role, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_role,
+        arg_min(span_id, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_span_id,
+        arg_min(role, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_role
     FROM keyed
     GROUP BY request_key
 ),
--- the leg whose tokens the client receives: the decode leg, else the only (or latest) leg; a prefill leg's one
--- token never reaches the client, so a request with only a prefill leg has no first token nor output
+-- a prefill leg's one token never reaches the client, so a request with only a prefill leg has no first token
+-- nor output
 out_leg AS (
-    SELECT * REPLACE (CASE WHEN role <> 'prefill' THEN first_token_ns END AS first_token_ns,
-                      CASE WHEN role <> 'prefill' THEN decode_ns END AS decode_ns,
-                      CASE WHEN role <> 'prefill' THEN output_tokens END AS output_tokens)
-    FROM keyed
-    QUALIFY row_number() OVER (PARTITION BY request_key
-                               ORDER BY role = 'decode' DESC, role = 'colocated' DESC, arrival_ns DESC, span_id) = 1
+    SELECT c.request_key,
+           l.* REPLACE (c.out_role AS role,
+                        CASE WHEN c.out_role <> 'prefill' THEN l.first_token_ns END AS first_token_ns,
+                        CASE WHEN c.out_role <> 'prefill' THEN l.decode_ns END AS decode_ns,
+                        CASE WHEN c.out_role <> 'prefill' THEN l.output_tokens END AS output_tokens)
+    FROM counts c
+    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.out_span_id
 ),
--- the leg the request entered the engines by: the prefill leg, else the only (or earliest) leg
 in_leg AS (
-    SELECT * FROM keyed
-    QUALIFY row_number() OVER (PARTITION BY request_key
-                               ORDER BY role = 'prefill' DESC, role = 'colocated' DESC, arrival_ns, span_id) = 1
+    SELECT c.request_key, l.* REPLACE (c.in_role AS role)
+    FROM counts c
+    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.in_span_id
 ),
 calls AS MATERIALIZED (
     SELECT component, trace_id, request_id, start_ns, kv_link, kv_bytes
