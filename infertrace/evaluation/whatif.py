@@ -12,6 +12,10 @@ whatif.json's `captured` settings (as `infertrace replay --captured`), calibrate
 and decode times, and is held to 15% everywhere; the baseline is compared on what such a capture holds (TTFT; ITL
 only where the store has per-token times).
 
+A variant the replay itself says it cannot predict from the capture (`compare.variant_caveat`: e.g. another
+tensor-parallel degree from request timings alone) is scored all the same and counted as flagged, so the figures
+show both what it predicted and that it said not to trust it.
+
 The replayer is passed in (`infertrace evaluate` gives the reference engine's): the toolkit never imports the
 engine.
 """
