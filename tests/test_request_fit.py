@@ -57,3 +57,20 @@ def test_a_disaggregated_requests_decode_run_is_on_its_decode_worker() -> None:
         assert not set(decode) & set(recorder.prefill_run(r.request_id))
         # first token to last: the KV transfer, then the decode worker's steps
         assert seconds[decode].sum() * 1e9 < e2e - ttft
+
+
+def test_an_inferred_prefix_is_also_given_to_the_earlier_request_that_computed_it() -> None:
+    """A prefix's first hit hit because an earlier request put it in the cache: the replay must have that request
+    compute it, else the hit becomes a miss (the first of every inferred group was replayed as a miss)."""
+    from reference_engine.compute.request_fit import _with_sources
+
+    requests = [ReplayRequest("a0", 0, "a", 2000, 10, 10), ReplayRequest("b0", 1, "b", 2000, 10, 10),
+                ReplayRequest("a1", 2, "a", 300, 10, 10), ReplayRequest("a2", 3, "a", 2100, 10, 10),
+                ReplayRequest("a3", 4, "a", 2200, 10, 10), ReplayRequest("a4", 5, "a", 2300, 10, 10)]
+    hits = {"a3": ("p-a-1024", 1024), "a4": ("p-a-1024", 1024)}
+    out = _with_sources(requests, hits)
+    # the tenant's latest earlier request without a hit whose prompt holds the prefix (a1's is too short; b0 is
+    # another tenant's)
+    assert out == {**hits, "a2": ("p-a-1024", 1024)}
+    assert _with_sources(requests[:1] + requests[3:4], {"a2": ("p", 1024)}) == {"a0": ("p", 1024), "a2": ("p", 1024)}
+    assert _with_sources([requests[3]], {"a2": ("p", 1024)}) == {"a2": ("p", 1024)}  # no earlier request: stays

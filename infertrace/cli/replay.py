@@ -56,8 +56,10 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
         what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
                 "steps rebuilt by replaying the capture)")
         if prefixes:
-            what += (f"; {len(prefixes)} requests prefilled faster than their whole prompt and are replayed with "
-                     "the shared prefix that explains it (the spans carry no cached-token count)")
+            groups = len({prefix for prefix, _ in prefixes.values()})
+            what += (f"; {len(prefixes)} requests are replayed sharing {groups} prefixes inferred from prefills faster "
+                     "than their whole prompt, each with the earlier request that computed it where there is one (the "
+                     "spans carry no cached-token count)")
             capture = replace(capture, requests=tuple(
                 replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
                 if r.request_id in prefixes else r for r in capture.requests))

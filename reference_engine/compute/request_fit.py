@@ -17,7 +17,9 @@ prefilled clearly faster than its whole prompt costs in the fitted replay (under
 shared prefix that explains it, its length read off its own prefill steps (the latest steps that fit in the measured
 time, the boundary step's share of its chunk by its marginal cost), rounded to a quarter of its power of two and
 shared with the tenant's requests of the same inferred length (the same rounding groups one system prompt's
-requests). After the first fit only; later fits run with the inferred prefixes.
+requests). Each such prefix is also given to the tenant's latest earlier request that showed no hit and whose prompt
+holds it: the request that put it in the cache (else the prefix's first hit would miss in the replay). After the first
+fit only; later fits run with the inferred prefixes.
 """
 
 from __future__ import annotations
@@ -152,6 +154,27 @@ def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecord
         tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
         if tokens >= BLOCK:
             out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
+    return _with_sources(requests, out)
+
+
+def _with_sources(requests: Sequence[CapturedRequest],
+                  hits: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The inferred hits, and for each shared prefix the request that computed it: some earlier request put it in
+    the cache, else the first hit of it could not have hit, but it is not in the telemetry. Taken as the tenant's
+    latest earlier request that showed no hit and whose prompt holds the prefix (no system prompt, no shared prefix of
+    its own); without one, the prefix's first hit stays a miss in the replay."""
+    out = dict(hits)
+    first: dict[str, CapturedRequest] = {}
+    for r in sorted((r for r in requests if r.request_id in hits), key=lambda r: (r.arrival_ns, r.request_id)):
+        first.setdefault(hits[r.request_id][0], r)
+    ordered = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
+    for prefix, hit in first.items():
+        tokens = hits[hit.request_id][1]
+        source = next((r for r in reversed(ordered) if r.arrival_ns < hit.arrival_ns and r.tenant == hit.tenant
+                       and r.request_id not in out and not r.system_prompt_id and not r.shared_prefix_id
+                       and r.input_tokens - r.assistant_prefill_tokens - 1 >= tokens), None)
+        if source is not None:
+            out[source.request_id] = (prefix, tokens)
     return out
 
 
