@@ -12,6 +12,7 @@ shared by several requests is a prefix the prefix cache can share.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -158,40 +159,68 @@ StepShape = tuple[tuple[tuple[int, int], ...], int, int, int]
 
 
 class StepRecorder:
-    """Every step of a replay (all engines, one numbering) and which requests it computed: the steps that
-    computed a request's prompt, and those in which it decoded (a decode worker's recomputed token included)."""
+    """Every step of a replay (all engines, one numbering) and what each request's measured times cover: the steps
+    that computed its prompt (with its place among the step's chunks), and, per phase, every step of its engine
+    from the phase's start to its end. A request's time in prefill (first scheduled to first token) and in decode
+    (first token to last) are wall-clock spans: they include the steps it sat out (a prefill-first engine's
+    prefill-only steps stall its decodes; a chunk that found the budget spent waits a step), so a fit to them must
+    count those steps too."""
 
     def __init__(self) -> None:
         self.steps: list[StepShape] = []
         self.prefill_steps: dict[str, list[tuple[int, int]]] = {}  # (step, the request's place in its chunks)
-        self.decode_steps: dict[str, list[range]] = {}
+        self._engine_steps: dict[str, list[int]] = {}  # engine -> its steps, in order
+        self._prefill: dict[str, tuple[str, int, int | None]] = {}  # (engine, first step, first-token step)
+        self._decode: dict[str, tuple[str, int, int]] = {}  # (engine, first step after its first token, last step)
 
-    def on_step(self, role: str, report: StepReport) -> None:
+    def on_step(self, role: str, report: StepReport, engine: str = "") -> None:
         facts = step_facts(report)
         first, decodes = len(self.steps), len(facts.decode_ids)
         if facts.prefills:
             chunks = tuple((n, before) for _, n, before, _ in facts.prefills)
             self.steps.append((chunks, decodes, facts.decode_context_tokens,
                                decodes + sum(samples for *_, samples in facts.prefills)))
-            into = self.decode_steps if role == "decode_worker" else None
-            for place, (rid, *_) in enumerate(facts.prefills):
-                if into is None:
-                    self.prefill_steps.setdefault(rid, []).append((first, place))
-                else:
-                    into.setdefault(rid, []).append(range(first, first + 1))
+            for place, (rid, _, _, done) in enumerate(facts.prefills):
+                if role == "decode_worker":  # its one recomputed token opens the request's decode here
+                    if self._decode.get(rid, ("",))[0] != engine:
+                        self._decode[rid] = (engine, first, first)
+                    continue
+                self.prefill_steps.setdefault(rid, []).append((first, place))
+                start = self._prefill.setdefault(rid, (engine, first, None))
+                if done and start[2] is None:
+                    self._prefill[rid] = (engine, start[1], first)
+                    self._decode.setdefault(rid, (engine, first + 1, first))
         else:
             self.steps += [((), decodes, facts.decode_context_tokens + k * decodes, decodes)
                            for k in range(len(facts.durations))]
-        steps = range(first, len(self.steps))
+        last = len(self.steps) - 1
+        self._engine_steps.setdefault(engine, []).extend(range(first, last + 1))
         for rid in facts.decode_ids:
-            self.decode_steps.setdefault(rid, []).append(steps)
+            engine_of, start, _ = self._decode.get(rid, (engine, first, first))
+            self._decode[rid] = (engine_of, start, last)
+
+    def _span(self, engine: str, first: int, last: int) -> list[int]:
+        steps = self._engine_steps.get(engine, [])
+        return steps[bisect_left(steps, first):bisect_right(steps, last)]
+
+    def prefill_run(self, request_id: str) -> list[int]:
+        """Every step of the request's engine from its first scheduling to its first token (empty: none)."""
+        if (span := self._prefill.get(request_id)) is None or span[2] is None:
+            return []
+        return self._span(*span)  # type: ignore[arg-type]
+
+    def decode_run(self, request_id: str) -> list[int]:
+        """Every step of the engine that decoded the request after its first token, to its last token."""
+        span = self._decode.get(request_id)
+        return self._span(*span) if span is not None else []
 
 
 class _Observer:
     """Per engine: token gaps (SimulationStats), KV use; per request: first token and finish."""
 
-    def __init__(self, role: str, engine: LLMEngine, run: _Collector, recorder: StepRecorder | None) -> None:
-        self.role, self.engine, self.run, self.recorder = role, engine, run, recorder
+    def __init__(self, instance: str, role: str, engine: LLMEngine, run: _Collector,
+                 recorder: StepRecorder | None) -> None:
+        self.instance, self.role, self.engine, self.run, self.recorder = instance, role, engine, run, recorder
         self.stats = SimulationStats()
         run.stats.append(self.stats)
 
@@ -200,7 +229,7 @@ class _Observer:
         if report.kv_total_blocks:
             self.run.kv.append(report.kv_used_blocks / report.kv_total_blocks)
         if self.recorder is not None:
-            self.recorder.on_step(self.role, report)
+            self.recorder.on_step(self.role, report, self.instance)
 
     def on_finish(self, seq: Sequence) -> None:
         self.stats.on_finish(seq)
@@ -244,7 +273,7 @@ def replay(requests: list[CapturedRequest], deployment: Deployment, seed: int = 
     collector = _Collector()
 
     def observe(instance: str, engine: LLMEngine) -> list[_Observer]:
-        return [_Observer(roles[instance], engine, collector, recorder)]
+        return [_Observer(instance, roles[instance], engine, collector, recorder)]
 
     engine_reqs = engine_requests(requests, deployment.model)
     arrival = {r.request_id: r.arrival_ns for r in requests}  # at the engine, as captured

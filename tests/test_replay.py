@@ -244,3 +244,30 @@ def test_a_vllm_capture_without_step_spans_is_calibrated_on_request_timings_and_
         assert calibrated < uncalibrated, row
         # the prediction of B is scored on B's own spans, per-token ITL included
         assert row["actual"]["itl_p99_ms"] is not None and row["predicted"]["itl_p99_ms"] is not None
+
+
+def test_a_tp_or_hardware_variant_of_a_capture_calibrated_on_request_timings_says_it_is_not_trustworthy() -> None:
+    """Request sums show a step's fixed time (overhead plus weight reads) only as a total, and one degree shows no
+    all-reduce: the replay says so for such a variant instead of printing a confident number."""
+    import numpy as np
+
+    from infertrace.replay.capture import Capture, Distribution, ReplayRequest
+    from infertrace.replay.compare import Variant, build, render_text, variant_caveat
+    from infertrace.replay.deployment import Deployment
+
+    ttft = np.array([10_000_000, 20_000_000])
+    d = Distribution.from_arrays(ttft, np.zeros(0, np.int64), ttft * 10, 20, 10**9, None, None, 0)
+    base = Deployment("llama-3-70b", tensor_parallel=4)
+    request_spans = Capture("llama-3-70b", None, None, (ReplayRequest("r", 0, "t", 100, 10, 10),), base, d, {},
+                            False, "flags")
+    step_spans = replace(request_spans, has_step_spans=True)
+    tp8, chunk = replace(base, tensor_parallel=8), replace(base, max_num_batched_tokens=512)
+    caveat = variant_caveat(request_spans, tp8, calibrated=True)
+    assert caveat is not None and caveat.startswith("not trustworthy: TP 4 → 8") and "all-reduce" in caveat
+    assert "not trustworthy" in (variant_caveat(request_spans, replace(base, hardware="A100-SXM"), True) or "")
+    assert variant_caveat(request_spans, chunk, calibrated=True) is None
+    assert variant_caveat(step_spans, tp8, calibrated=True) is None
+    baseline = Variant("baseline", base.as_dict(), base.label(), d, 0.0)
+    text = render_text(build(request_spans, baseline, [Variant("tp=8", tp8.as_dict(), tp8.label(), d, 0.0, caveat)],
+                             True))
+    assert "tp=8: " in text and "not trustworthy: TP 4 → 8" in text

@@ -54,6 +54,9 @@ names = [v["name"] for v in doc["variants"]]
 chosen = st.multiselect("Variants", names, default=names, key="whatif_variants")
 rows = [("captured", doc["observed"]), ("baseline replay", doc["baseline"]["predicted"])]
 rows += [(v["name"], v["predicted"]) for v in doc["variants"] if v["name"] in chosen]
+for v in doc["variants"]:
+    if v["name"] in chosen and v.get("untrustworthy"):
+        st.warning(f"{v['name']}: {v['untrustworthy']}")
 
 table = pd.DataFrame([{"config": name, **{label: d[key] for label, key in COLUMNS},
                        "output tok/s": d["output_tokens_per_s"], "KV peak": d["kv_peak"],

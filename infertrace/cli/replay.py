@@ -31,10 +31,12 @@ def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deploym
                                     (run.kv_mean, run.kv_peak) if run.steps else None, run.preemptions, run.rejected)
 
 
-def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Variant:
+def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0,
+                untrustworthy: str | None = None) -> Variant:
     start = time.perf_counter()
     predicted = replay_distribution(requests, deployment, seed)
-    return Variant(name, deployment.as_dict(), deployment.label(), predicted, time.perf_counter() - start)
+    return Variant(name, deployment.as_dict(), deployment.label(), predicted, time.perf_counter() - start,
+                   untrustworthy)
 
 
 def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
@@ -54,8 +56,10 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
         what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
                 "steps rebuilt by replaying the capture)")
         if prefixes:
-            what += (f"; {len(prefixes)} requests prefilled faster than their whole prompt and are replayed with "
-                     "the shared prefix that explains it (the spans carry no cached-token count)")
+            groups = len({prefix for prefix, _ in prefixes.values()})
+            what += (f"; {len(prefixes)} requests are replayed sharing {groups} prefixes inferred from prefills faster "
+                     "than their whole prompt, each with the earlier request that computed it where there is one (the "
+                     "spans carry no cached-token count)")
             capture = replace(capture, requests=tuple(
                 replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
                 if r.request_id in prefixes else r for r in capture.requests))
@@ -67,10 +71,11 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
 
 def what_if(capture: Capture, variants: list[tuple[str, Deployment]], calibrated: bool, seed: int = 0) -> WhatIf:
     """The baseline replay and each variant's, compared with the capture."""
-    from infertrace.replay.compare import build
+    from infertrace.replay.compare import build, variant_caveat
 
     baseline = run_variant("baseline", capture.requests, capture.deployment, seed)
-    return build(capture, baseline, [run_variant(n, capture.requests, d, seed) for n, d in variants], calibrated)
+    return build(capture, baseline, [run_variant(n, capture.requests, d, seed, variant_caveat(capture, d, calibrated))
+                                     for n, d in variants], calibrated)
 
 
 def _cost_params(path: Path) -> dict[str, float]:

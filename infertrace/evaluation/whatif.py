@@ -12,6 +12,10 @@ whatif.json's `captured` settings (as `infertrace replay --captured`), calibrate
 and decode times, and is held to 15% everywhere; the baseline is compared on what such a capture holds (TTFT; ITL
 only where the store has per-token times).
 
+A variant the replay itself says it cannot predict from the capture (`compare.variant_caveat`: e.g. another
+tensor-parallel degree from request timings alone) is scored all the same and counted as flagged, so the figures
+show both what it predicted and that it said not to trust it.
+
 The replayer is passed in (`infertrace evaluate` gives the reference engine's): the toolkit never imports the
 engine.
 """
@@ -26,7 +30,7 @@ from typing import Any
 
 from infertrace.evaluation import open_ingested_store
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, read_capture
-from infertrace.replay.compare import relative_error
+from infertrace.replay.compare import relative_error, variant_caveat
 from infertrace.replay.deployment import Deployment, apply_settings, parse_setting
 from infertrace.store.store import Store
 
@@ -95,6 +99,7 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
     compared = tuple(m for m in METRICS if getattr(capture.observed, m) is not None)
     baseline_ok = _within(baseline, capture.observed, dict.fromkeys(METRICS, baseline_tolerance), compared)
     variant_ok = _within(predicted, actual, {m: p50 if "p50" in m else p99 for m in METRICS})
+    caveat = variant_caveat(capture, variant, calibration is not None)
     return {"scenario": scenario.name, "knob": spec["knob"], "model": model, "settings": spec["settings"],
             "capture_telemetry": telemetry, "baseline_compared_on": list(compared),
             "tolerance": {"baseline": baseline_tolerance, "p50": p50, "p99": p99},
@@ -102,7 +107,8 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
             "baseline": {m: getattr(baseline, m) for m in METRICS}, "actual": {m: getattr(actual, m) for m in METRICS},
             "predicted": {m: getattr(predicted, m) for m in METRICS},
             "baseline_error": _errors(baseline, capture.observed), "prediction_error": _errors(predicted, actual),
-            "baseline_ok": baseline_ok, "prediction_ok": variant_ok, "calibrated": calibration is not None,
+            "baseline_ok": baseline_ok, "prediction_ok": variant_ok, "untrustworthy": caveat,
+            "calibrated": calibration is not None,
             "calibration": calibration, "uncalibrated_baseline_error": uncalibrated, "notes": list(capture.notes)}
 
 
@@ -119,8 +125,9 @@ def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None =
 
     knobs: dict[str, dict[str, int]] = {}
     for r in rows:
-        k = knobs.setdefault(r["knob"], {"scenarios": 0, "prediction_ok": 0, "baseline_ok": 0})
+        k = knobs.setdefault(r["knob"], {"scenarios": 0, "prediction_ok": 0, "baseline_ok": 0, "flagged": 0})
         k["scenarios"] += 1
+        k["flagged"] += r.get("untrustworthy") is not None
         k["prediction_ok"] += r["prediction_ok"]
         k["baseline_ok"] += r["baseline_ok"]
     return {"scenarios": len(rows), "calibrated": sum(r["calibrated"] for r in rows),
@@ -129,6 +136,8 @@ def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None =
             if any(r["uncalibrated_baseline_error"] for r in rows) else None,
             "baseline_ok": sum(r["baseline_ok"] for r in rows),
             "prediction_ok": sum(r["prediction_ok"] for r in rows),
+            # variants the replay itself says it cannot predict (`Variant.untrustworthy`), met or not
+            "flagged_untrustworthy": sum(r.get("untrustworthy") is not None for r in rows),
             "worst_baseline_error": {m: worst("baseline_error", m) for m in METRICS},
             "worst_prediction_error": {m: worst("prediction_error", m) for m in METRICS},
             "criteria": {**(rows[0]["tolerance"] if all(r["tolerance"] == rows[0]["tolerance"] for r in rows)
@@ -158,11 +167,13 @@ def render_whatif(section: dict[str, Any]) -> str:
                 + f"   ({section['calibrated']} scenarios with hidden engine costs, replayed calibrated)"]
                if section.get("worst_uncalibrated_baseline_error") else []),
              "  per knob: " + ", ".join(f"{k} {v['prediction_ok']}/{v['scenarios']}"
+                                        + (f" ({v['flagged']} flagged not trustworthy)" if v.get("flagged") else "")
                                         for k, v in sorted(section["per_knob"].items()))]
     for r in section["per_scenario"]:
         if not (r["prediction_ok"] and r["baseline_ok"]):
             lines.append(f"  missed: {r['scenario']} ({' '.join(r['settings'])}): baseline "
                          + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["baseline_error"].items())
                          + "; prediction "
-                         + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["prediction_error"].items()))
+                         + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["prediction_error"].items())
+                         + (" — the replay says: " + r["untrustworthy"] if r.get("untrustworthy") else ""))
     return "\n".join(lines)

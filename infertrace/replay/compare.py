@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from infertrace.replay.capture import QUANTILES, Capture, Distribution
+from infertrace.replay.deployment import Deployment
 
 # The baseline replay is trustworthy when each of these is within TRUST_TOLERANCE of the capture (relative), or
 # within TRUST_FLOOR_MS of it (sub-millisecond differences of sub-millisecond latencies mean nothing).
@@ -23,6 +24,8 @@ class Variant:
     label: str
     predicted: Distribution
     wall_s: float  # time the replay took
+    # why this variant's figures are not a prediction to act on (what the capture cannot tell), None: no reason known
+    untrustworthy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,31 @@ class Trust:
                 f"{self.worst_metric.removesuffix('_ms').replace('_', ' ')} (tolerance {TRUST_TOLERANCE:.0%}; "
                 f"{checked}). Calibrate the cost model to these engines (infertrace calibrate) or check the "
                 "captured config before acting on the variants.")
+
+
+def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> str | None:
+    """Why a variant cannot be predicted from this capture, whatever the baseline's match, or None.
+
+    A capture with request timings only (no step spans, e.g. vLLM's `llm_request` spans) and a calibration to them:
+    every measured time is a sum over many steps, in which the step's fixed part (scheduling and launch overhead,
+    and at small batches the weight reads) shows only as a total. Another tensor-parallel degree divides the weight
+    reads but not the overhead, and adds all-reduces whose cost one degree cannot show (the interconnect's model
+    stands in); other hardware changes every efficiency. The split the fit chose is one of many that match the
+    capture equally well, so such a variant's numbers are an extrapolation."""
+    base = capture.deployment
+    if capture.has_step_spans or not calibrated:
+        return None
+    if variant.tensor_parallel != base.tensor_parallel:
+        return (f"not trustworthy: TP {base.tensor_parallel} → {variant.tensor_parallel} from request timings "
+                f"alone: a capture of one degree shows each step's fixed time (overhead plus weight reads, the "
+                f"latter divided by the degree) only as a sum, and no all-reduce at TP {variant.tensor_parallel} "
+                f"(the interconnect's model stands in); engine step spans or a calibration table with both degrees "
+                f"(infertrace calibrate --table) would measure them")
+    if variant.hardware != base.hardware or (variant.decode_hardware or variant.hardware) != (
+            base.decode_hardware or base.hardware):
+        return (f"not trustworthy: other hardware from request timings of {base.hardware}: the fitted efficiencies "
+                "are this hardware's; calibrate on the other (infertrace calibrate --table)")
+    return None
 
 
 def relative_error(predicted: float | None, observed: float | None) -> float | None:
@@ -143,6 +171,6 @@ def render_text(result: WhatIf) -> str:
     lines += ["", "Latencies in ms (p50/p99 over requests for TTFT and E2E, over tokens for ITL).",
               result.trust.sentence()]
     for v in result.variants:
-        lines.append(f"  {v.name}: {v.label}")
+        lines.append(f"  {v.name}: {v.label}" + (f" — {v.untrustworthy}" if v.untrustworthy else ""))
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines) + "\n"

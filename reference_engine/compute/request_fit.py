@@ -1,8 +1,10 @@
 """Fit the cost model to per-request timings alone, for telemetry without engine steps (vLLM's `llm_request`
 spans: each request's time in model prefill, and its first and last token).
 
-A request's prefill time is the sum of the steps that computed its prompt; its decode time the sum of the steps
-it decoded in. Which steps those were is not in the telemetry, but the captured requests replayed on the captured
+A request's prefill time (first scheduled to first token) is the sum of its engine's steps over that span, the
+ones that computed its prompt and any a chunk of it sat out; its decode time (first token to last) the sum of the
+steps after its first token to its last, those that stalled it included (a prefill-first engine's prefill-only
+steps). Which steps those were is not in the telemetry, but the captured requests replayed on the captured
 deployment rebuild them: the scheduler decides a step's members from arrivals and lengths, and step times only
 shift that a little. So: replay and record every step's shape and each request's steps
 (`reference_engine.replay.StepRecorder`), fit the cost parameters so that each request's summed step times match
@@ -15,7 +17,9 @@ prefilled clearly faster than its whole prompt costs in the fitted replay (under
 shared prefix that explains it, its length read off its own prefill steps (the latest steps that fit in the measured
 time, the boundary step's share of its chunk by its marginal cost), rounded to a quarter of its power of two and
 shared with the tenant's requests of the same inferred length (the same rounding groups one system prompt's
-requests). After the first fit only; later fits run with the inferred prefixes.
+requests). Each such prefix is also given to the tenant's latest earlier request that showed no hit and whose prompt
+holds it: the request that put it in the cache (else the prefix's first hit would miss in the replay). After the first
+fit only; later fits run with the inferred prefixes.
 """
 
 from __future__ import annotations
@@ -51,13 +55,12 @@ class RequestFit:
 
 def _runs(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]]
           ) -> tuple[csr_matrix, np.ndarray, np.ndarray]:
-    """(runs × steps 0/1 matrix, measured seconds per run, phase per run)."""
+    """(runs × steps 0/1 matrix, measured seconds per run, phase per run): a run is every step of the request's
+    engine its measured time spans (`StepRecorder.prefill_run`, `decode_run`), those it sat out included."""
     rows, cols, seconds, phases = [], [], [], []
     for rid, (prefill_ns, decode_ns) in measured.items():
-        prefill = [i for i, _ in recorder.prefill_steps.get(rid, [])]
-        for phase, ns, steps in (("prefill", prefill_ns, [prefill]),
-                                 ("decode", decode_ns, recorder.decode_steps.get(rid, []))):
-            members = [i for part in steps for i in part]
+        for phase, ns, members in (("prefill", prefill_ns, recorder.prefill_run(rid)),
+                                   ("decode", decode_ns, recorder.decode_run(rid))):
             if not ns or ns <= 0 or not members:
                 continue
             rows += [len(seconds)] * len(members)
@@ -106,22 +109,25 @@ def _fit(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | 
     return {k: v for k, v in asdict(params).items() if v is not None}
 
 
-def _computed_tokens(steps: list[tuple[int, int]], recorder: StepRecorder, seconds: np.ndarray,
+def _computed_tokens(run: list[int], own: dict[int, int], recorder: StepRecorder, seconds: np.ndarray,
                      model: StepCostModel, measured_s: float) -> float:
-    """How many of the request's replayed prefill tokens its measured prefill time holds: its latest steps that
-    fit in it, and of the boundary step the share of its chunk that the time left pays for at its marginal cost."""
+    """How many of the request's replayed prefill tokens its measured prefill time holds: walking back from its
+    first token over the steps its prefill spans (`own`: step -> the request's place among the step's chunks), the
+    latest that fit in it, and of the boundary step, if one of its own, the share of its chunk that the time left
+    pays for at its marginal cost."""
     computed, elapsed = 0.0, 0.0
-    for i, place in reversed(steps):
+    for i in reversed(run):
         chunks, decodes, ctx, sampled = recorder.steps[i]
-        own = chunks[place][0]
+        place = own.get(i)
         if elapsed + seconds[i] <= measured_s:
-            computed += own
+            computed += chunks[place][0] if place is not None else 0
             elapsed += seconds[i]
             continue
-        others = [c for k, c in enumerate(chunks) if k != place]
-        without = model.step_seconds(others, decodes, ctx, max(sampled - 1, decodes))
-        marginal = max(seconds[i] - without, 1e-9)
-        computed += own * min(max((measured_s - elapsed - without) / marginal, 0.0), 1.0)
+        if place is not None:
+            others = [c for k, c in enumerate(chunks) if k != place]
+            without = model.step_seconds(others, decodes, ctx, max(sampled - 1, decodes))
+            marginal = max(seconds[i] - without, 1e-9)
+            computed += chunks[place][0] * min(max((measured_s - elapsed - without) / marginal, 0.0), 1.0)
         break
     return computed
 
@@ -133,20 +139,42 @@ def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecord
     out: dict[str, tuple[str, int]] = {}
     for r in requests:
         prefill_ns = measured.get(r.request_id, (None, None))[0]
-        steps = recorder.prefill_steps.get(r.request_id)
-        if not prefill_ns or not steps or r.system_prompt_id or r.shared_prefix_id:
+        run = recorder.prefill_run(r.request_id)
+        if not prefill_ns or not run or r.system_prompt_id or r.shared_prefix_id:
             continue
-        replayed = float(sum(seconds[i] for i, _ in steps))
+        replayed = float(seconds[run].sum())
         if prefill_ns / 1e9 >= HIT_EVIDENCE * replayed:
             continue
-        total = sum(recorder.steps[i][0][place][0] for i, place in steps)
-        cached = total - _computed_tokens(steps, recorder, seconds, model, prefill_ns / 1e9)
+        own = {i: place for i, place in recorder.prefill_steps.get(r.request_id, []) if i <= run[-1]}
+        total = sum(recorder.steps[i][0][place][0] for i, place in own.items())
+        cached = total - _computed_tokens(run, own, recorder, seconds, model, prefill_ns / 1e9)
         if cached < BLOCK:
             continue
         quantum = max(BLOCK, 2 ** (int(math.log2(cached)) - 2))
         tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
         if tokens >= BLOCK:
             out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
+    return _with_sources(requests, out)
+
+
+def _with_sources(requests: Sequence[CapturedRequest],
+                  hits: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The inferred hits, and for each shared prefix the request that computed it: some earlier request put it in
+    the cache, else the first hit of it could not have hit, but it is not in the telemetry. Taken as the tenant's
+    latest earlier request that showed no hit and whose prompt holds the prefix (no system prompt, no shared prefix of
+    its own); without one, the prefix's first hit stays a miss in the replay."""
+    out = dict(hits)
+    first: dict[str, CapturedRequest] = {}
+    for r in sorted((r for r in requests if r.request_id in hits), key=lambda r: (r.arrival_ns, r.request_id)):
+        first.setdefault(hits[r.request_id][0], r)
+    ordered = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
+    for prefix, hit in first.items():
+        tokens = hits[hit.request_id][1]
+        source = next((r for r in reversed(ordered) if r.arrival_ns < hit.arrival_ns and r.tenant == hit.tenant
+                       and r.request_id not in out and not r.system_prompt_id and not r.shared_prefix_id
+                       and r.input_tokens - r.assistant_prefill_tokens - 1 >= tokens), None)
+        if source is not None:
+            out[source.request_id] = (prefix, tokens)
     return out
 
 
