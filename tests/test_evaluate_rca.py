@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from infertrace.evaluation.rca import accuracy, evaluate_rca, hit_probabilities, render_rca
+from infertrace.analyzers.anomalies import Incident
+from infertrace.analyzers.rca import IncidentDiagnosis
+from infertrace.evaluation.rca import accuracy, evaluate_rca, hit_probabilities, match, render_rca
 
 
 def test_a_true_cause_ranked_second_counts_from_ac_at_2() -> None:
@@ -26,6 +28,21 @@ def test_ties_count_in_expectation() -> None:
 def test_avg_at_5_is_the_mean_of_ac_at_1_to_5() -> None:
     result = accuracy([(0.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0)])
     assert result.ac1 == 0.5 and result.ac3 == 1.0 and result.avg5 == pytest.approx(0.9)
+
+
+def _diagnosis(k: int, onset_s: float, end_s: float, models: tuple[str, ...], anomalous: int) -> IncidentDiagnosis:
+    incident = Incident(k, int(onset_s * 1e9), int(end_s * 1e9), models, (), (), (), 1.0)
+    return IncidentDiagnosis(incident, (incident.onset_ns, incident.end_ns), anomalous, anomalous, (), None)
+
+
+def test_a_culprit_is_matched_to_the_part_covering_its_fault_when_two_parts_share_as_many_of_its_models() -> None:
+    # 039-overlapping: an auth (76 s to 216 s) and a router (from 210 s) split into two parts of one incident,
+    # each with 4 of the auth's 5 models; the router's part is larger but overlaps the auth's fault for 7 s only
+    auth = {"models": ["a", "b", "c", "d", "e"], "window": {"start_ns": int(76e9), "end_ns": int(216e9)}}
+    routers = _diagnosis(1, 209.0, 380.0, ("a", "b", "c", "d"), 453)
+    auths = _diagnosis(2, 72.0, 380.0, ("b", "c", "d", "e"), 290)
+    assert match([routers, auths], auth) is auths
+    assert match([auths, routers], auth) is auths
 
 
 @pytest.mark.slow

@@ -250,7 +250,8 @@ def culprits(truth: dict[str, Any]) -> list[dict[str, Any]]:
 
 def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
     """The reported incident that is the culprit's: overlapping its window (detection may lag its end), with the
-    most similar set of models (Jaccard), then the most anomalous requests."""
+    most similar set of models (Jaccard), then the longest overlap with the culprit's window (two parts of one
+    detected incident often share most of their models), then the most anomalous requests."""
     window = cause.get("window")
     models = set(cause.get("models", ()))
     best, best_key = None, None
@@ -260,7 +261,9 @@ def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> Inci
         if not overlaps:
             continue
         common = len(models & set(i.models))
-        key = (common / len(models | set(i.models)), d.anomalous_requests)
+        together = 0 if window is None else max(0, min(i.end_ns, window["end_ns"])
+                                                - max(i.onset_ns, window["start_ns"]))
+        key = (common / len(models | set(i.models)), together, d.anomalous_requests)
         if common and (best_key is None or key > best_key):
             best, best_key = d, key
     return best
