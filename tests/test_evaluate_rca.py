@@ -10,7 +10,8 @@ import pytest
 
 from infertrace.analyzers.anomalies import Incident
 from infertrace.analyzers.rca import IncidentDiagnosis
-from infertrace.evaluation.rca import accuracy, evaluate_rca, hit_probabilities, match, render_rca
+from infertrace.analyzers.topology import Node, Topology
+from infertrace.evaluation.rca import accuracy, as_served, evaluate_rca, hit_probabilities, match, render_rca
 
 
 def test_a_true_cause_ranked_second_counts_from_ac_at_2() -> None:
@@ -43,6 +44,18 @@ def test_a_culprit_is_matched_to_the_part_covering_its_fault_when_two_parts_shar
     auths = _diagnosis(2, 72.0, 380.0, ("b", "c", "d", "e"), 290)
     assert match([routers, auths], auth) is auths
     assert match([auths, routers], auth) is auths
+
+
+def test_a_culprit_is_matched_by_the_models_it_served_not_all_it_was_configured_for() -> None:
+    # 065-partial_failure: limit-tenant-d is configured for six models but tenant-d calls two; an auth confounder's
+    # part has five of the six, the limiter's own part the two it served
+    limiter = {"kind": "rate_limiter", "instances": ["limit-tenant-d"], "models": ["a", "b", "c", "d", "e", "f"],
+               "window": {"start_ns": int(239e9), "end_ns": int(405e9)}}
+    topology = Topology((Node("rate_limiter", "limit-tenant-d", ("a", "b"), ("tenant-d",), 300),
+                         Node("auth", "auth-1", ("b", "c", "d", "e"), ("tenant-a", "tenant-d"), 900)), ())
+    confounder = _diagnosis(1, 274.0, 405.0, ("b", "c", "d", "e", "f"), 18)
+    own = _diagnosis(2, 239.0, 405.0, ("a", "b"), 29)
+    assert match([confounder, own], as_served(limiter, topology)) is own
 
 
 @pytest.mark.slow
