@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from infertrace.analyzers.anomalies import (
     DetectionConfig,
     detect_anomalies,
+    detect_in_requests,
     load_requests,
     request_scores,
 )
@@ -92,3 +94,24 @@ def test_a_component_failing_a_few_percent_of_its_calls_is_found_on_its_own_call
     incident = report.incidents[0]
     assert incident.component_anomalies == components
     assert abs(incident.onset_ns - (EPOCH + 200e9)) < 30e9
+
+
+def _ramping_requests(seed: int = 3) -> pd.DataFrame:
+    """One model at 2 requests/s for 15 minutes, its E2E ×2.5 over a ramp from 360 s to 720 s, held to 820 s."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(0.5, 2000))
+    t = t[t < 900.0]
+    ramp = np.clip((t - 360.0) / 360.0, 0.0, 1.0) * np.log(2.5) * (t < 820.0)
+    minute_noise = rng.normal(0.0, 0.08, 16)[(t // 60).astype(int)]
+    e2e = np.exp(np.log(1.0e9) + ramp + minute_noise + rng.normal(0.0, 0.3, len(t)))
+    arrival = EPOCH + (t * 1e9).astype(np.int64)
+    return pd.DataFrame({"arrival_ns": arrival, "end_ns": arrival + e2e.astype(np.int64), "model": "model-x",
+                         "tenant": "tenant-a", "resend_count": None, "ttft_ns": e2e * 0.1, "tpot_ns": e2e / 200,
+                         "e2e_ns": e2e, "failed": False, "rejected": False, "truncated": False})
+
+
+def test_a_slow_ramp_is_detected_though_each_bucket_is_little_above_the_last() -> None:
+    report = detect_in_requests(_ramping_requests())
+    found = report.model_anomalies()
+    assert [a.key for a in found] == ["model-x"]
+    assert 360.0 <= (found[0].onset_ns - EPOCH) / 1e9 <= 540.0  # in the first half of the ramp

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infertrace.evaluation.rca import accuracy, evaluate_rca, hit_probabilities, render_rca
+from infertrace.analyzers.anomalies import Incident
+from infertrace.analyzers.rca import IncidentDiagnosis
+from infertrace.analyzers.topology import Node, Topology
+from infertrace.evaluation.rca import accuracy, as_served, evaluate_rca, hit_probabilities, match, render_rca
 
 
 def test_a_true_cause_ranked_second_counts_from_ac_at_2() -> None:
@@ -26,6 +29,33 @@ def test_ties_count_in_expectation() -> None:
 def test_avg_at_5_is_the_mean_of_ac_at_1_to_5() -> None:
     result = accuracy([(0.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0)])
     assert result.ac1 == 0.5 and result.ac3 == 1.0 and result.avg5 == pytest.approx(0.9)
+
+
+def _diagnosis(k: int, onset_s: float, end_s: float, models: tuple[str, ...], anomalous: int) -> IncidentDiagnosis:
+    incident = Incident(k, int(onset_s * 1e9), int(end_s * 1e9), models, (), (), (), 1.0)
+    return IncidentDiagnosis(incident, (incident.onset_ns, incident.end_ns), anomalous, anomalous, (), None)
+
+
+def test_a_culprit_is_matched_to_the_part_covering_its_fault_when_two_parts_share_as_many_of_its_models() -> None:
+    # 039-overlapping: an auth (76 s to 216 s) and a router (from 210 s) split into two parts of one incident,
+    # each with 4 of the auth's 5 models; the router's part is larger but overlaps the auth's fault for 7 s only
+    auth = {"models": ["a", "b", "c", "d", "e"], "window": {"start_ns": int(76e9), "end_ns": int(216e9)}}
+    routers = _diagnosis(1, 209.0, 380.0, ("a", "b", "c", "d"), 453)
+    auths = _diagnosis(2, 72.0, 380.0, ("b", "c", "d", "e"), 290)
+    assert match([routers, auths], auth) is auths
+    assert match([auths, routers], auth) is auths
+
+
+def test_a_culprit_is_matched_by_the_models_it_served_not_all_it_was_configured_for() -> None:
+    # 065-partial_failure: limit-tenant-d is configured for six models but tenant-d calls two; an auth confounder's
+    # part has five of the six, the limiter's own part the two it served
+    limiter = {"kind": "rate_limiter", "instances": ["limit-tenant-d"], "models": ["a", "b", "c", "d", "e", "f"],
+               "window": {"start_ns": int(239e9), "end_ns": int(405e9)}}
+    topology = Topology((Node("rate_limiter", "limit-tenant-d", ("a", "b"), ("tenant-d",), 300),
+                         Node("auth", "auth-1", ("b", "c", "d", "e"), ("tenant-a", "tenant-d"), 900)), ())
+    confounder = _diagnosis(1, 274.0, 405.0, ("b", "c", "d", "e", "f"), 18)
+    own = _diagnosis(2, 239.0, 405.0, ("a", "b"), 29)
+    assert match([confounder, own], as_served(limiter, topology)) is own
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 
 from infertrace.analyzers.anomalies import DetectionConfig, detect_in_requests
-from infertrace.analyzers.blame import BlameContext, blame_requests
+from infertrace.analyzers.blame import BlameContext, Blamed, blame_requests
 from infertrace.analyzers.candidates import Candidate, OwnAnomaly, RcaInputs, Window, own_signals
-from infertrace.analyzers.rca import _local_own, analyze_incidents, describe
+from infertrace.analyzers.rca import _local_own, _Ranked, _split, analyze_incidents, describe
+from infertrace.analyzers.signals import Signal
 from tests.test_analyzer_rca import EPOCH, Fault, HandFleet, hand_store
 
 
@@ -124,3 +125,21 @@ def test_a_models_only_caller_always_sending_all_of_its_traffic_is_not_a_surge()
     report = detect_in_requests(requests)
     assert not [a for a in report.anomalies if a.scope == "traffic"]
     assert not report.incidents
+
+
+def test_a_cause_left_with_a_handful_of_requests_after_the_split_is_no_incident_of_its_own() -> None:
+    # 062-load: tenant-d's surge and its limiter each explain most of 100 troubled requests; the surge takes
+    # 98 of them (its blame weighs more on each), leaving the limiter 2: those two go back to the surge's part
+    significant = OwnAnomaly((Signal("rejections", "429s", 0.8, 1e-30, 0.0, 0.8, 0.0, 0.8, float("nan"), 300, 2000),))
+    load = Candidate("load: tenant-d", "load", (), ("m",), "tenant-d")
+    limiter = Candidate("limit-tenant-d", "rate_limiter", ("limit-tenant-d",), ("m",))
+    troubled = pd.DataFrame({"req": range(100), "model": "m", "tenant": "tenant-d", "reason": "429",
+                             "http_status": 429, "weight": 1.0, "flagged": True})
+    rows = pd.DataFrame({"req": [*range(100), *range(100)],
+                         "target": ["load: tenant-d"] * 100 + ["limit-tenant-d"] * 100,
+                         "weight": [0.9] * 98 + [0.1] * 2 + [0.1] * 98 + [0.9] * 2, "source": "", "how": ""})
+    window = Window(EPOCH, EPOCH + 10**11, EPOCH, (), EPOCH)
+    ranked = _Ranked(window, {load.id: significant, limiter.id: significant}, [load, limiter],
+                     Blamed(rows, 100.0), troubled, np.ones(100, dtype=bool), ("m",))
+    parts = _split(ranked)
+    assert [len(p) for p in parts] == [100]

@@ -3,9 +3,9 @@ time per token, E2E latency, error rate, 429 rate and truncation rate; onset and
 change-point; anomalies on several models that overlap in time grouped into incidents.
 
 Scores are robust, as BARO's are: each series' bucket is compared with the median and median absolute deviation
-(MAD) of the series' normal buckets before it (the last 15 minutes of those that did not score as anomalous), so
-a fault that lasts most of the period, or a backlog that drains long after it, does not become its own baseline;
-the first minutes are compared with the whole series.
+(MAD) of the series' normal buckets before it (the last 15 minutes of those that did not score as anomalous,
+ending 3 minutes before the bucket), so a fault that lasts most of the period, a backlog that drains long after
+it, or a slow ramp does not become its own baseline; the first minutes are compared with the whole series.
 Latencies are scored on the mean of their logarithms per bucket (a slowdown is a ratio); rates on the
 binomial upper tail of each bucket's count (alone, and pooled with the 1, 3 and 7 buckets before) under the
 series' baseline rate: exact for rare events, and a failure of a few percent of calls shows once minutes of it
@@ -25,6 +25,7 @@ outages stagger) form one incident; tenant anomalies overlapping it are attached
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -69,6 +70,8 @@ SCOPES = ("model", "tenant")
 POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
 TRAILING_BUCKETS = 45  # a bucket is scored against up to this many normal buckets before it (15 min) ...
 MIN_BASELINE = 9  # ... once there are this many (3 min); before, against the whole series
+BASELINE_GAP = 9  # ... and ending this many buckets (3 min) before it, once that leaves MIN_BASELINE: a slow ramp's
+# early buckets, each too little above the last to score, then do not carry the baseline up with the ramp
 
 
 @dataclass(frozen=True)
@@ -239,9 +242,12 @@ def _latency_scores(values: np.ndarray, baseline: np.ndarray, config: DetectionC
 def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: DetectionConfig) -> np.ndarray:
     """Each bucket's score against the series' normal buckets before it (the last TRAILING_BUCKETS of those that
     did not score as anomalous): a fault that lasts most of the period, or drains long after, does not become
-    its own baseline. The first buckets, with fewer than MIN_BASELINE normal ones before them, are scored against
-    the whole series (median and MAD; a rate's baseline the same way). `kind` is "latency", "rate" (a failure
-    rate, its baseline capped at RATE_CEILING) or "share" (a share of traffic, which may usually be all of it)."""
+    its own baseline. That baseline ends BASELINE_GAP buckets before the bucket scored (when MIN_BASELINE normal
+    buckets lie before the gap; else it ends just before it), so a ramp is scored against where it started, not
+    against its own last minutes. The first buckets, with fewer than MIN_BASELINE normal ones before them, are
+    scored against the whole series (median and MAD; a rate's baseline the same way). `kind` is "latency",
+    "rate" (a failure rate, its baseline capped at RATE_CEILING) or "share" (a share of traffic, which may usually
+    be all of it)."""
     finite = np.isfinite(values)
     latency = kind == "latency"
     ceiling = 1.0 if kind == "share" else RATE_CEILING
@@ -250,7 +256,9 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
     scores = np.full(len(values), np.nan)
     normal: list[int] = []
     for i in range(len(values)):
-        base = normal[-TRAILING_BUCKETS:]
+        before_gap = bisect_left(normal, i - BASELINE_GAP)
+        base = (normal[max(0, before_gap - TRAILING_BUCKETS):before_gap] if before_gap >= MIN_BASELINE
+                else normal[-TRAILING_BUCKETS:])
         if not finite[i]:
             continue
         if len(base) < MIN_BASELINE:

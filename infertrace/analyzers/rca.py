@@ -455,7 +455,8 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
     """The incident's troubled requests grouped by cause: each candidate that explains at least SPLIT_SHARE
     of their weight (and SPLIT_REQUESTS), with a significant change of its own, takes the requests it explains
     most of; the rest of the incident's models' go with the largest group (other models' only where a cause
-    explains them). Largest group first."""
+    explains them), and so does a group left with less than that minimum weight (its requests mostly taken by
+    another cause: no incident of its own). Largest group first."""
     rows = ranked.blamed.rows
     troubled = ranked.troubled
     everything = troubled["req"].to_numpy()
@@ -463,7 +464,8 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
     if not len(rows):
         return [mine]
     mass = rows.groupby("target")["weight"].sum().sort_values(ascending=False)
-    majors = [str(c) for c, m in mass.items() if m >= max(SPLIT_SHARE * ranked.blamed.weight, SPLIT_REQUESTS)
+    least = max(SPLIT_SHARE * ranked.blamed.weight, SPLIT_REQUESTS)
+    majors = [str(c) for c, m in mass.items() if m >= least
               and ranked.own.get(str(c)) is not None and ranked.own[str(c)].significant]
     best = rows[rows["target"].isin(majors)].sort_values("weight", ascending=False, kind="stable")
     best = best.drop_duplicates("req")
@@ -472,8 +474,13 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
     groups = {m: list(best.loc[best["target"] == m, "req"]) for m in majors}
     groups[majors[0]] += list(np.setdiff1d(mine, best["req"].to_numpy()))
     weight = dict(zip(troubled["req"], troubled["weight"], strict=True))
-    return [np.sort(np.array(g, dtype=int)) for g in sorted(groups.values(), key=lambda g: -sum(weight[r] for r in g))
-            if g]
+    ordered = sorted((g for g in groups.values() if g), key=lambda g: -sum(weight[r] for r in g))
+    if not ordered:
+        return []
+    largest, *rest = ordered
+    kept = [g for g in rest if sum(weight[r] for r in g) >= least]
+    largest += [r for g in rest if sum(weight[r] for r in g) < least for r in g]
+    return [np.sort(np.array(g, dtype=int)) for g in (largest, *kept)]
 
 
 def _sub_incident(incident: Incident, reqs: np.ndarray, troubled: pd.DataFrame, onset: int, end: int,

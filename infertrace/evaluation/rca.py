@@ -35,6 +35,7 @@ import pandas as pd
 
 from infertrace.analyzers.anomalies import DetectionConfig
 from infertrace.analyzers.rca import Candidate, IncidentDiagnosis, RcaInputs, analyze_inputs, diagnose
+from infertrace.analyzers.topology import Topology
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 K = 5
@@ -248,9 +249,21 @@ def culprits(truth: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**c, "window": c.get("window") or truth.get("window")} for c in causes]
 
 
+def as_served(cause: dict[str, Any], topology: Topology) -> dict[str, Any]:
+    """The culprit with the models its instances served in the traces, when they served any: the ground truth
+    lists the models a component is configured for, and a tenant's limiter sees only the models that tenant calls
+    (matching on the configured ones prefers a wider incident part, a confounder's, to the limiter's own)."""
+    if cause.get("kind") == "load":
+        return cause
+    instances = set(cause.get("instances", ()))
+    seen = sorted({m for n in topology.nodes if n.instance in instances for m in n.models})
+    return {**cause, "models": seen} if seen else cause
+
+
 def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
     """The reported incident that is the culprit's: overlapping its window (detection may lag its end), with the
-    most similar set of models (Jaccard), then the most anomalous requests."""
+    most similar set of models (Jaccard), then the longest overlap with the culprit's window (two parts of one
+    detected incident often share most of their models), then the most anomalous requests."""
     window = cause.get("window")
     models = set(cause.get("models", ()))
     best, best_key = None, None
@@ -260,7 +273,9 @@ def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> Inci
         if not overlaps:
             continue
         common = len(models & set(i.models))
-        key = (common / len(models | set(i.models)), d.anomalous_requests)
+        together = 0 if window is None else max(0, min(i.end_ns, window["end_ns"])
+                                                - max(i.onset_ns, window["start_ns"]))
+        key = (common / len(models | set(i.models)), together, d.anomalous_requests)
         if common and (best_key is None or key > best_key):
             best, best_key = d, key
     return best
@@ -291,7 +306,7 @@ def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None)
     if "rca" not in tasks:
         return [], lift
     windows = [(i.onset_ns, i.end_ns) for i in report.anomalies.incidents]
-    causes = culprits(truth)
+    causes = [as_served(c, inputs.topology) for c in culprits(truth)]
     results = []
     for cause in causes:
         found = match(report.diagnoses, cause)
