@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from infertrace.analyzers.itl import analyze_itl
 from infertrace.report import ReportOptions, build_report
 from infertrace.store.clickhouse.connection import connect
@@ -41,12 +43,15 @@ def timed(what: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float, float]:
-    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size."""
-    name = f"fleet-{hours:g}h-seed{seed}"
+def prepare(work: Path, hours: float, seed: int, hour_trace: Path | None = None) -> tuple[Path, str, int, float,
+                                                                                         float]:
+    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size. With
+    `hour_trace` (one simulated hour of the fleet, OTLP JSON lines), that hour is ingested and longer runs are
+    tiled from it (`tile`) instead of simulated."""
+    name = f"fleet-{hours:g}h-seed{seed}" + ("-tiled" if hour_trace is not None and hours != 1 else "")
     trace, store = work / f"{name}.jsonl", work / f"{name}-store"
     url = f"chdb://{work / 'chdb'}?database=" + name.replace("-", "_").replace(".", "_")
-    if not trace.is_file():
+    if hour_trace is None and not trace.is_file():
         partial = trace.with_suffix(".partial.jsonl")
         subprocess.run([sys.executable, "-m", "infertrace", "simulate", "--fleet", str(FLEET), "--duration",
                         str(hours * 3600), "--seed", str(seed), "--out", str(partial)], check=True)
@@ -54,7 +59,15 @@ def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float,
     ingest_s = export_s = 0.0
     if not (store / "READY").is_file():
         shutil.rmtree(store, ignore_errors=True)
-        ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        if hour_trace is None:
+            ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        elif hours == 1:
+            ingest_s, _ = timed(lambda: ingest_paths(store, [hour_trace]))
+        else:
+            if hours != int(hours):
+                raise ValueError(f"--hours {hours:g}: tiled runs are whole hours")
+            one, _, _, _, _ = prepare(work, 1, seed, hour_trace)
+            ingest_s, _ = timed(lambda: tile(one, int(hours), store))
         connection = connect(url)
         connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
         connection.close()
@@ -64,6 +77,39 @@ def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float,
     with Store.open(store) as opened:
         spans = opened.sql("SELECT count(*) FROM spans").fetchall()[0][0]
     return store, url, spans, ingest_s, export_s
+
+
+# Columns holding a request id (scalar or list): suffixed per copy, so that copies are distinct requests.
+_REQUEST_IDS = ("attr.gen_ai.request.id", "attr.rid")
+_REQUEST_ID_LISTS = ("attr.infertrace.step.prefill.request_ids", "attr.infertrace.step.decode.request_ids",
+                     "attr.infertrace.step.preempted.request_ids")
+
+
+def tile(hour_store: Path, copies: int, out: Path) -> None:
+    """A `copies`-hour store from a one-hour store: copy k is the hour's spans shifted by k hours, with trace and
+    span ids prefixed by k (two hex digits in place of the first two), request ids suffixed `-hK` and engine step
+    indexes moved past the previous copies' (so each copy's requests and steps are distinct ones). Streams in
+    batches of 200k spans; the result is an ordinary store (segments), written with `write_segments`."""
+    from infertrace.store.segments import write_segments
+
+    ids = ", ".join(f'"{c}" || $suffix AS "{c}"' for c in _REQUEST_IDS)
+    lists = ", ".join(f'list_transform("{c}", lambda r: r || $suffix) AS "{c}"' for c in _REQUEST_ID_LISTS)
+    sql = f"""SELECT * REPLACE (
+        $prefix || trace_id[3:] AS trace_id, $prefix || span_id[3:] AS span_id,
+        CASE WHEN parent_span_id IS NULL OR parent_span_id = '' THEN parent_span_id
+             ELSE $prefix || parent_span_id[3:] END AS parent_span_id,
+        start_ns + $shift AS start_ns, end_ns + $shift AS end_ns,
+        list_transform(events, lambda e: struct_pack(time_ns := e.time_ns + $shift, name := e.name,
+                                                     attributes := e.attributes)) AS events,
+        "attr.infertrace.step.index" + $steps AS "attr.infertrace.step.index", {ids}, {lists})
+    FROM spans"""
+    with Store.open(hour_store) as source:
+        schema = source.sql("SELECT * FROM spans LIMIT 0").to_arrow_table().schema
+        for k in range(copies):
+            params = {"prefix": f"{k:02x}", "suffix": f"-h{k}", "shift": k * 3600 * 10**9, "steps": k * 10**9}
+            for batch in source.sql(sql, params=params).to_arrow_reader(200_000):
+                write_segments(out, pa.Table.from_batches([batch]).cast(schema))
+            print(f"tiled hour {k + 1}/{copies}", flush=True)
 
 
 def compressed_bytes_per_span(url: str) -> float:
@@ -109,14 +155,17 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
               f"{os.getloadavg()[0]:>5.1f}", flush=True)
 
 
-def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True) -> None:
+def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True,
+        hour_trace: Path | None = None, prepare_only: bool = False) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
     for h in hours:
-        store, url, spans, ingest_s, export_s = prepare(work, h, seed)
+        store, url, spans, ingest_s, export_s = prepare(work, h, seed, hour_trace)
         if ingest_s:
             print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+        if prepare_only:
+            continue
         if whole:
             measure(store, url, spans)
         with Store.open(store) as opened:
@@ -135,8 +184,12 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="only the windowed reports")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hour-trace", type=Path, help="one simulated hour of the fleet: ingested, and longer runs "
+                        "tiled from it instead of simulated")
+    parser.add_argument("--prepare-only", action="store_true", help="build the stores and chdb tables, time nothing")
     args = parser.parse_args()
-    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole)
+    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole, hour_trace=args.hour_trace,
+        prepare_only=args.prepare_only)
 
 
 if __name__ == "__main__":
