@@ -156,6 +156,11 @@ class ClickHouseStore(Store):
     duplicate_rows = _snapshot_attribute("duplicate_rows")
     conflicting_spans = _snapshot_attribute("conflicting_spans")
 
+    @property
+    def spans_read(self) -> bool:
+        """Whether this snapshot's spans have been read back from ClickHouse (a view was used)."""
+        return self._pulled
+
     def pushes_down(self, name: str) -> bool:
         return name in TWINS
 
