@@ -24,6 +24,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,10 +170,31 @@ def compressed_bytes_per_span(url: str) -> float:
         connection.close()
 
 
+# The shared machine's budget per process; DuckDB's own limit below it (it spills to disk past it).
+MAX_RSS_GB = 8.0
+DUCKDB_MEMORY_LIMIT = "5GB"
+
+
+def _watch_rss() -> None:
+    """Ends the process (exit 3, a line saying so) when its RSS passes MAX_RSS_GB."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    started = time.perf_counter()
+    while True:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            rss = int(f.read().split()[1]) * page
+        if rss > MAX_RSS_GB * 2**30:
+            print(json.dumps({"over_rss_gb": MAX_RSS_GB, "after_s": time.perf_counter() - started}), flush=True)
+            os._exit(3)
+        time.sleep(0.5)
+
+
 def _work(what: str, backend: str, store: Path, url: str, since: int | None, until: int | None) -> None:
     """One timed piece of work on one backend (in a child process of its own: its peak RSS is its own)."""
     opened = Store.open(store) if backend == "local" else ClickHouseStore.open(url, since, until)
     with opened as s:
+        # DuckDB's connection (ClickHouseStore's without reading the spans back: the property would)
+        con = s.__dict__["_con"] if isinstance(s, ClickHouseStore) else s.con
+        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
         if what == "report":
             build_report(s, ReportOptions(since_ns=since, until_ns=until))
         elif what == "analyze_itl":
@@ -186,6 +208,7 @@ def _work(what: str, backend: str, store: Path, url: str, since: int | None, unt
 def child(argv: list[str]) -> None:
     what, backend, store, url, since, until = argv
     bounds = (int(since) if since != "-" else None, int(until) if until != "-" else None)
+    threading.Thread(target=_watch_rss, daemon=True).start()
     wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss}))
@@ -203,11 +226,17 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
     for what in work if since is None else ("report",):
         got = {}
         for backend in ("local", "chdb"):
-            out = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
-                                  "-" if since is None else str(since), "-" if until is None else str(until)],
-                                 check=True, capture_output=True, text=True).stdout
-            got[backend] = json.loads(out.strip().splitlines()[-1])
+            done = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
+                                   "-" if since is None else str(since), "-" if until is None else str(until)],
+                                  capture_output=True, text=True)
+            lines = done.stdout.strip().splitlines()
+            got[backend] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
+                "failed": done.returncode, "error": done.stderr.strip().splitlines()[-1:]}
         lo, ch = got["local"], got["chdb"]
+        if "wall" not in lo or "wall" not in ch:
+            print(f"{spans:>10} {what + label:<26} not measured: local {lo if 'wall' not in lo else 'ok'}, "
+                  f"chdb {ch if 'wall' not in ch else 'ok'}; measured: {lo if 'wall' in lo else ch}", flush=True)
+            continue
         print(f"{spans:>10} {what + label:<26} {lo['wall']:>12.1f} {lo['cpu']:>11.1f} {lo['rss_mb']:>8.0f} "
               f"{ch['wall']:>11.1f} {ch['cpu']:>10.1f} {ch['rss_mb']:>8.0f} {ch['wall'] / lo['wall']:>10.2f} "
               f"{ch['cpu'] / lo['cpu']:>9.2f} {os.getloadavg()[0]:>5.1f}", flush=True)
