@@ -249,8 +249,9 @@ def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: 
           f"{'chdb cpu s':>10} {'chdb MB':>8} {'wall ratio':>10} {'cpu ratio':>9} {'load':>5}", flush=True)
     for h in hours:
         store, url, spans, ingest_s, export_s = prepare(work, h, seed, hour_trace)
-        if ingest_s:
-            print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+        if ingest_s or export_s:
+            how = "ingest / export --to" if hour_trace is None or h == 1 else "tile / tile in ClickHouse"
+            print(f"{spans:>10} {how:<26} {ingest_s:>12.1f} {'':>11} {'':>8} {export_s:>11.1f}  (wall s)", flush=True)
         if prepare_only:
             continue
         if whole:
