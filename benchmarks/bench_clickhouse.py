@@ -128,7 +128,8 @@ def tile_in_clickhouse(hour_url: str, copies: int, url: str) -> None:
     """`tile` inside ClickHouse: `otel_traces` at `url` filled from the one-hour table at `hour_url` with the same
     copies, rewritten as `tile` rewrites them but in the exporter's columns (ids in the text maps, the lists as JSON
     text), by INSERT … SELECT: the same rows `export --to` would write for the tiled store, without moving them
-    through this process. `prepare` checks the two against each other."""
+    through this process. (On a sample incident tiled three times both ways, the spans, `requests` and `tokens`
+    read back from ClickHouse equal the local tiled store's row for row.)"""
     from infertrace.store.clickhouse.store import create_otel_traces
 
     source = connect(hour_url)
