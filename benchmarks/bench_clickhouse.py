@@ -235,8 +235,7 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
                 "failed": done.returncode, "error": done.stderr.strip().splitlines()[-1:]}
         lo, ch = got["local"], got["chdb"]
         if "wall" not in lo or "wall" not in ch:
-            print(f"{spans:>10} {what + label:<26} not measured: local {lo if 'wall' not in lo else 'ok'}, "
-                  f"chdb {ch if 'wall' not in ch else 'ok'}; measured: {lo if 'wall' in lo else ch}", flush=True)
+            print(f"{spans:>10} {what + label:<26} not measured: local {lo}, chdb {ch}", flush=True)
             continue
         print(f"{spans:>10} {what + label:<26} {lo['wall']:>12.1f} {lo['cpu']:>11.1f} {lo['rss_mb']:>8.0f} "
               f"{ch['wall']:>11.1f} {ch['cpu']:>10.1f} {ch['rss_mb']:>8.0f} {ch['wall'] / lo['wall']:>10.2f} "
