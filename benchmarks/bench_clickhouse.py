@@ -196,6 +196,7 @@ def _work(what: str, backend: str, store: Path, url: str, since: int | None, unt
         # DuckDB's connection (ClickHouseStore's without reading the spans back: the property would)
         con = s.__dict__["_con"] if isinstance(s, ClickHouseStore) else s.con
         con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+        con.execute("SET temp_directory = $dir", {"dir": str(store.parent / "duckdb-spill")})  # not the checkout
         if what == "report":
             build_report(s, ReportOptions(since_ns=since, until_ns=until))
         elif what == "analyze_itl":
