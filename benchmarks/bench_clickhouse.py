@@ -5,26 +5,34 @@ in this process, rows as the Collector's exporter writes them), side by side in 
 
 For each size, the four-model benchmark fleet (examples/fleets/four_models.toml) is simulated for that many
 hours (`infertrace simulate --fleet … --duration`, once; the trace is kept in DIR), ingested into a local
-store, and the store written into chdb (`export --to`). Then, alternately on each backend: `report` (the
-whole report document, analyses computed, nothing materialised) and `analyze_itl` (opening the store
-included: for ClickHouse that is choosing and typing the spans in ClickHouse and reading them back). Wall and
-CPU time (this process, all threads), the load average, and ClickHouse's compressed bytes per span are
-printed. The machine is shared: quote the load average with any figure.
+store, and the store written into chdb (`export --to`); with `--hour-trace FILE` that hour is ingested instead
+and longer runs are tiled from it (`tile`: shifted copies with their own ids). Then, alternately on each
+backend, each in a fresh process (opening the store included): `itl_distributions` (each engine's ITL
+distribution; in ClickHouse it is computed there and only its rows come back, no span is read back),
+`analyze_itl` and `report` (the whole report document, nothing materialised; on ClickHouse both read the
+spans back and run in DuckDB, but for the pushed-down aggregations). Wall and CPU time (the child process,
+all threads), its peak RSS, the load average, and ClickHouse's compressed bytes per span are printed. The
+machine is shared: quote the load average with any figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infertrace.analyzers.itl import analyze_itl
+import pyarrow as pa
+
+from infertrace.analyzers.itl import analyze_itl, itl_distributions
 from infertrace.report import ReportOptions, build_report
 from infertrace.store.clickhouse.connection import connect
 from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
@@ -41,12 +49,15 @@ def timed(what: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float, float]:
-    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size."""
-    name = f"fleet-{hours:g}h-seed{seed}"
+def prepare(work: Path, hours: float, seed: int, hour_trace: Path | None = None) -> tuple[Path, str, int, float,
+                                                                                         float]:
+    """(local store, chdb URL, spans, ingest s, export s) of `hours` of the fleet, built once per size. With
+    `hour_trace` (one simulated hour of the fleet, OTLP JSON lines), that hour is ingested and longer runs are
+    tiled from it (`tile`) instead of simulated."""
+    name = f"fleet-{hours:g}h-seed{seed}" + ("-tiled" if hour_trace is not None and hours != 1 else "")
     trace, store = work / f"{name}.jsonl", work / f"{name}-store"
     url = f"chdb://{work / 'chdb'}?database=" + name.replace("-", "_").replace(".", "_")
-    if not trace.is_file():
+    if hour_trace is None and not trace.is_file():
         partial = trace.with_suffix(".partial.jsonl")
         subprocess.run([sys.executable, "-m", "infertrace", "simulate", "--fleet", str(FLEET), "--duration",
                         str(hours * 3600), "--seed", str(seed), "--out", str(partial)], check=True)
@@ -54,16 +65,99 @@ def prepare(work: Path, hours: float, seed: int) -> tuple[Path, str, int, float,
     ingest_s = export_s = 0.0
     if not (store / "READY").is_file():
         shutil.rmtree(store, ignore_errors=True)
-        ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        if hour_trace is None:
+            ingest_s, _ = timed(lambda: ingest_paths(store, [trace]))
+        elif hours == 1:
+            ingest_s, _ = timed(lambda: ingest_paths(store, [hour_trace]))
+        else:
+            if hours != int(hours):
+                raise ValueError(f"--hours {hours:g}: tiled runs are whole hours")
+            one = prepare(work, 1, seed, hour_trace)[0]
+            ingest_s, _ = timed(lambda: tile(one, int(hours), store))
+        (store / "READY").write_text("", encoding="utf-8")
+    if not (store / "CHDB_READY").is_file():
         connection = connect(url)
         connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
         connection.close()
-        with Store.open(store) as opened:
-            export_s, _ = timed(lambda: export_rows(opened, url))
-        (store / "READY").write_text("", encoding="utf-8")
+        if hour_trace is None or hours == 1:
+            with Store.open(store) as opened:
+                export_s, _ = timed(lambda: export_rows(opened, url))
+        else:
+            hour_url = prepare(work, 1, seed, hour_trace)[1]
+            export_s, _ = timed(lambda: tile_in_clickhouse(hour_url, int(hours), url))
+        (store / "CHDB_READY").write_text("", encoding="utf-8")
     with Store.open(store) as opened:
         spans = opened.sql("SELECT count(*) FROM spans").fetchall()[0][0]
     return store, url, spans, ingest_s, export_s
+
+
+# Columns holding a request id (scalar or list): suffixed per copy, so that copies are distinct requests.
+_REQUEST_IDS = ("attr.gen_ai.request.id", "attr.rid")
+_REQUEST_ID_LISTS = ("attr.infertrace.step.prefill.request_ids", "attr.infertrace.step.decode.request_ids",
+                     "attr.infertrace.step.preempted.request_ids")
+
+
+def tile(hour_store: Path, copies: int, out: Path) -> None:
+    """A `copies`-hour store from a one-hour store: copy k is the hour's spans shifted by k hours, with trace and
+    span ids prefixed by k (two hex digits in place of the first two), request ids suffixed `-hK` and engine step
+    indexes moved past the previous copies' (so each copy's requests and steps are distinct ones). Streams in
+    batches of 200k spans; the result is an ordinary store (segments), written with `write_segments`."""
+    from infertrace.store.segments import write_segments
+
+    ids = ", ".join(f'"{c}" || $suffix AS "{c}"' for c in _REQUEST_IDS)
+    lists = ", ".join(f'list_transform("{c}", lambda r: r || $suffix) AS "{c}"' for c in _REQUEST_ID_LISTS)
+    sql = f"""SELECT * REPLACE (
+        $prefix || trace_id[3:] AS trace_id, $prefix || span_id[3:] AS span_id,
+        CASE WHEN parent_span_id IS NULL OR parent_span_id = '' THEN parent_span_id
+             ELSE $prefix || parent_span_id[3:] END AS parent_span_id,
+        start_ns + $shift AS start_ns, end_ns + $shift AS end_ns,
+        list_transform(events, lambda e: struct_pack(time_ns := e.time_ns + $shift, name := e.name,
+                                                     attributes := e.attributes)) AS events,
+        "attr.infertrace.step.index" + $steps AS "attr.infertrace.step.index", {ids}, {lists})
+    FROM spans"""
+    with Store.open(hour_store) as source:
+        schema = source.sql("SELECT * FROM spans LIMIT 0").to_arrow_table().schema
+        for k in range(copies):
+            params = {"prefix": f"{k:02x}", "suffix": f"-h{k}", "shift": k * 3600 * 10**9, "steps": k * 10**9}
+            for batch in source.sql(sql, params=params).to_arrow_reader(200_000):
+                write_segments(out, pa.Table.from_batches([batch]).cast(schema))
+            print(f"tiled hour {k + 1}/{copies}", flush=True)
+
+
+def tile_in_clickhouse(hour_url: str, copies: int, url: str) -> None:
+    """`tile` inside ClickHouse: `otel_traces` at `url` filled from the one-hour table at `hour_url` with the same
+    copies, rewritten as `tile` rewrites them but in the exporter's columns (ids in the text maps, the lists as JSON
+    text), by INSERT … SELECT: the same rows `export --to` would write for the tiled store, without moving them
+    through this process. (On a sample incident tiled three times both ways, the spans, `requests` and `tokens`
+    read back from ClickHouse equal the local tiled store's row for row.)"""
+    from infertrace.store.clickhouse.store import create_otel_traces
+
+    source = connect(hour_url)
+    source_table = source.target.table
+    source.close()
+    connection = connect(url)
+    try:
+        create_otel_traces(connection)
+        scalars = "['gen_ai.request.id', 'rid']"
+        lists = "['infertrace.step.prefill.request_ids', 'infertrace.step.decode.request_ids', " \
+                "'infertrace.step.preempted.request_ids']"
+        for k in range(copies):
+            connection.command(f"""INSERT INTO {connection.target.table} SELECT * REPLACE (
+                fromUnixTimestamp64Nano(toUnixTimestamp64Nano(Timestamp) + {k * 3600 * 10**9}) AS Timestamp,
+                concat('{k:02x}', substring(TraceId, 3)) AS TraceId,
+                concat('{k:02x}', substring(SpanId, 3)) AS SpanId,
+                if(ParentSpanId = '', '', concat('{k:02x}', substring(ParentSpanId, 3))) AS ParentSpanId,
+                mapApply((key, v) -> (key, multiIf(
+                    has({scalars}, key), concat(v, '-h{k}'),
+                    has({lists}, key), replaceRegexpAll(v, '"([^"]*)"', '"\\\\1-h{k}"'),
+                    key = 'infertrace.step.index', toString(toInt64(v) + {k * 10**9}),
+                    v)), SpanAttributes) AS SpanAttributes,
+                arrayMap(t -> fromUnixTimestamp64Nano(toUnixTimestamp64Nano(t) + {k * 3600 * 10**9}),
+                         `Events.Timestamp`) AS `Events.Timestamp`)
+            FROM {source_table}""")
+            print(f"tiled hour {k + 1}/{copies} in ClickHouse", flush=True)
+    finally:
+        connection.close()
 
 
 def compressed_bytes_per_span(url: str) -> float:
@@ -77,48 +171,92 @@ def compressed_bytes_per_span(url: str) -> float:
         connection.close()
 
 
-def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None) -> None:
-    """`report` and `analyze_itl` on each backend, alternately; with a window, the local store is opened whole and
-    the report selects the window (what `report --since/--until` does), ClickHouse reads the window only."""
-    options = ReportOptions(since_ns=since, until_ns=until)
+# The shared machine's budget per process; DuckDB's own limit below it (it spills to disk past it).
+MAX_RSS_GB = 8.0
+DUCKDB_MEMORY_LIMIT = "5GB"
 
-    def report_local() -> None:
-        with Store.open(store) as s:
-            build_report(s, options)
 
-    def report_chdb() -> None:
-        with ClickHouseStore.open(url, since, until) as s:
-            build_report(s, options)
+def _watch_rss() -> None:
+    """Ends the process (exit 3, a line saying so) when its RSS passes MAX_RSS_GB."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    started = time.perf_counter()
+    while True:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            rss = int(f.read().split()[1]) * page
+        if rss > MAX_RSS_GB * 2**30:
+            print(json.dumps({"over_rss_gb": MAX_RSS_GB, "after_s": time.perf_counter() - started}), flush=True)
+            os._exit(3)
+        time.sleep(0.5)
 
-    def itl_local() -> None:
-        with Store.open(store) as s:
+
+def _work(what: str, backend: str, store: Path, url: str, since: int | None, until: int | None) -> None:
+    """One timed piece of work on one backend (in a child process of its own: its peak RSS is its own)."""
+    opened = Store.open(store) if backend == "local" else ClickHouseStore.open(url, since, until)
+    with opened as s:
+        # DuckDB's connection (ClickHouseStore's without reading the spans back: the property would)
+        con = s.__dict__["_con"] if isinstance(s, ClickHouseStore) else s.con
+        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+        con.execute("SET temp_directory = $dir", {"dir": str(store.parent / "duckdb-spill")})  # not the checkout
+        if what == "report":
+            build_report(s, ReportOptions(since_ns=since, until_ns=until))
+        elif what == "analyze_itl":
             analyze_itl(s)
+        elif what == "itl_distributions":
+            itl_distributions(s)
+        else:
+            raise ValueError(what)
 
-    def itl_chdb() -> None:
-        with ClickHouseStore.open(url, since, until) as s:
-            analyze_itl(s)
 
+def child(argv: list[str]) -> None:
+    what, backend, store, url, since, until = argv
+    bounds = (int(since) if since != "-" else None, int(until) if until != "-" else None)
+    threading.Thread(target=_watch_rss, daemon=True).start()
+    wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss}))
+
+
+WORK = ("itl_distributions", "analyze_itl", "report")
+
+
+def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None,
+            work: tuple[str, ...] = WORK) -> None:
+    """Each piece of work on each backend, alternately, each in a fresh process (opening the store included;
+    CPU is that process's, all threads). With a window, the local store is opened whole and the report selects
+    the window (what `report --since/--until` does); ClickHouse reads the window only."""
     label = "" if since is None else f" {(until - since) / 60e9:g} min window"  # type: ignore[operator]
-    runs = [("report" + label, report_local, report_chdb)]
-    if since is None:  # the ITL analysis has no window of its own: the whole store
-        runs.append(("analyze_itl", itl_local, itl_chdb))
-    for what, local, chdb in runs:
-        lw, lc = timed(local)
-        cw, cc = timed(chdb)
-        print(f"{spans:>10} {what:<26} {lw:>12.1f} {lc:>11.1f} {cw:>11.1f} {cc:>10.1f} {cw / lw:>10.2f} "
-              f"{os.getloadavg()[0]:>5.1f}", flush=True)
+    for what in work if since is None else ("report",):
+        got = {}
+        for backend in ("local", "chdb"):
+            done = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
+                                   "-" if since is None else str(since), "-" if until is None else str(until)],
+                                  capture_output=True, text=True)
+            lines = done.stdout.strip().splitlines()
+            got[backend] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
+                "failed": done.returncode, "error": done.stderr.strip().splitlines()[-1:]}
+        lo, ch = got["local"], got["chdb"]
+        if "wall" not in lo or "wall" not in ch:
+            print(f"{spans:>10} {what + label:<26} not measured: local {lo}, chdb {ch}", flush=True)
+            continue
+        print(f"{spans:>10} {what + label:<26} {lo['wall']:>12.1f} {lo['cpu']:>11.1f} {lo['rss_mb']:>8.0f} "
+              f"{ch['wall']:>11.1f} {ch['cpu']:>10.1f} {ch['rss_mb']:>8.0f} {ch['wall'] / lo['wall']:>10.2f} "
+              f"{ch['cpu'] / lo['cpu']:>9.2f} {os.getloadavg()[0]:>5.1f}", flush=True)
 
 
-def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True) -> None:
+def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True,
+        hour_trace: Path | None = None, prepare_only: bool = False, items: tuple[str, ...] = WORK) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'chdb wall s':>11} "
-          f"{'chdb cpu s':>10} {'chdb/local':>10} {'load':>5}")
+    print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'local MB':>8} {'chdb wall s':>11} "
+          f"{'chdb cpu s':>10} {'chdb MB':>8} {'wall ratio':>10} {'cpu ratio':>9} {'load':>5}", flush=True)
     for h in hours:
-        store, url, spans, ingest_s, export_s = prepare(work, h, seed)
-        if ingest_s:
-            print(f"{spans:>10} {'ingest / export --to':<26} {ingest_s:>12.1f} {'':>11} {export_s:>11.1f}")
+        store, url, spans, ingest_s, export_s = prepare(work, h, seed, hour_trace)
+        if ingest_s or export_s:
+            how = "ingest / export --to" if hour_trace is None or h == 1 else "tile / tile in ClickHouse"
+            print(f"{spans:>10} {how:<26} {ingest_s:>12.1f} {'':>11} {'':>8} {export_s:>11.1f}  (wall s)", flush=True)
+        if prepare_only:
+            continue
         if whole:
-            measure(store, url, spans)
+            measure(store, url, spans, work=items)
         with Store.open(store) as opened:
             first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
         for minutes in windows:  # windows from the middle of the run
@@ -135,8 +273,16 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="only the windowed reports")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-clickhouse"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hour-trace", type=Path, help="one simulated hour of the fleet: ingested, and longer runs "
+                        "tiled from it instead of simulated")
+    parser.add_argument("--prepare-only", action="store_true", help="build the stores and chdb tables, time nothing")
+    parser.add_argument("--work-item", action="append", choices=WORK, help="what to time (repeatable; default all)")
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2:])
+        return
     args = parser.parse_args()
-    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole)
+    run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole, hour_trace=args.hour_trace,
+        prepare_only=args.prepare_only, items=tuple(args.work_item or WORK))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from infertrace.analyzers import itl, query_text
 from infertrace.report import ReportOptions, build_report
 from infertrace.runbook import load_queries, run_query
 from infertrace.store.clickhouse.connection import ChdbConnection, parse_url
+from infertrace.store.clickhouse.pushdown import TWINS
 from infertrace.store.clickhouse.rows import SPAN_KINDS, STATUS_CODES
 from infertrace.store.clickhouse.store import ClickHouseStore, create_otel_traces, ingest_window
 from infertrace.store.store import RELATIONS, SIDE_RELATIONS, Store, open_store
@@ -145,6 +147,56 @@ def test_a_window_brings_every_token_of_the_requests_in_it() -> None:
             query = "SELECT * FROM tokens WHERE list_contains($ids, request_id) ORDER BY ALL"
             expected = local.sql(query, {"ids": ids}).to_arrow_table()
             assert clickhouse.sql(query, {"ids": ids}).to_arrow_table().equals(expected)
+
+
+# The DuckDB text of each aggregation that has a ClickHouse form, as the analyzers run it (after
+# `itl._register`, which the ITL analysis runs first on a local store).
+DUCKDB_FORM = {"itl_decode_steps": query_text("itl_decode_steps"), "itl_distribution": itl.ITL_DISTRIBUTION_SQL}
+
+
+def test_every_aggregation_with_a_clickhouse_form_is_held_to_its_duckdb_form() -> None:
+    assert set(TWINS) == set(DUCKDB_FORM)
+
+
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_an_aggregation_pushed_into_clickhouse_returns_the_rows_duckdb_computes(sample: str, name: str) -> None:
+    local_dir, url = sample_in_clickhouse(sample)
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        itl._register(local)
+        expected = local.aggregate(name, DUCKDB_FORM[name]).to_arrow_table()
+        got = clickhouse.aggregate(name, DUCKDB_FORM[name]).to_arrow_table()
+        assert not clickhouse.spans_read  # computed in ClickHouse: only the reduced rows came back
+        assert got.schema == expected.schema
+        assert got.num_rows == expected.num_rows > 0
+        assert got.equals(expected)
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_an_aggregation_pushed_into_clickhouse_reads_the_window_the_store_reads(name: str) -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local:
+        lo, hi = local.sql("SELECT min(start_ns), max(end_ns) FROM spans").fetchall()[0]
+        itl._register(local)
+        whole = local.aggregate(name, DUCKDB_FORM[name]).to_arrow_table()
+    with ClickHouseStore.open(url, lo + (hi - lo) // 3, lo + (hi - lo) // 2) as clickhouse:
+        got = clickhouse.aggregate(name, DUCKDB_FORM[name]).to_arrow_table()
+        assert not clickhouse.spans_read
+        itl._register(clickhouse)  # the window's spans read back, and the DuckDB form run on them
+        expected = Store.aggregate(clickhouse, name, DUCKDB_FORM[name]).to_arrow_table()
+        assert clickhouse.spans_read
+    assert got.num_rows > 0 and got.equals(expected)
+    assert sum(got.column(-1).to_pylist()) < sum(whole.column(-1).to_pylist())  # a part of the store
+
+
+def test_the_itl_distributions_are_the_same_pushed_down_and_computed_locally() -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        expected, got = itl.itl_distributions(local), itl.itl_distributions(clickhouse)
+        assert not clickhouse.spans_read
+    assert sorted(got) == sorted(expected) and expected
+    for instance, (values, weights) in expected.items():
+        assert got[instance][0].tolist() == values.tolist() and got[instance][1].tolist() == weights.tolist()
 
 
 def test_rows_are_written_as_the_collector_exporter_writes_them() -> None:

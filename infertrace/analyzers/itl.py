@@ -254,7 +254,7 @@ def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
 
 def _analyze(store: Store, p: ItlParams) -> ItlAnalysis:
     _register(store)
-    decode = store.sql(query_text("itl_decode_steps")).df()
+    decode = store.aggregate("itl_decode_steps", query_text("itl_decode_steps")).df()
     cand = _Candidates.of(store.sql(query_text("itl_stall_candidates"),
                                     {"max_gap_steps": p.max_gap_steps}).to_arrow_table())
     itls = _itl_distributions(store)
@@ -512,12 +512,24 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_st
     return top
 
 
+# The per-engine ITL distribution (after `_register`); ClickHouseStore computes it in ClickHouse
+# (infertrace/store/clickhouse/sql/itl_distribution.sql).
+ITL_DISTRIBUTION_SQL = ("SELECT instance, itl_ns, sum(tokens)::BIGINT AS tokens FROM (" + query_text("itl_token_itls")
+                        + ") WHERE instance IS NOT NULL GROUP BY instance, itl_ns ORDER BY instance, itl_ns")
+
+
+def itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per engine, its distinct ITLs in ascending order and how many tokens had each: what `analyze_itl`
+    summarises per engine, alone. Computed where the spans are when the store can (`Store.pushes_down`)."""
+    if not store.pushes_down("itl_distribution"):
+        _register(store)
+    return _itl_distributions(store)
+
+
 def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per engine (by name), its distinct ITLs in ascending order and how many tokens had each
     (`itl_token_itls`, summed per value in SQL: a few hundred thousand rows rather than every run)."""
-    table = store.sql("SELECT instance, itl_ns, sum(tokens)::BIGINT AS tokens FROM (" + query_text("itl_token_itls")
-                      + ") WHERE instance IS NOT NULL GROUP BY instance, itl_ns ORDER BY instance, itl_ns"
-                      ).to_arrow_table()
+    table = store.aggregate("itl_distribution", ITL_DISTRIBUTION_SQL).to_arrow_table()
     if table.num_rows == 0:
         return {}
     names = table["instance"].to_numpy(zero_copy_only=False)

@@ -87,42 +87,10 @@ def clickhouse_backend(directory: Path) -> Iterator[None]:
 
 
 def _in_clickhouse(store_dir: Path, chdb: Path) -> Store:
-    from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
+    from infertrace.store.clickhouse.store import mirrored_store
 
     database = "s_" + hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:20]
-    url = f"chdb://{chdb}?database={database}"
-    with Store.open(store_dir) as local:
-        spans = local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
-        store = ClickHouseStore.open(url, side_inputs=store_dir) if _has_table(url) else None
-        if store is not None and store.sql("SELECT count(*) FROM spans_raw").fetchall()[0][0] == spans:
-            return store
-        if store is not None:
-            store.close()
-        _drop(url)
-        export_rows(local, url)
-    return ClickHouseStore.open(url, side_inputs=store_dir)
-
-
-def _has_table(url: str) -> bool:
-    from infertrace.store.clickhouse.connection import connect
-
-    connection = connect(url)
-    try:
-        found = connection.query_arrow("SELECT count() AS n FROM system.tables WHERE database = {db:String} AND "
-                                       "name = 'otel_traces'", {"db": connection.target.database})
-        return bool(found.column("n")[0].as_py())
-    finally:
-        connection.close()
-
-
-def _drop(url: str) -> None:
-    from infertrace.store.clickhouse.connection import connect
-
-    connection = connect(url)
-    try:
-        connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
-    finally:
-        connection.close()
+    return mirrored_store(store_dir, f"chdb://{chdb}?database={database}")
 
 
 def _itl(bank: Path) -> dict[str, Any]:

@@ -245,6 +245,16 @@ class Store:
             return self.con.sql(query)
         return self.con.sql(query, params=params)
 
+    def aggregate(self, name: str, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """An analyzer's named aggregation, `query` being its DuckDB text over the views. Run here; a backend whose
+        spans live elsewhere runs its own form of `name` there when it has one, and only the reduced rows come
+        back (`ClickHouseStore`; `pushes_down`)."""
+        return self.sql(query, params)
+
+    def pushes_down(self, name: str) -> bool:
+        """Whether `aggregate(name, …)` runs where the spans are rather than on this connection's views."""
+        return False
+
     def relation(self, name: str) -> duckdb.DuckDBPyRelation:
         """A derived relation (or `spans`, `spans_raw`) as a DuckDB relation."""
         if name not in (*RELATIONS, *SIDE_RELATIONS, "spans", "spans_raw"):

@@ -30,6 +30,7 @@ import duckdb
 import pyarrow as pa
 
 from infertrace.store.clickhouse.connection import Connection, connect
+from infertrace.store.clickhouse.pushdown import TWINS, plain_columns, twin_sql
 from infertrace.store.clickhouse.rows import (
     EXPORT_MACROS,
     duckdb_casts,
@@ -86,6 +87,19 @@ def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int
     return connection.query_arrow(from_otel_traces_sql(connection.target.table, where), params)
 
 
+def _snapshot_attribute(name: str) -> property:
+    """An attribute of `ClickHouseStore` that reads the spans back before it is read."""
+
+    def get(self: ClickHouseStore) -> Any:
+        self._pull()
+        return self.__dict__["_" + name]
+
+    def put(self: ClickHouseStore, value: Any) -> None:
+        self.__dict__["_" + name] = value
+
+    return property(get, put)
+
+
 class ClickHouseStore(Store):
     """A `Store` whose spans are those of ClickHouse's `otel_traces` in a window (all of them without one)."""
 
@@ -116,17 +130,64 @@ class ClickHouseStore(Store):
             con.close()
             raise
 
+    # The spans are read back on first use of the views, not on open: aggregations that run in ClickHouse
+    # (`aggregate`) never need them. Everything that reads the snapshot (the connection, its segments and
+    # counts) reads it through these properties.
+    _pulled = True  # until the first refresh()
+
+    def refresh(self) -> None:
+        """Takes a new snapshot, read back from ClickHouse when the views are first used."""
+        self._pulled = False
+
+    def _pull(self) -> None:
+        if self._pulled:
+            return
+        self._pulled = True
+        try:
+            Store.refresh(self)
+        except BaseException:
+            self._pulled = False
+            raise
+
+    con = _snapshot_attribute("con")
+    segments = _snapshot_attribute("segments")
+    skipped = _snapshot_attribute("skipped")
+    notes = _snapshot_attribute("notes")
+    duplicate_rows = _snapshot_attribute("duplicate_rows")
+    conflicting_spans = _snapshot_attribute("conflicting_spans")
+
+    @property
+    def spans_read(self) -> bool:
+        """Whether this snapshot's spans have been read back from ClickHouse (a view was used)."""
+        return self._pulled
+
+    def pushes_down(self, name: str) -> bool:
+        return name in TWINS
+
+    def aggregate(self, name: str, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """Aggregation `name` in ClickHouse over the window's spans when it has a ClickHouse form
+        (`pushdown.TWINS`), only its rows coming back; otherwise `query` on the spans read back."""
+        table = self.connection.target.table
+        where, bound = window_clause(table, self.since_ns, self.until_ns)
+        sql = twin_sql(name, table, where)
+        if sql is None:
+            return super().aggregate(name, query, params)
+        rows = plain_columns(self.connection.query_arrow(sql, {**bound, **(params or {})}))
+        return self.__dict__["_con"].from_arrow(rows)
+
     def _load_spans_raw(self) -> None:
         rows = span_rows(self.connection, self.since_ns, self.until_ns)
-        self.con.register("_clickhouse_rows", rows)
+        con = self.__dict__["_con"]
+        con.register("_clickhouse_rows", rows)
         try:
-            self.con.execute("CREATE OR REPLACE TABLE _clickhouse_spans AS " + duckdb_casts("_clickhouse_rows"))
+            con.execute("CREATE OR REPLACE TABLE _clickhouse_spans AS " + duckdb_casts("_clickhouse_rows"))
         finally:
-            self.con.unregister("_clickhouse_rows")
-        self.con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
+            con.unregister("_clickhouse_rows")
+        del rows
+        con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
         self.skipped, self.notes = [], {}
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
-        (count, last), = self.con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
+        (count, last), = con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
 
@@ -137,7 +198,7 @@ class ClickHouseStore(Store):
         """The snapshot is a table of this connection: nothing to re-list."""
 
     def close(self) -> None:
-        super().close()
+        self.__dict__["_con"].close()
         self.connection.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -166,6 +227,42 @@ def export_rows(store: Store, url: str) -> int:
         return written
     finally:
         connection.close()
+
+
+def has_otel_traces(url: str) -> bool:
+    """True when the database a URL names has an `otel_traces` table."""
+    connection = connect(url)
+    try:
+        found = connection.query_arrow("SELECT count() AS n FROM system.tables WHERE database = {db:String} AND "
+                                       "name = 'otel_traces'", {"db": connection.target.database})
+        return bool(found.column("n")[0].as_py())
+    finally:
+        connection.close()
+
+
+def drop_otel_traces(url: str) -> None:
+    """Drops the `otel_traces` table of the database a URL names (when there is one)."""
+    connection = connect(url)
+    try:
+        connection.command(f"DROP TABLE IF EXISTS {connection.target.table}")
+    finally:
+        connection.close()
+
+
+def mirrored_store(store_dir: Path, url: str) -> ClickHouseStore:
+    """A local store's spans read back through ClickHouse: written into `otel_traces` at `url` as the exporter
+    writes them, unless the table already holds as many spans (a previous call), then opened as a
+    `ClickHouseStore` reading the local store's side inputs. A table holding another count is replaced."""
+    with Store.open(store_dir) as local:
+        spans = local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+        if has_otel_traces(url):
+            store = ClickHouseStore.open(url, side_inputs=store_dir)
+            if store.sql("SELECT count(*) FROM spans_raw").fetchall()[0][0] == spans:
+                return store
+            store.close()
+        drop_otel_traces(url)
+        export_rows(local, url)
+    return ClickHouseStore.open(url, side_inputs=store_dir)
 
 
 def ingest_window(root: Path, url: str, since_ns: int | None, until_ns: int | None,

@@ -1,0 +1,85 @@
+"""Aggregations that run inside ClickHouse, over `otel_traces`, so that only their reduced rows come back.
+
+    rows = store.aggregate("itl_distribution", duckdb_text)   # any Store; ClickHouseStore runs the twin below
+
+An analyzer names an aggregation and gives its DuckDB text (over the store's views); a local store runs that
+text. `ClickHouseStore` runs the aggregation's ClickHouse form, `sql/<name>.sql` here, when there is one: the
+same rows computed from the exporter's rows in ClickHouse (the window's spans only), never the spans
+themselves. Each twin is tested to return exactly the DuckDB text's rows on the same spans
+(tests/test_store_clickhouse.py). Aggregations without a twin run in DuckDB on the spans read back.
+
+The twins read the window's engine step spans through `step_spans_sql`, which types the few attributes they
+need from the exporter's maps exactly as `rows.from_otel_traces_sql` types them for the local relations.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from infertrace.store.clickhouse.rows import _ch_value
+
+# Aggregations with a ClickHouse form (sql/<name>.sql).
+TWINS: Final = tuple(sorted(p.name.removesuffix(".sql") for p in resources.files(
+    "infertrace.store.clickhouse").joinpath("sql").iterdir() if p.name.endswith(".sql")))
+
+
+def _list(key: str, item: str) -> tuple[str, str]:
+    """(the list as a ClickHouse array, empty when absent or not a list of its type; whether it is present)."""
+    text = _ch_value("SpanAttributes", key, {"Int64": "int[]", "String": "string[]", "Bool": "bool[]"}[item])
+    return f"JSONExtract(coalesce({text}, '[]'), 'Array({item})')", f"({text}) IS NOT NULL"
+
+
+def step_spans_sql(table: str, where: str) -> str:
+    """ClickHouse SELECT of the engine step spans among the rows `where` chooses (each span once), with the
+    columns the twins read, typed as the local store types them."""
+    durations, has_durations = _list("infertrace.step.durations_ns", "Int64")
+    decode_ids, _ = _list("infertrace.step.decode.request_ids", "String")
+    prefill_ids, _ = _list("infertrace.step.prefill.request_ids", "String")
+    samples, _ = _list("infertrace.step.prefill.samples_token", "Bool")
+    preempted, _ = _list("infertrace.step.preempted.request_ids", "String")
+    return f"""SELECT
+        toUnixTimestamp64Nano(Timestamp) AS start_ns,
+        {_ch_value("ResourceAttributes", "service.instance.id", "string")} AS instance,
+        {_ch_value("SpanAttributes", "infertrace.step.index", "int")} AS first_step_index,
+        {durations} AS durations,
+        if({has_durations}, length(durations), {_ch_value("SpanAttributes", "infertrace.step.count", "int")})
+            AS run_steps,
+        if(length(durations) > 0, start_ns + durations[1], NULL) AS first_step_end_ns,
+        if(length(durations) > 0, start_ns + arraySum(durations), NULL) AS last_step_end_ns,
+        {decode_ids} AS decode_ids,
+        {prefill_ids} AS prefill_ids,
+        {samples} AS samples_token,
+        toInt64(length(decode_ids)) AS num_decodes,
+        toInt64(length(prefill_ids)) AS num_prefills,
+        toInt64(length({preempted})) AS num_preempted,
+        {_ch_value("SpanAttributes", "infertrace.step.decode.context_tokens", "int")} AS context_tokens,
+        coalesce({_ch_value("SpanAttributes", "infertrace.step.pause_ns", "int")}, 0) AS pause_ns
+    FROM (SELECT * FROM {table} {where})
+    WHERE SpanName = 'engine_step'
+    LIMIT 1 BY TraceId, SpanId"""
+
+
+def twin_sql(name: str, table: str, where: str) -> str | None:
+    """The ClickHouse form of aggregation `name` over the spans `where` chooses in `table`, or None when it has
+    none. Its parameters are bound (`{name:Type}`); only the span source is composed in."""
+    if name not in TWINS:
+        return None
+    text = resources.files("infertrace.store.clickhouse").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return body.replace("{step_spans}", step_spans_sql(table, where))
+
+
+def plain_columns(rows: pa.Table) -> pa.Table:
+    """ClickHouse's Arrow output with its text as strings (chdb returns String columns as binary)."""
+    columns = []
+    for column in rows.columns:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            column = pc.cast(column, pa.string())
+        columns.append(column)
+    return pa.table(columns, names=rows.column_names)
