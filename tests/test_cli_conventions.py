@@ -96,6 +96,7 @@ def test_every_command_with_a_store_option_reads_infertrace_store() -> None:
         assert param.envvar == STORE_ENV, path
 
 
+@pytest.mark.slow
 def test_query_and_report_run_on_the_store_named_by_infertrace_store(store: Path) -> None:
     env = {STORE_ENV: str(store)}
     result = infertrace("query", "worst_itl_gaps", "--param", "top=3", "--format", "json", env=env)
@@ -108,6 +109,7 @@ def test_query_and_report_run_on_the_store_named_by_infertrace_store(store: Path
     assert "Fleet SLO summary" in report.stdout
 
 
+@pytest.mark.slow
 def test_a_mistyped_query_name_or_parameter_gets_did_you_mean_and_exit_2(store: Path) -> None:
     result = infertrace("query", "--store", str(store), "worst_itl_gap")
     assert result.returncode == 2
@@ -132,6 +134,7 @@ def test_relative_times_count_back_from_now() -> None:
         parse_when("yesterday", NOW)
 
 
+@pytest.mark.slow
 def test_report_and_query_take_relative_times_and_say_when_the_window_misses_the_store(store: Path) -> None:
     result = infertrace("report", "--store", str(store), "--since", "-15m", "--section", "slo")
     assert result.returncode == 0, result.stderr

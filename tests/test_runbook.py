@@ -145,6 +145,7 @@ def test_runbook_md_is_generated_from_the_headers_and_not_stale() -> None:
         assert f"## {q.name}" in committed
 
 
+@pytest.mark.slow
 def test_cli_lists_runs_and_exits_2_on_a_missing_store_or_a_bad_parameter(tmp_path: Path) -> None:
     store = str(demo_store().store)
 

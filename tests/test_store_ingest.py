@@ -188,6 +188,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.slow
 def test_cli_ingest_exit_codes_strict_and_missing_paths(trace_file: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nonsense\n" + trace_file.read_text().splitlines()[0] + "\n")
