@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 
 from infertrace.analyzers.blame import BlameContext, blame_requests
-from infertrace.analyzers.pools import pool_of
+from infertrace.analyzers.pools import Pool, pool_of
 from infertrace.analyzers.topology import Edge, Node, Topology
 
-POOLS = {"m-prefill-0": "m prefill pool", "m-decode-0": "m decode pool"}
+POOLS = {"m-prefill-0": Pool("m prefill pool", "m", "prefill_worker", ("m-prefill-0",)),
+         "m-decode-0": Pool("m decode pool", "m", "decode_worker", ("m-decode-0",))}
 
 
 def _slow_prefill_leg() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from infertrace.analyzers.pools import Pool
+
 COMPONENT_WORDS = {"auth": "auth", "rate_limiter": "rate-limit", "router": "route", "scheduler": "global-queue",
                    "link": "KV-transfer"}
 SOFT_Z_LOW = 1.0  # a request's latency score at which it starts to count as slow ...
@@ -67,7 +69,7 @@ class BlameContext:
     service_rise: dict[str, float] = field(default_factory=dict)
     load_through: dict[str, dict[str, float]] = field(default_factory=dict)
     strict: bool = True  # blame slowness only on what changed; False: on the hop, whatever (to find candidates)
-    pool_of: dict[str, str] = field(default_factory=dict)  # engine instance -> its pool's candidate id (pools.py)
+    pool_of: dict[str, Pool] = field(default_factory=dict)  # engine instance -> its pool (pools.py)
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,8 @@ def blame_requests(troubled: pd.DataFrame, hops: pd.DataFrame, engine_rows: pd.D
     engine_instances = engine_rows["instance"].to_numpy(dtype=object)
     excess = _excess(engine_rows["engine_ttft_ns"].to_numpy(dtype=float), engine_instances, engine_base)
     for r, i, e in zip(engine_req.tolist(), engine_instances, excess.tolist(), strict=True):
-        engine_excess[r][ctx.pool_of.get(i, "")] += e  # a disaggregated model's leg: its pool ("": the engines)
+        pool = ctx.pool_of.get(i)
+        engine_excess[r][pool.id if pool else ""] += e  # a disaggregated model's leg: its pool ("": the engines)
     engine_failed = set(engine_req[engine_rows["failed"].to_numpy(dtype=bool, na_value=False)].tolist())
 
     deferred = []  # rejections: resolved once the failures that trigger retries are known
@@ -230,7 +233,7 @@ def _engine_cause(model: str, engines_id: str, held_in: str | None, ctx: BlameCo
     slowed is the model's engines), else load on the model, else a global queue's burst, else unexplained (the
     engines or the pool, when finding candidates)."""
     if pool is not None and pool != engines_id and pool in ctx.significant:
-        others = {p for p in ctx.pool_of.values() if p != pool and p.rsplit(" ", 2)[0] == model}
+        others = {p.id for p in ctx.pool_of.values() if p.id != pool and p.model == model}
         both = engines_id in ctx.significant and bool(others & ctx.significant.keys())
         return [(engines_id if both else pool, 1.0)]
     if engines_id in ctx.significant:

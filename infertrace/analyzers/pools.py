@@ -40,6 +40,6 @@ def pools(topology: Topology) -> list[Pool]:
     return out
 
 
-def pool_of(topology: Topology) -> dict[str, str]:
-    """Each engine instance of a disaggregated model -> its pool's id."""
-    return {instance: p.id for p in pools(topology) for instance in p.instances}
+def pool_of(topology: Topology) -> dict[str, Pool]:
+    """Each engine instance of a disaggregated model -> its pool."""
+    return {instance: p for p in pools(topology) for instance in p.instances}

@@ -474,13 +474,12 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
     groups = {m: list(best.loc[best["target"] == m, "req"]) for m in majors}
     groups[majors[0]] += list(np.setdiff1d(mine, best["req"].to_numpy()))
     weight = dict(zip(troubled["req"], troubled["weight"], strict=True))
-    ordered = sorted((g for g in groups.values() if g), key=lambda g: -sum(weight[r] for r in g))
-    if not ordered:
+    sized = sorted(((sum(weight[r] for r in g), g) for g in groups.values() if g), key=lambda wg: -wg[0])
+    if not sized:
         return []
-    largest, *rest = ordered
-    kept = [g for g in rest if sum(weight[r] for r in g) >= least]
-    largest += [r for g in rest if sum(weight[r] for r in g) < least for r in g]
-    return [np.sort(np.array(g, dtype=int)) for g in (largest, *kept)]
+    (_, largest), *rest = sized
+    largest += [r for w, g in rest if w < least for r in g]
+    return [np.sort(np.array(g, dtype=int)) for g in (largest, *(g for w, g in rest if w >= least))]
 
 
 def _sub_incident(incident: Incident, reqs: np.ndarray, troubled: pd.DataFrame, onset: int, end: int,
