@@ -45,6 +45,7 @@ import pandas as pd
 
 from infertrace.analyzers.pools import Pool
 
+ENGINE_QUEUEING = "engine queueing at "  # how blame that came through an engine's (or a pool's) queue is named
 COMPONENT_WORDS = {"auth": "auth", "rate_limiter": "rate-limit", "router": "route", "scheduler": "global-queue",
                    "link": "KV-transfer"}
 SOFT_Z_LOW = 1.0  # a request's latency score at which it starts to count as slow ...
@@ -181,7 +182,7 @@ def blame_requests(troubled: pd.DataFrame, hops: pd.DataFrame, engine_rows: pd.D
                 targets, how = _hold_cause(source, model, engines_id, ctx.router_of.get(r), ctx), f"hold in {source}"
             else:
                 targets = _engine_cause(model, engines_id, held_by.get(r), ctx, pool=source)
-                how = f"engine queueing at {source}"
+                how = ENGINE_QUEUEING + source
             _rows(out, r, targets, weight * amount / total, source, how)
 
     for r, instance, tenant, weight in deferred:

@@ -25,12 +25,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from infertrace.analyzers.blame import ENGINE_QUEUEING
+from infertrace.analyzers.pools import POOL_KINDS
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
 TOLERANCE = 0.15
 NAIVE = ("gpu_prefill_alone", "flops_ratio")
 PD_RCA_FAMILIES = ("cross_dc_read_write", "kv_transfer_congestion")
-QUEUED_AT = "engine queueing at "  # how blame.py names blame that came through an engine's (or a pool's) queue
+POOL_SUFFIXES = tuple(f" {name}" for name in POOL_KINDS.values())  # a pool candidate's id ends so
 
 
 def _scored(quoted: float | None, measured: float | None) -> dict[str, Any]:
@@ -79,11 +81,11 @@ def _scenario(scenario: Path, truth: dict[str, Any]) -> dict[str, Any]:
 
 
 def _named_pool(cause: Any) -> str | None:
-    """The pool a ranked cause names: itself, or the pool its blame came through most (`QUEUED_AT`)."""
-    if cause.candidate.id.endswith((" prefill pool", " decode pool")):
+    """The pool a ranked cause names: itself, or the pool its blame came through most (`ENGINE_QUEUEING`)."""
+    if cause.candidate.id.endswith(POOL_SUFFIXES):
         return str(cause.candidate.id)
-    queued = [(n, how[len(QUEUED_AT):]) for how, n in cause.received if how.startswith(QUEUED_AT)]
-    pools = [(n, where) for n, where in queued if where.endswith((" prefill pool", " decode pool"))]
+    queued = [(n, how[len(ENGINE_QUEUEING):]) for how, n in cause.received if how.startswith(ENGINE_QUEUEING)]
+    pools = [(n, where) for n, where in queued if where.endswith(POOL_SUFFIXES)]
     return max(pools)[1] if pools else None
 
 
