@@ -53,8 +53,8 @@ class Scheduler:
             self._schedule_prefills(batch, budget)
         else:
             self._schedule_prefills(batch, budget)
-            if not batch.prefills:
-                self._schedule_decodes(batch, budget)
+            if not batch.prefills:  # then no running sequence is prefilling: each would have had a chunk
+                self._schedule_decodes(batch, budget, all_decoding=True)
         if not batch.prefills and batch.decodes:
             batch.max_steps = self._max_decode_steps(batch.decodes)
             self._reserve_decode_blocks(batch.decodes, batch.max_steps)
@@ -66,7 +66,7 @@ class Scheduler:
         for seq in self.running:  # sequences in the middle of a chunked prefill continue first
             if budget == 0:
                 return
-            if seq.is_prefilling:
+            if seq.num_computed_tokens < seq.prefill_target:  # is_prefilling, inlined: this loop runs every step
                 chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
                 batch.prefills.append((seq, chunk))
                 budget -= chunk
@@ -105,14 +105,19 @@ class Scheduler:
             budget -= chunk
 
     # -------------------------------------------------------------------------------------- decodes
-    def _schedule_decodes(self, batch: Batch, budget: int) -> int:
-        """Give every decoding sequence one token (preempting when KV runs out); returns tokens used."""
+    def _schedule_decodes(self, batch: Batch, budget: int, all_decoding: bool = False) -> int:
+        """Give every decoding sequence one token (preempting when KV runs out); returns tokens used.
+        `all_decoding`: the caller knows that no running sequence is prefilling."""
         bm = self.block_manager
         block_size = bm.block_size
-        decoding = [s for s in self.running if not s.is_prefilling][:budget]
+        running = SequenceStatus.RUNNING
+        if all_decoding:
+            decoding = self.running[:budget]
+        else:
+            decoding = [s for s in self.running if s.num_computed_tokens >= s.prefill_target][:budget]
         scheduled: list[Sequence] = []
         for seq in decoding:
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted below to make room for an earlier sequence
             if seq.num_computed_tokens >= len(seq.block_table) * block_size:  # the next KV needs a new block
                 while bm.num_free_blocks == 0:
@@ -120,7 +125,7 @@ class Scheduler:
                     self._preempt(victim, batch)
                     if victim is seq:
                         break
-                if seq.status is not SequenceStatus.RUNNING:
+                if seq.status is not running:
                     continue
                 bm.append_blocks(seq, 1)
             scheduled.append(seq)
@@ -147,13 +152,13 @@ class Scheduler:
         """Steps the decode batch can repeat before its membership must change: a sequence finishes, or
         the free KV blocks run out (the step after that may preempt)."""
         bs = self.block_manager.block_size
-        limit = min(s.remaining_output for s in decodes)
+        limit = min([s.request.output_tokens - s.num_output_tokens for s in decodes])  # remaining_output
         free = self.block_manager.num_free_blocks
         # Tokens each sequence can still write into the blocks it holds; then one block per block_size.
         slack = [len(s.block_table) * bs - s.num_computed_tokens for s in decodes]
 
         def blocks_for(steps: int) -> int:
-            return sum(-((x - steps) // bs) for x in slack if x < steps)
+            return sum([-((x - steps) // bs) for x in slack if x < steps])
 
         if blocks_for(limit) <= free:
             return limit
@@ -203,10 +208,10 @@ class Scheduler:
             seq.num_computed_tokens += steps
             seq.num_output_tokens += steps
             seq.last_token_ns = end_ns
-            if seq.remaining_output == 0:
+            if seq.num_output_tokens == seq.request.output_tokens:  # remaining_output == 0, inlined
                 finished.append(seq)
         if steps < batch.max_steps:  # the run ended early: give back the blocks reserved for the rest
-            bm.trim([seq for seq in batch.decodes if seq.remaining_output])
+            bm.trim([seq for seq in batch.decodes if seq.num_output_tokens != seq.request.output_tokens])
         for seq in finished:
             self.running.remove(seq)
             bm.deallocate(seq)
