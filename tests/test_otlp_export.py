@@ -177,3 +177,18 @@ def test_otlp_http_export_with_the_standard_exporter_delivers_every_span(
 def test_a_non_finite_double_is_refused_rather_than_written_as_invalid_json() -> None:
     with pytest.raises(ValueError, match="cannot carry"):
         encode_attributes({"x": float("nan")})
+
+
+def test_strings_needing_escapes_and_extreme_doubles_round_trip_in_any_order_of_one_shape(tmp_path: Path) -> None:
+    """Spans of one attribute shape are encoded by a template compiled once; values that need escaping (quotes,
+    backslashes, control and non-ASCII characters) or extreme doubles, before or after plain ones, must still reach
+    the parser intact."""
+    plain = {"s": "req-1", "t": "tenant", "f": 0.25, "g": -0.0, "n": 7, "b": True, "l": ["a", "b"]}
+    odd = {"s": 'say "hi"\\', "t": "naïve\n\ttab", "f": 1.7976931348623157e308, "g": 1e308, "n": -3, "b": False,
+           "l": ["é", '"']}
+    path = tmp_path / "shapes.jsonl"
+    writer = OtlpJsonLinesWriter(path)
+    records = [SpanRecord(1, k + 1, 0, "s", 0, 1, attrs) for k, attrs in enumerate([plain, odd, plain, odd])]
+    writer.export({sc.SERVICE_NAME: "x"}, records)
+    writer.close()
+    assert [p.attrs for p in spans(path)] == [plain, odd, plain, odd]
