@@ -44,6 +44,11 @@ class InvariantChecker:
         assert len(held) + len(free) == bm.num_blocks
         for seq in self.engine.scheduler.waiting:
             assert not seq.block_table, "a waiting sequence holds no KV"
+        scheduler = self.engine.scheduler
+        assert scheduler.num_prefilling == sum(s.is_prefilling for s in scheduler.running), "prefills counted"
+        if batch.decodes:
+            assert batch.decode_context == sum(s.num_computed_tokens - len(report.durations) + 1
+                                               for s in batch.decodes), "the decodes' context at the first step"
         self.steps += 1
 
     def on_finish(self, seq: Sequence) -> None:

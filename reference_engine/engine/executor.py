@@ -35,7 +35,7 @@ class SimulatedExecutor:
         self.last_kv_load: tuple[int, int, float] | None = None  # host tokens, remote tokens, seconds (KV tiers)
 
     def execute(self, batch: Batch, now_ns: int, deadline_ns: int | None) -> np.ndarray:
-        ctx = sum([s.num_computed_tokens for s in batch.decodes]) + len(batch.decodes)  # Σ (computed + 1)
+        ctx = batch.decode_context
         if batch.prefills:
             chunks = [(n, seq.num_computed_tokens) for seq, n in batch.prefills]
             sampled = len(batch.decodes) + sum(

@@ -20,6 +20,7 @@ class Batch:
     preempted: list[Sequence] = field(default_factory=list)
     rejected: list[Sequence] = field(default_factory=list)  # can never run on this engine
     max_steps: int = 1  # a decode-only batch may repeat unchanged this many steps
+    decode_context: int = 0  # Σ (computed tokens + 1) over the decodes: the context their first step attends to
     kv_hits: list[tuple[Sequence, KvHit]] | None = None  # with KV tiers: where admitted prompts' prefixes were
 
     @property
@@ -37,6 +38,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.num_prefilling = 0  # running sequences with a prefill to finish (none: no need to look for them)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -55,15 +57,17 @@ class Scheduler:
             self._schedule_prefills(batch, budget)
             if not batch.prefills:  # then no running sequence is prefilling: each would have had a chunk
                 self._schedule_decodes(batch, budget, all_decoding=True)
-        if not batch.prefills and batch.decodes:
-            batch.max_steps = self._max_decode_steps(batch.decodes)
-            self._reserve_decode_blocks(batch.decodes, batch.max_steps)
+        if batch.decodes:
+            batch.decode_context = sum([s.num_computed_tokens for s in batch.decodes]) + len(batch.decodes)
+            if not batch.prefills:
+                batch.max_steps, slack = self._max_decode_steps(batch.decodes)
+                self._reserve_decode_blocks(batch.decodes, batch.max_steps, slack)
         return batch
 
     # ------------------------------------------------------------------------------------- prefills
     def _schedule_prefills(self, batch: Batch, budget: int) -> None:
         bm, cfg = self.block_manager, self.config
-        for seq in self.running:  # sequences in the middle of a chunked prefill continue first
+        for seq in self.running if self.num_prefilling else ():  # mid-prefill sequences continue first
             if budget == 0:
                 return
             if seq.num_computed_tokens < seq.prefill_target:  # is_prefilling, inlined: this loop runs every step
@@ -100,6 +104,7 @@ class Scheduler:
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = computed
             self.running.append(seq)
+            self.num_prefilling += 1  # at least one token is always computed (BlockManager.allocate)
             chunk = min(remaining, budget)
             batch.prefills.append((seq, chunk))
             budget -= chunk
@@ -140,6 +145,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, batch: Batch) -> None:
         self.running.remove(seq)
+        if seq.num_computed_tokens < seq.prefill_target:
+            self.num_prefilling -= 1
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
@@ -148,9 +155,10 @@ class Scheduler:
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
 
-    def _max_decode_steps(self, decodes: list[Sequence]) -> int:
+    def _max_decode_steps(self, decodes: list[Sequence]) -> tuple[int, list[int]]:
         """Steps the decode batch can repeat before its membership must change: a sequence finishes, or
-        the free KV blocks run out (the step after that may preempt)."""
+        the free KV blocks run out (the step after that may preempt); and each sequence's slack (tokens it can
+        still write into the blocks it holds)."""
         bs = self.block_manager.block_size
         limit = min([s.request.output_tokens - s.num_output_tokens for s in decodes])  # remaining_output
         free = self.block_manager.num_free_blocks
@@ -161,7 +169,7 @@ class Scheduler:
             return sum([-((x - steps) // bs) for x in slack if x < steps])
 
         if blocks_for(limit) <= free:
-            return limit
+            return limit, slack
         lo, hi = 1, limit  # one step is always possible: its blocks were appended while scheduling
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -169,17 +177,16 @@ class Scheduler:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo, slack
 
-    def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int) -> None:
+    def _reserve_decode_blocks(self, decodes: list[Sequence], steps: int, slack: list[int]) -> None:
         bm = self.block_manager
         bs = bm.block_size
         wanted: list[tuple[Sequence, int]] = []
         total = 0
-        for seq in decodes:
-            missing = seq.num_computed_tokens + steps - len(seq.block_table) * bs
-            if missing > 0:
-                wanted.append((seq, -(-missing // bs)))
+        for seq, room in zip(decodes, slack, strict=True):
+            if room < steps:  # missing = steps - room tokens' worth of blocks
+                wanted.append((seq, -(-(steps - room) // bs)))
                 total += wanted[-1][1]
         if total:  # one take for the whole batch: the same blocks as one take per sequence
             blocks = bm.take_blocks(total)
@@ -198,6 +205,7 @@ class Scheduler:
             seq.num_prefill_chunks += 1
             bm.cache_computed_blocks(seq)
             if not seq.is_prefilling:
+                self.num_prefilling -= 1
                 seq.num_output_tokens += 1
                 seq.last_token_ns = end_ns
                 if seq.first_token_ns is None:

@@ -111,12 +111,10 @@ _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new
 
 def step_facts(report: StepReport) -> StepFacts:
     batch = report.batch
-    decodes = batch.decodes
-    steps = len(report.durations)
     return _new_tuple(StepFacts, (
         report.index, report.start_ns, report.end_ns, report.durations.tolist(),
-        [s.request.request_id for s in decodes],
-        sum([s.num_computed_tokens for s in decodes]) - len(decodes) * (steps - 1),
+        [s.request.request_id for s in batch.decodes],
+        batch.decode_context,  # Σ context of the decodes at the first step
         [(s.request.request_id, chunk, s.num_computed_tokens - chunk, s.num_computed_tokens >= s.prefill_target)
          for s, chunk in batch.prefills],
         [s.request.request_id for s in batch.preempted], report.num_running, report.num_waiting,
