@@ -5,8 +5,10 @@ prefill), and which requests an assistant-prefill fault in "fail" mode breaks.""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -24,32 +26,42 @@ from reference_engine.workload import (
 CACHE_BUSTING_TOKENS = 12  # e.g. "Current time: 2026-01-01T00:03:17Z" placed before the system prompt
 
 
+_TraceRows = tuple[tuple[int, int, int, int], ...]  # arrival ns, prompt tokens, output tokens, max tokens
+
+
+@functools.lru_cache(maxsize=8)
+def _trace_rows(workload: str, path: Path, speedup: float, mtime_ns: int, size: int) -> _TraceRows:
+    """A trace's requests as plain rows, read once for all the tenants that replay it (the file's modification
+    time and size are part of the key: a rewritten file is read again)."""
+    read = azure_requests if workload == "azure" else mooncake_requests
+    return tuple((r.arrival_ns, r.prompt.num_tokens, r.output_tokens, r.max_tokens)
+                 for r in read(path, None, speedup, model=""))
+
+
 def _replay(tenant: TenantSpec, duration_s: float, epoch_ns: int) -> list[Request]:
     """The trace's requests from `offset_s` on, wrapping around to its start, over `duration_s`."""
     assert tenant.path is not None
-    if tenant.workload == "azure":
-        requests = azure_requests(tenant.path, None, tenant.speedup, model="", tenant=tenant.name,
-                                  id_prefix=tenant.name)
-    else:
-        requests = mooncake_requests(tenant.path, None, tenant.speedup, model="", tenant=tenant.name,
-                                     id_prefix=tenant.name)
-    if not requests:
+    path = Path(tenant.path)
+    stat = path.stat() if path.is_file() else None
+    rows = _trace_rows(tenant.workload, path, tenant.speedup, stat.st_mtime_ns if stat else 0,
+                       stat.st_size if stat else 0)
+    if not rows:
         return []
-    first = requests[0].arrival_ns
-    span = requests[-1].arrival_ns - first + 1
+    first = rows[0][0]
+    span = rows[-1][0] - first + 1
     offset, end = round(tenant.offset_s * 1e9) % span, round(duration_s * 1e9)
     out = []
     for lap in range(int(end // span) + 2):
-        for r in requests:
-            t = r.arrival_ns - first - offset + lap * span
+        for r in rows:
+            t = r[0] - first - offset + lap * span
             if 0 <= t < end:
                 out.append((t, r))
     out.sort(key=lambda x: x[0])
     replayed = []
-    for i, (t, r) in enumerate(out):
+    for i, (t, (_, prompt_tokens, output_tokens, max_tokens)) in enumerate(out):
         rid = f"{tenant.name}-{i:06d}"
-        replayed.append(Request(rid, epoch_ns + t, Prompt(((f"user-{rid}", r.prompt.num_tokens),)), r.output_tokens,
-                                r.max_tokens, tenant=tenant.name))
+        replayed.append(Request(rid, epoch_ns + t, Prompt(((f"user-{rid}", prompt_tokens),)), output_tokens,
+                                max_tokens, tenant=tenant.name))
     return replayed
 
 
