@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from infertrace import semconv as sc
+from infertrace.analyzers.disaggregation import batched_prefills, fifo_waits
 from reference_engine.engine.models import model
 from reference_engine.scenarios.bank import TRACES_FILE, run_scenario
 from reference_engine.scenarios.families import make_scenario
@@ -143,3 +144,18 @@ def test_a_congested_link_slows_the_transfers_that_start_while_it_lasts(tmp_path
     normal = statistics.median(rates[False])
     assert normal == pytest.approx(spec_link.bandwidth_gb_s * 1e9, rel=0.05)
     assert statistics.median(rates[True]) < 2 * fraction * normal  # queueing only lowers it further
+
+
+def test_a_gpu_prefill_host_takes_waiting_prompts_together_while_they_fit_its_step_budget() -> None:
+    arrival, tokens = np.array([0, 1, 2, 10]), np.array([8000, 6000, 4000, 100])
+    service = np.array([5.0, 4.0, 3.0, 1.0])
+    # the second and third arrive during the first's step and go together (10,000 tokens fit 16,384), paying the
+    # step overhead once; the fourth waits for their step
+    waits, ends = batched_prefills(arrival, tokens, service, 16384, step_overhead_ns=0.5)
+    assert ends.tolist() == [5.0, 11.5, 11.5, 12.5] and waits.tolist() == [0.0, 4.0, 3.0, 1.5]
+    # with 9,000 tokens a step they go one after the other, in arrival order
+    waits, ends = batched_prefills(arrival, tokens, service, 9000, step_overhead_ns=0.5)
+    assert ends.tolist() == [5.0, 9.0, 12.0, 13.0] and waits.tolist() == [0.0, 4.0, 7.0, 2.0]
+    # with no room for two, it is the FIFO queue of Lindley's recursion
+    waits, ends = batched_prefills(arrival, tokens, service, 0, step_overhead_ns=0.5)
+    assert waits.tolist() == fifo_waits(arrival, service).tolist()
