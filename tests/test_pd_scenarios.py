@@ -1,5 +1,5 @@
-"""The two prefill/decode scenario families in the bank, scored by `infertrace evaluate`: the CPU-only host
-whose report recommends a GPU prefill host (quoting the TTFT the disaggregated twin measured, within 15%), and
+"""The two prefill/decode scenario families in the bank, scored by `infertrace evaluate`: CPU-only hosts whose
+report recommends a GPU prefill host (quoting the TTFT the disaggregated twin measured, within 15%), and
 read/write separation across data centres, where root-cause ranking names the fibre link, or a tenant's surge and
 the prefill pool it saturated."""
 
@@ -21,13 +21,15 @@ def _generate(out: Path, family: str | tuple[str, ...], count: int, duration_s: 
     assert result.exit_code == 0, result.output
 
 
-def test_the_report_recommends_a_gpu_prefill_host_for_a_cpu_only_host_within_15_percent_of_the_twin(
+def test_the_report_recommends_a_gpu_prefill_host_for_cpu_only_hosts_within_15_percent_of_the_twin(
         tmp_path: Path) -> None:
     bank = tmp_path / "bank"
-    _generate(bank, "cpu_decode_host", 2, 600)
-    for truth in (json.loads(p.read_text()) for p in bank.glob("*/ground_truth.json")):
+    _generate(bank, "cpu_decode_host", 2, 600)  # seed 1: 22 CPU hosts sharing the GPU host, then one CPU host
+    truths = {t["scenario"]: t for t in (json.loads(p.read_text()) for p in bank.glob("*/ground_truth.json"))}
+    for truth in truths.values():
         twin = truth["details"]["twin"]
         assert twin["answered"] == twin["requests"] == truth["summary"]["requests"] > 10
+    assert sorted(t["details"]["cpu_hosts"] > 1 for t in truths.values()) == [False, True]
     result = CliRunner().invoke(app, ["evaluate", str(bank), "--section", "pd", "--format", "json"])
     assert result.exit_code == 0, result.output
     pd = json.loads(result.stdout)["pd"]
@@ -37,10 +39,15 @@ def test_the_report_recommends_a_gpu_prefill_host_for_a_cpu_only_host_within_15_
         # the CPU-only host prefills for minutes; the twin's GPU prefill host answers in seconds
         assert row["measured_ttft_p50_ms"] < 5_000
     assert pd["within_tolerance"] == 2
-    # the naive estimates are scored beside it, on the same scenarios
-    assert set(pd["baselines"]) == {"gpu_prefill_alone", "flops_ratio"}
+    # the naive estimates (and the estimate without the engine's batching) are scored beside it
+    assert set(pd["baselines"]) == {"gpu_prefill_alone", "flops_ratio", "unbatched_fifo"}
     for row in pd["scenarios"]:
         assert all(b["relative_error"] is not None for b in row["baselines"].values()), row
+    # where the CPU hosts share the GPU host, it is busy and its queue is what the prefill time alone misses
+    shared = next(r for r in pd["scenarios"] if r["cpu_hosts"] > 1)
+    assert shared["variant"] == "CPU hosts sharing a GPU prefill host" and shared["gpu_utilization"] > 0.5
+    assert abs(shared["baselines"]["gpu_prefill_alone"]["relative_error"]) > 0.15, shared
+    assert set(pd["per_variant"]) == {"one CPU host", "CPU hosts sharing a GPU prefill host"}
     assert pd["rca"]["cases"] == 0  # no root-cause family in this bank
 
 
