@@ -159,3 +159,26 @@ def test_a_gpu_prefill_host_takes_waiting_prompts_together_while_they_fit_its_st
     # with no room for two, it is the FIFO queue of Lindley's recursion
     waits, ends = batched_prefills(arrival, tokens, service, 0, step_overhead_ns=0.5)
     assert waits.tolist() == fifo_waits(arrival, service).tolist()
+
+
+def test_an_instance_slowdown_on_the_prefill_worker_slows_that_pool_alone(tmp_path: Path) -> None:
+    fault = '\n[[fault]]\nkind = "instance_slowdown"\ntarget = "llama-3-8b-prefill-0"\nstart_s = 20.0\n' \
+            'duration_s = 20.0\nfactor = 3.0\n'
+    spec = fleet_from_toml(DISAGGREGATED.replace("rate = 5.0", "rate = 2.0") + fault)
+    path = tmp_path / "traces.jsonl"
+    simulate_fleet(spec, path, duration_s=60, seed=4)
+    traces = Traces.read(path)
+    start = min(p.span.start_time_unix_nano for p in traces.named(sc.SPAN_GATEWAY))
+    ns_per_token: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for p in traces.named(sc.SPAN_STEP):
+        tokens = p.attrs.get(sc.STEP_PREFILL_TOKENS, 0) + p.attrs.get(sc.STEP_DECODE_TOKENS, 0)
+        t = (p.span.start_time_unix_nano - start) / 1e9
+        if tokens and not 19 < t < 21 and not 39 < t < 41:  # steps across an edge are partly slowed
+            ns_per_token[(p.resource[sc.COMPONENT_KIND], 20 <= t < 40)].append(
+                (p.span.end_time_unix_nano - p.span.start_time_unix_nano) / tokens)
+    prefill = statistics.median(ns_per_token[("prefill_worker", True)]) / \
+        statistics.median(ns_per_token[("prefill_worker", False)])
+    decode = statistics.median(ns_per_token[("decode_worker", True)]) / \
+        statistics.median(ns_per_token[("decode_worker", False)])
+    assert 2.5 < prefill < 3.5
+    assert 0.7 < decode < 1.3
