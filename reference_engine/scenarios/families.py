@@ -19,8 +19,8 @@ Families (what the fault does, and which analysis the scenario exercises):
 | assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens (or fail) | lift |
 | cpu_decode_host | CPU-only hosts serve a model: prompts prefill for minutes (fix: one GPU prefill host in front of
   them, idle for one host, 55–85% busy when several share it) | pd |
-| cross_dc_read_write | prefill and decode pools in two data centres over fibre: the link congests, or a surge of long
-  prompts saturates the prefill pool | rca, ttft |
+| cross_dc_read_write | prefill and decode pools in two data centres over fibre: the link congests, a surge of long
+  prompts saturates the prefill pool, or the prefill pool's machine slows | rca, ttft |
 
 Every scenario's ground truth also carries the ITL truth (stalled steps with victims and culprits,
 preemptions, host pauses) recorded by the simulator, whatever the family.
@@ -439,7 +439,8 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
     400 Gbit/s fibre link of 200–1000 km (≈ 5 µs/km one way, plus switching); its other models stay colocated.
     The incident: the link congests (the KV of every request crawls: only the disaggregated model degrades; root
     cause the link), or a tenant's surge of long prompts saturates the prefill pool (root cause the tenant's load,
-    with the pool it saturated named in the truth as `pool`)."""
+    with the pool it saturated named in the truth as `pool`), or the prefill pool loses capacity, its machine
+    computing every step 2.5–5× slower (root cause the pool's engine, the pool named in the truth as `pool`)."""
     model = _dense_model(fleet, largest=True)
     km = rng.uniform(200, 1000)
     link = LinkSpec("fibre-dc1-dc2", bandwidth_gb_s=50.0, latency_ms=round(km * 0.005 + 0.2, 2))
@@ -452,11 +453,19 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
     fleet = replace(fleet, models=models, links=(link,))
     prefill = [i for i, role in fleet.engine_instances(model) if role == "prefill_worker"]
     details = {"link_km": round(km), "link": link.id, "model": model}
-    if rng.random() < 0.6:
+    mode = rng.random()
+    if mode < 0.6:
         fault = FaultSpec("link_congestion", link.id, onset, length,
                           {"bandwidth_fraction": round(rng.uniform(0.005, 0.03), 4)})
         root = {"kind": "link", "instances": [link.id], "models": [model], "shared": False}
         details["mode"] = "link"
+    elif mode >= 0.8:
+        # the prefill pool itself loses capacity: its machine throttles (one prefill worker: the whole pool)
+        fault = FaultSpec("instance_slowdown", prefill[0], onset, length,
+                          {"factor": round(rng.uniform(2.5, 5.0), 2)})
+        root = {"kind": "engine", "instances": prefill, "models": [model], "shared": False,
+                "pool": f"{model} prefill pool"}
+        details["mode"] = "prefill_pool_slowdown"
     else:
         tenant = rng.choice([t.name for t in fleet.tenants if model in t.models] or [t.name for t in fleet.tenants])
         fault = FaultSpec("request_surge", model, onset, length, {
