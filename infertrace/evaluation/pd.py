@@ -16,13 +16,14 @@ and an ablation of the estimate itself, `unbatched_fifo`: the same replay with t
 a step (a plain FIFO queue, without the engine's batching of waiting prompts up to its step budget): what
 modelling the batching is worth where the host is busy.
 
-**Root cause.** For the P/D families scored by root-cause ranking (`PD_RCA_FAMILIES`: a KV link congesting, or a
-tenant's surge saturating a prefill pool), AC@k as the `rca` section scores it (`evaluation.rca`), per family
-beside that section's baselines (random ranking, the highest own anomaly scored as BARO scores services, the most
-models served). A surge's cause is the tenant's load; its truth also names the pool it saturated (`pool`), and the
-top cause *names the pool* when it is that pool, or when the blame that reached it came through engine queueing at
-that pool more than at any other (`blame.py`: a disaggregated request's time to its first token is blamed per
-leg, from the pool that served it).
+**Root cause.** For the P/D families scored by root-cause ranking (`PD_RCA_FAMILIES`: a KV link congesting, a
+tenant's surge saturating a prefill pool, the prefill pool slowing), AC@k as the `rca` section scores it
+(`evaluation.rca`), per family beside that section's baselines (random ranking, the highest own anomaly scored as
+BARO scores services, the most models served). A surge's cause is the tenant's load; its truth also names the pool
+it saturated (`pool`); a pool that lost capacity (its engine slowed) is itself the cause, its truth naming it as
+`pool` too. For each such culprit the top cause *names the pool* when it is that pool, or when the blame that
+reached it came through engine queueing at that pool more than at any other (`blame.py`: a disaggregated
+request's time to its first token is blamed per leg, from the pool that served it).
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ def render_pd(section: dict[str, Any]) -> str:
     lines += ["  ".join(c.ljust(width[i]) if i == 0 else c.rjust(width[i]) for i, c in enumerate(r)) for r in rows]
     pools = rca["pool_named"]
     if pools["cases"]:
-        lines.append(f"surges that saturated a pool whose top cause names that pool: {pools['named']}/{pools['cases']}")
+        lines.append(f"culprits whose truth names a pool (a surge that saturated it, or the pool itself) whose top "
+                     f"cause names that pool: {pools['named']}/{pools['cases']}")
         for p in pools["scenarios"]:
             lines.append(f"  {p['scenario']}: top {p['top']}, names {p['named'] or 'no pool'} (truth: {p['pool']})")
     return "\n".join(lines)
