@@ -83,3 +83,23 @@ def test_rca_names_the_fibre_link_or_the_prefill_pool_across_data_centres(tmp_pa
     assert rca["infertrace"]["ac@1"] >= 2 / 3  # measured 1.0 (the twelve-scenario bank: 1.0, BARO-style 0.33)
     assert rca["infertrace"]["ac@1"] > rca["highest_own_anomaly"]["ac@1"]
     assert rca["pool_named"] == {**rca["pool_named"], "cases": 2, "named": 2}
+
+
+@pytest.mark.slow
+def test_rca_names_the_prefill_pool_itself_when_its_machine_slows(tmp_path: Path) -> None:
+    bank = tmp_path / "bank"
+    # the first two of BENCHMARKS.md's seed-7 bank: a surge into the prefill pool, then the pool slowing ×2.96
+    _generate(bank, "cross_dc_read_write", 2, 600, seed=7)
+    truths = {t["scenario"]: t for t in (json.loads(p.read_text()) for p in bank.glob("*/ground_truth.json"))}
+    slowed = truths["001-cross_dc_read_write"]
+    model = slowed["details"]["model"]
+    assert slowed["details"]["mode"] == "prefill_pool_slowdown" and slowed["fault"]["kind"] == "instance_slowdown"
+    assert slowed["root_cause"] == {**slowed["root_cause"], "kind": "engine", "pool": f"{model} prefill pool",
+                                    "instances": [f"{model}-prefill-0"]}
+    result = CliRunner().invoke(app, ["evaluate", str(bank), "--section", "pd", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rca = json.loads(result.stdout)["pd"]["rca"]
+    row = next(r for r in rca["scenarios"] if r["scenario"] == "001-cross_dc_read_write")
+    assert row["top"] == f"{model} prefill pool" and row["hit@1"] == 1.0
+    pool = next(p for p in rca["pool_named"]["scenarios"] if p["scenario"] == "001-cross_dc_read_write")
+    assert pool["ok"] and pool["top_is_culprit"] and pool["named"] == f"{model} prefill pool"

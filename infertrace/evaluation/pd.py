@@ -21,8 +21,8 @@ tenant's surge saturating a prefill pool, the prefill pool slowing), AC@k as the
 (`evaluation.rca`), per family beside that section's baselines (random ranking, the highest own anomaly scored as
 BARO scores services, the most models served). A surge's cause is the tenant's load; its truth also names the pool
 it saturated (`pool`); a pool that lost capacity (its engine slowed) is itself the cause, its truth naming it as
-`pool` too. For each such culprit the top cause *names the pool* when it is that pool, or when the blame that
-reached it came through engine queueing at that pool more than at any other (`blame.py`: a disaggregated
+`pool` too. For each such culprit the top cause must be the culprit and *name the pool*: be that pool, or have
+the blame that reached it come through engine queueing at that pool more than at any other (`blame.py`: a disaggregated
 request's time to its first token is blamed per leg, from the pool that served it).
 """
 
@@ -120,15 +120,18 @@ def _named_pool(cause: Any) -> str | None:
 def _pools_named(report: RcaReport, truth: dict[str, Any]) -> list[dict[str, Any]]:
     """For each culprit whose truth names the pool it saturated: the pool the top cause of its incident names,
     read from the RCA report the scenario was scored with (`evaluation.rca.evaluate_scenario`)."""
-    from infertrace.evaluation.rca import culprits, match
+    from infertrace.evaluation.rca import as_served, culprits, is_true, match
 
     out = []
     for cause in (c for c in culprits(truth) if c.get("pool")):
-        found = match(report.diagnoses, cause)
+        found = match(report.diagnoses, as_served(cause, report.topology))
         top = found.causes[0] if found is not None and found.causes else None
         named = None if top is None else _named_pool(top)
-        out.append({"scenario": truth["scenario"], "pool": cause["pool"], "named": named,
-                    "top": None if top is None else top.label(), "ok": named == cause["pool"]})
+        # the pool named by the culprit itself: a surge's pool named by the pool's own candidate is a wrong culprit
+        right = top is not None and is_true(top.candidate, cause)
+        out.append({"scenario": truth["scenario"], "kind": cause.get("kind"), "pool": cause["pool"], "named": named,
+                    "top": None if top is None else top.label(), "top_is_culprit": right,
+                    "ok": right and named == cause["pool"]})
     return out
 
 
@@ -242,7 +245,9 @@ def render_pd(section: dict[str, Any]) -> str:
     pools = rca["pool_named"]
     if pools["cases"]:
         lines.append(f"culprits whose truth names a pool (a surge that saturated it, or the pool itself) whose top "
-                     f"cause names that pool: {pools['named']}/{pools['cases']}")
+                     f"cause is the culprit and names that pool: {pools['named']}/{pools['cases']}")
         for p in pools["scenarios"]:
-            lines.append(f"  {p['scenario']}: top {p['top']}, names {p['named'] or 'no pool'} (truth: {p['pool']})")
+            culprit = "" if p["top_is_culprit"] else ", not the culprit"
+            lines.append(f"  {p['scenario']} ({p['kind']}): top {p['top']}{culprit}, names {p['named'] or 'no pool'} "
+                         f"(truth: {p['pool']})")
     return "\n".join(lines)
