@@ -1,25 +1,33 @@
 """Ingest throughput and peak memory: `infertrace ingest` against Arrow's JSON reader alone and a naive pandas
 `json_normalize` baseline, measured side by side in one run.
 
-    .venv/bin/python benchmarks/bench_ingest.py --spans 1000000 --baseline-spans 100000
-    .venv/bin/python benchmarks/bench_ingest.py --trace fleet --skip-baselines --before /tmp/ingest-before
+    .venv/bin/python benchmarks/bench_ingest.py --trace engine --rounds 3 --skip-baselines
+    .venv/bin/python benchmarks/bench_ingest.py --trace fleet --rounds 3 --skip-baselines --before /tmp/ingest-before
+    .venv/bin/python benchmarks/bench_ingest.py --trace engine --spans 1000000 --baseline-spans 100000
 
-The input is real engine output. `--trace engine` (the default): the reference engine replaying the Azure LLM
-conversation trace (one hour) with different seeds (so different trace and span ids), concatenated until the
-file has `--spans` spans. `--trace fleet`: `infertrace simulate --fleet examples/fleets/four_models.toml
---duration 3600` (four models behind a gateway: gateway, auth, rate-limit and route spans besides the
-engines'; ≈ 853k spans, 784 MB). Each contender runs in a fresh subprocess that reports its own wall time,
-CPU time (user + system, all threads) and peak RSS (ru_maxrss), all counted after the imports:
+The input is real engine output. `--trace engine` (the default): one engine (Llama-3-8B on H100) replaying
+the Azure LLM conversation trace for an hour, written by `infertrace simulate --workload azure --duration
+3600`; with `--spans N`, instead the same replay with different seeds (so different trace and span ids),
+concatenated until the file has N spans. `--trace fleet`: `infertrace simulate --fleet
+examples/fleets/four_models.toml --duration 3600` (four models behind a gateway: gateway, auth, rate-limit
+and route spans besides the engines'; ≈ 853k spans, 784 MB). `--file PATH` benchmarks an existing file.
 
-- `columnar`: `ingest_paths` as `infertrace ingest` runs it, on the whole file and on its first
-  `--baseline-spans` spans (memory must not grow with the file);
-- `Arrow JSON reader alone`: only the parse that ingest's fast path starts with (`columnar.parse_block`, on
-  the blocks ingest reads, read the same way), nothing flattened or written: the ceiling of this design;
-- `record`: the record-by-record fallback path on the prefix (for reference);
-- `pandas`: `json.loads` per line, `pandas.json_normalize` of the spans and of their attributes, pivoted to
-  one column per key, on the prefix. It does not write its result, which flatters it. On the whole 1M-span
-  file it takes ≈ 3.5 minutes and ≈ 10.5 GB here, so by default it runs on the prefix, and the ratio
-  compares both on that same prefix; `--baseline-spans 0` runs it (and the prefix rows) on the whole file.
+Each contender runs in a fresh subprocess that reports its own wall time, CPU time (user + system, all
+threads) and peak RSS (ru_maxrss), all counted after the imports. `--rounds` rounds alternate, each in its
+own order (rotated per round):
+
+- `ingest`: `ingest_paths` as `infertrace ingest` runs it, on the whole file;
+- `pyarrow.json.read_json alone`: Arrow's JSON reader reading the same whole file into one table with the
+  OTLP schema ingest parses with (`columnar.OTLP_SCHEMA`), on its threads, nothing flattened or written;
+- `--arrow-blocks`: also Arrow's reader on the blocks ingest reads, read the same way (`parse_block`);
+- `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
+
+It prints every run, then per contender the medians over the rounds, and the throughput ratios to Arrow's
+reader alone taken within each round (wall and CPU time) with their medians. Without `--skip-baselines` it
+also runs, on the first `--baseline-spans` spans, ingest, the record-by-record fallback path and `pandas`:
+`json.loads` per line, `pandas.json_normalize` of the spans and of their attributes, pivoted to one column
+per key. It does not write its result, which flatters it. On the whole 1M-span file it takes ≈ 3.5 minutes
+and ≈ 10.5 GB here, so by default it runs on the prefix; `--baseline-spans 0` runs it on the whole file.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -64,14 +73,22 @@ def generate(path: Path, spans: int) -> int:
     return total
 
 
-def generate_fleet(path: Path) -> int:
-    """The benchmark fleet's hour as OTLP JSON lines; returns the span count."""
-    done = subprocess.run([sys.executable, "-m", "infertrace.cli", "simulate", "--fleet", str(FLEET), "--duration",
-                           "3600", "--no-progress", "--out", str(path)], capture_output=True, text=True, cwd=ROOT)
+def simulate_hour(path: Path, fleet: bool) -> int:
+    """One hour as OTLP JSON lines, written by `infertrace simulate` (the fleet, or one engine on the Azure
+    trace); returns the span count."""
+    what = ["--fleet", str(FLEET)] if fleet else ["--model", "llama-3-8b", "--hardware", "H100-SXM", "--workload",
+                                                  "azure", "--workload-file", str(AZURE)]
+    done = subprocess.run([sys.executable, "-m", "infertrace.cli", "simulate", *what, "--duration", "3600",
+                           "--no-progress", "--out", str(path)], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
-        raise RuntimeError(f"simulate --fleet failed:\n{done.stderr}")
+        raise RuntimeError(f"simulate failed:\n{done.stderr}")
     with open(path, "rb") as f:
         return sum(line.count(b'"spanId"') for line in f)
+
+
+def longest_line(path: Path) -> int:
+    with open(path, "rb") as f:
+        return max((len(line) for line in f), default=0)
 
 
 def prefix(src: Path, dst: Path, spans: int) -> int:
@@ -88,7 +105,7 @@ def prefix(src: Path, dst: Path, spans: int) -> int:
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-kind, path, store = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+kind, path, store, longest = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 import pandas as pd
 from infertrace.store.ingest import ingest_paths
 def cpu():
@@ -98,7 +115,15 @@ start, start_cpu = time.perf_counter(), cpu()  # after the imports
 if kind in ("columnar", "record"):
     summary = ingest_paths(store, [path], columnar=kind == "columnar")
     spans = summary.spans_read
-elif kind == "arrow-parse":  # Arrow's JSON reader alone, on the blocks ingest reads: the ceiling
+elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with the schema ingest parses with
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+    from infertrace.store.columnar import OTLP_SCHEMA
+    table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(4 << 20, longest + 1), use_threads=True),
+                         parse_options=pj.ParseOptions(explicit_schema=OTLP_SCHEMA, unexpected_field_behavior="ignore"))
+    scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
+    spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
+elif kind == "arrow-blocks":  # Arrow's JSON reader alone, on the blocks ingest reads
     import pyarrow.compute as pc
     from infertrace.store.columnar import parse_block
     from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines
@@ -131,10 +156,10 @@ print(json.dumps({"spans": spans, "seconds": elapsed, "cpu_seconds": cpu() - sta
 """
 
 
-def run(kind: str, path: Path, store: Path, tree: Path = ROOT) -> dict[str, float]:
+def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0) -> dict[str, float]:
     shutil.rmtree(store, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store)], capture_output=True, text=True,
-                          cwd=tree)
+    done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store), str(longest)],
+                          capture_output=True, text=True, cwd=tree)
     if done.returncode:
         raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -144,30 +169,41 @@ def run(kind: str, path: Path, store: Path, tree: Path = ROOT) -> dict[str, floa
     return result
 
 
-ARROW = "Arrow JSON reader alone (no flattening, no writing)"
+ARROW = "pyarrow.json.read_json alone, whole file"
+NAMES = {"read_json": ARROW, "arrow-blocks": "Arrow's reader alone, on ingest's blocks"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", choices=("engine", "fleet"), default="engine")
-    parser.add_argument("--spans", type=int, default=1_000_000, help="spans of the engine trace")
+    parser.add_argument("--spans", type=int, help="engine trace: seeds concatenated up to this many spans "
+                        "(default: the one-engine hour)")
+    parser.add_argument("--file", type=Path, help="benchmark this OTLP JSON lines file instead")
     parser.add_argument("--baseline-spans", type=int, default=100_000,
                         help="spans of the prefix the baseline runs on (0: the whole file)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of ingest and Arrow alone (and --before), "
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of ingest and Arrow alone (and --before), "
                         "alternating; each round's ratio is taken within the round")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/infertrace-bench-ingest"))
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--before", type=Path, help="another checkout (e.g. `git archive` of the previous commit): "
                         "its ingest runs on the whole file too, in every round")
+    parser.add_argument("--arrow-blocks", action="store_true", help="also Arrow's reader alone on ingest's blocks")
     parser.add_argument("--skip-baselines", action="store_true", help="leave out the record and pandas rows")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    full = args.workdir / (f"azure-{args.spans}.jsonl" if args.trace == "engine" else "fleet-four-models-1h.jsonl")
+    if args.file is not None:
+        full = args.file
+    elif args.trace == "fleet":
+        full = args.workdir / "fleet-four-models-1h.jsonl"
+    else:
+        full = args.workdir / (f"azure-{args.spans}.jsonl" if args.spans else "azure-one-engine-1h.jsonl")
     if not full.exists():
         t = time.perf_counter()
-        n = generate(full, args.spans) if args.trace == "engine" else generate_fleet(full)
+        n = generate(full, args.spans) if args.trace == "engine" and args.spans else \
+            simulate_hour(full, args.trace == "fleet")
         print(f"generated {full} ({n} spans, {full.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
               file=sys.stderr)
+    longest = longest_line(full)
     part = full
     if args.baseline_spans:
         part = args.workdir / f"{full.stem}-first-{args.baseline_spans}.jsonl"
@@ -177,15 +213,18 @@ def main() -> None:
     load_at_start = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
+    contenders = [("columnar", ROOT), ("read_json", ROOT)] + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
+        + ([("columnar", args.before)] if args.before else [])
     for i in range(args.rounds):
-        contenders = [("columnar", ROOT), ("arrow-parse", ROOT)] + ([("columnar", args.before)] if args.before else [])
         this: dict[str, dict[str, float]] = {}
         for kind, tree in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:  # rotate the order
-            name = ARROW if kind == "arrow-parse" else "ingest" if tree == ROOT else f"ingest, {tree}"
-            this[name] = results[f"{name}, whole file, round {i + 1}"] = run(kind, full, store, tree)
+            name = NAMES.get(kind) or ("ingest" if tree == ROOT else f"ingest, {tree}")
+            this[name] = results[f"{name}, round {i + 1}"] = run(kind, full, store, tree, longest)
+            print(f"round {i + 1}: {name}: {this[name]['seconds']:.1f} s, {this[name]['cpu_seconds']:.1f} CPU s, "
+                  f"{this[name]['peak_rss_mb']:.0f} MB, load {this[name]['load_average']:.1f}", file=sys.stderr)
         rounds.append(this)
     if not args.skip_baselines:
-        results[f"columnar, {on}"] = run("columnar", part, store)
+        results[f"ingest, {on}"] = run("columnar", part, store)
         results[f"record, {on}"] = run("record", part, store)
         results[f"pandas json_normalize, {on}"] = run("pandas", part, store)
     load = os.getloadavg()
@@ -193,26 +232,35 @@ def main() -> None:
     print(f"file: {full.name}, {full.stat().st_size / 1e6:.0f} MB, {first['spans']} spans "
           f"({full.stat().st_size / first['spans']:.0f} bytes/span); load average {load_at_start[0]:.1f} at the start, "
           f"{load[0]:.1f} at the end, on {os.cpu_count()} cores")
-    print("| contender | spans | seconds | spans/s | MB/s | CPU s | peak RSS MB | load |")
+    print("| run | spans | seconds | spans/s | MB/s | CPU s | peak RSS MB | load |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['spans']} | {r['seconds']:.1f} | {r['spans_per_s']:,.0f} | {r['mb_per_s']:.1f} | "
               f"{r['cpu_seconds']:.1f} | {r['peak_rss_mb']:.0f} | {r['load_average']:.1f} |")
-    ratios: dict[str, list[str]] = {}
-    for i, this in enumerate(rounds):
-        arrow = this[ARROW]
-        for name, r in this.items():
-            if name != ARROW:
-                ratios.setdefault(name, []).append(
-                    f"round {i + 1}: {arrow['seconds'] / r['seconds']:.2f}× in wall time, "
-                    f"{arrow['cpu_seconds'] / r['cpu_seconds']:.2f}× in CPU time")
-    for name, said in ratios.items():
-        print(f"{name}, throughput relative to Arrow's JSON reader alone: " + "; ".join(said))
+    print(f"\nMedians over {args.rounds} rounds (ratio: Arrow's reader alone's time ÷ this one's, i.e. throughput "
+          "relative to it, taken within each round):")
+    print("| contender | wall s | CPU s | spans/s | peak RSS MB (max) | ratio to read_json, wall | ratio, CPU |")
+    print("|---|---|---|---|---|---|---|")
+    summary: dict[str, dict[str, float]] = {}
+    for name in rounds[0]:
+        runs = [this[name] for this in rounds]
+        wall = [this[ARROW]["seconds"] / this[name]["seconds"] for this in rounds]
+        cpu = [this[ARROW]["cpu_seconds"] / this[name]["cpu_seconds"] for this in rounds]
+        summary[name] = {"seconds": statistics.median(r["seconds"] for r in runs),
+                         "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
+                         "spans_per_s": statistics.median(r["spans_per_s"] for r in runs),
+                         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                         "ratio_wall": statistics.median(wall), "ratio_cpu": statistics.median(cpu)}
+        m = summary[name]
+        print(f"| {name} | {m['seconds']:.1f} | {m['cpu_seconds']:.1f} | {m['spans_per_s']:,.0f} | "
+              f"{m['peak_rss_mb']:.0f} | {m['ratio_wall']:.2f}× ({', '.join(f'{x:.2f}' for x in wall)}) | "
+              f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) |")
     if not args.skip_baselines:
-        ratio = results[f"columnar, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"]["spans_per_s"]
-        print(f"ratio columnar / pandas (same input, {on}): {ratio:.1f}×")
+        ratio = results[f"ingest, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"]["spans_per_s"]
+        print(f"ratio ingest / pandas (same input, {on}): {ratio:.1f}×")
     if args.json:
-        args.json.write_text(json.dumps({"load_average": [load_at_start, load], "results": results}, indent=2))
+        args.json.write_text(json.dumps({"file": str(full), "load_average": [load_at_start, load], "results": results,
+                                         "medians": summary}, indent=2))
 
 
 if __name__ == "__main__":

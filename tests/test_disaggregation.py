@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from infertrace import semconv as sc
+from infertrace.analyzers.disaggregation import batched_prefills, fifo_waits
 from reference_engine.engine.models import model
 from reference_engine.scenarios.bank import TRACES_FILE, run_scenario
 from reference_engine.scenarios.families import make_scenario
@@ -143,3 +144,41 @@ def test_a_congested_link_slows_the_transfers_that_start_while_it_lasts(tmp_path
     normal = statistics.median(rates[False])
     assert normal == pytest.approx(spec_link.bandwidth_gb_s * 1e9, rel=0.05)
     assert statistics.median(rates[True]) < 2 * fraction * normal  # queueing only lowers it further
+
+
+def test_a_gpu_prefill_host_takes_waiting_prompts_together_while_they_fit_its_step_budget() -> None:
+    arrival, tokens = np.array([0, 1, 2, 10]), np.array([8000, 6000, 4000, 100])
+    service = np.array([5.0, 4.0, 3.0, 1.0])
+    # the second and third arrive during the first's step and go together (10,000 tokens fit 16,384), paying the
+    # step overhead once; the fourth waits for their step
+    waits, ends = batched_prefills(arrival, tokens, service, 16384, step_overhead_ns=0.5)
+    assert ends.tolist() == [5.0, 11.5, 11.5, 12.5] and waits.tolist() == [0.0, 4.0, 3.0, 1.5]
+    # with 9,000 tokens a step they go one after the other, in arrival order
+    waits, ends = batched_prefills(arrival, tokens, service, 9000, step_overhead_ns=0.5)
+    assert ends.tolist() == [5.0, 9.0, 12.0, 13.0] and waits.tolist() == [0.0, 4.0, 7.0, 2.0]
+    # with no room for two, it is the FIFO queue of Lindley's recursion
+    waits, ends = batched_prefills(arrival, tokens, service, 0, step_overhead_ns=0.5)
+    assert waits.tolist() == fifo_waits(arrival, service).tolist()
+
+
+def test_an_instance_slowdown_on_the_prefill_worker_slows_that_pool_alone(tmp_path: Path) -> None:
+    fault = '\n[[fault]]\nkind = "instance_slowdown"\ntarget = "llama-3-8b-prefill-0"\nstart_s = 20.0\n' \
+            'duration_s = 20.0\nfactor = 3.0\n'
+    spec = fleet_from_toml(DISAGGREGATED.replace("rate = 5.0", "rate = 2.0") + fault)
+    path = tmp_path / "traces.jsonl"
+    simulate_fleet(spec, path, duration_s=60, seed=4)
+    traces = Traces.read(path)
+    start = min(p.span.start_time_unix_nano for p in traces.named(sc.SPAN_GATEWAY))
+    ns_per_token: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for p in traces.named(sc.SPAN_STEP):
+        tokens = p.attrs.get(sc.STEP_PREFILL_TOKENS, 0) + p.attrs.get(sc.STEP_DECODE_TOKENS, 0)
+        t = (p.span.start_time_unix_nano - start) / 1e9
+        if tokens and not 19 < t < 21 and not 39 < t < 41:  # steps across an edge are partly slowed
+            ns_per_token[(p.resource[sc.COMPONENT_KIND], 20 <= t < 40)].append(
+                (p.span.end_time_unix_nano - p.span.start_time_unix_nano) / tokens)
+    prefill = statistics.median(ns_per_token[("prefill_worker", True)]) / \
+        statistics.median(ns_per_token[("prefill_worker", False)])
+    decode = statistics.median(ns_per_token[("decode_worker", True)]) / \
+        statistics.median(ns_per_token[("decode_worker", False)])
+    assert 2.5 < prefill < 3.5
+    assert 0.7 < decode < 1.3

@@ -531,3 +531,23 @@ def test_lines_cut_across_reads_keep_their_numbers_and_over_long_ones_are_quaran
         assert f"line of {3 * limit} bytes is over the limit" in kept[len(lines)]["reason"]
         with Store.open(store) as opened:
             assert opened.sql("SELECT count(*) FROM spans").fetchall() == [(want,)]
+
+
+@pytest.mark.parametrize("where", ["attribute", "event", "start"])
+@pytest.mark.parametrize("text", ["0x1A", "0X1A", "1x"])
+def test_integers_arrow_would_read_as_hex_are_left_to_the_record_path(where: str, text: str) -> None:
+    from infertrace.store.columnar import decode_block
+
+    span: dict[str, Any] = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "x", "startTimeUnixNano": "1" * 19,
+                            "endTimeUnixNano": "2" * 19, "attributes": [{"key": "k", "value": {"intValue": "26"}}],
+                            "events": [{"timeUnixNano": "5", "attributes": [{"key": "n", "value": {"intValue": "3"}}]}]}
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    assert decode_block((line + "\n").encode(), len(line) + 1) is not None  # the plain form takes the fast path
+    if where == "attribute":
+        span["attributes"][0]["value"]["intValue"] = text
+    elif where == "event":
+        span["events"][0]["attributes"][0]["value"]["intValue"] = text
+    else:
+        span["startTimeUnixNano"] = text
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    assert decode_block((line + "\n").encode(), len(line) + 1) is None

@@ -1,37 +1,48 @@
 """Prefill/decode disaggregation against ground truth, in two parts, each beside naive baselines scored the same way.
 
-**Recommendation.** For each scenario of the bank whose tasks include `pd` (family `cpu_decode_host`: a CPU-only
-host serving a model), the report built from the store must recommend a GPU prefill host in front of the engine
-and quote a TTFT p50 within 15% of what the scenario's twin (the same traffic on that disaggregated deployment,
-simulated beside it) measured. Two naive estimates of the same TTFT p50 are scored beside it:
+**Recommendation.** For each scenario of the bank whose tasks include `pd` (family `cpu_decode_host`: CPU-only
+hosts serving a model), the report built from the store must recommend a GPU prefill host in front of the model's
+engines and quote a TTFT p50 within 15% of what the scenario's twin (the same traffic on that disaggregated
+deployment, simulated beside it) measured. The scenarios are scored all together and per variant (`VARIANTS`): one
+CPU host, whose GPU prefill host would be nearly idle, and several CPU hosts sharing one GPU prefill host, busy
+enough that its queue is a large part of the TTFT. Two naive estimates of the same TTFT p50 are scored beside it:
 
 - `gpu_prefill_alone`: the median prompt's roofline prefill time on the GPU, nothing else (no gateway, no wait at
   the GPU host, no KV transfer, no decode step): what a glance at a roofline table quotes;
 - `flops_ratio`: the CPU-only host's observed TTFT p50 scaled by the ratio of the two devices' peak FLOP/s (as if
   TTFT were all compute, its minutes of queueing included).
 
-**Root cause.** For the P/D families scored by root-cause ranking (`PD_RCA_FAMILIES`: a KV link congesting, or a
-tenant's surge saturating a prefill pool), AC@k as the `rca` section scores it (`evaluation.rca`), per family
-beside that section's baselines (random ranking, the highest own anomaly scored as BARO scores services, the most
-models served). A surge's cause is the tenant's load; its truth also names the pool it saturated (`pool`), and the
-top cause *names the pool* when it is that pool, or when the blame that reached it came through engine queueing at
-that pool more than at any other (`blame.py`: a disaggregated request's time to its first token is blamed per
-leg, from the pool that served it).
+and an ablation of the estimate itself, `unbatched_fifo`: the same replay with the GPU host prefilling one prompt
+a step (a plain FIFO queue, without the engine's batching of waiting prompts up to its step budget): what
+modelling the batching is worth where the host is busy.
+
+**Root cause.** For the P/D families scored by root-cause ranking (`PD_RCA_FAMILIES`: a KV link congesting, a
+tenant's surge saturating a prefill pool, the prefill pool slowing), AC@k as the `rca` section scores it
+(`evaluation.rca`), per family beside that section's baselines (random ranking, the highest own anomaly scored as
+BARO scores services, the most models served). A surge's cause is the tenant's load; its truth also names the pool
+it saturated (`pool`); a pool that lost capacity (its engine slowed) is itself the cause, its truth naming it as
+`pool` too. For each such culprit the top cause must be the culprit and *name the pool*: be that pool, or have
+the blame that reached it come through engine queueing at that pool more than at any other (`blame.py`: a disaggregated
+request's time to its first token is blamed per leg, from the pool that served it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infertrace.analyzers.blame import ENGINE_QUEUEING
 from infertrace.analyzers.pools import POOL_KINDS
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
+if TYPE_CHECKING:
+    from infertrace.analyzers.rca import RcaReport
+
 TOLERANCE = 0.15
-NAIVE = ("gpu_prefill_alone", "flops_ratio")
+NAIVE = ("gpu_prefill_alone", "flops_ratio", "unbatched_fifo")
 PD_RCA_FAMILIES = ("cross_dc_read_write", "kv_transfer_congestion")
+VARIANTS = ("one CPU host", "CPU hosts sharing a GPU prefill host")
 POOL_SUFFIXES = tuple(f" {name}" for name in POOL_KINDS.values())  # a pool candidate's id ends so
 
 
@@ -52,21 +63,38 @@ def naive_estimates(estimate: dict[str, Any]) -> dict[str, float | None]:
     return {"gpu_prefill_alone": estimate["predicted_prefill_p50_ms"], "flops_ratio": ratio}
 
 
+def _unbatched(store: Any, model: str) -> float | None:
+    """The estimate's TTFT p50 (ms) with the GPU host taking one prompt a step (`unbatched_fifo`)."""
+    from infertrace.analyzers.disaggregation import gpu_prefill_estimates
+
+    found = [g for g in gpu_prefill_estimates(store, step_budget=0)[0] if g.model == model]
+    ns = found[0].predicted_ttft_p50_ns if found else None
+    return None if ns is None else ns / 1e6
+
+
+def _variant(truth: dict[str, Any]) -> str:
+    return VARIANTS[0] if truth["details"].get("cpu_hosts", 1) == 1 else VARIANTS[1]
+
+
 def _scenario(scenario: Path, truth: dict[str, Any]) -> dict[str, Any]:
     from infertrace.report.model import ReportOptions, build_report
 
     measured = truth["details"].get("twin", {}).get("ttft_p50_ms")
-    instances = set(truth["root_cause"].get("instances", ()))
-    row: dict[str, Any] = {"scenario": truth["scenario"], "family": truth["family"], "measured_ttft_p50_ms": measured,
-                           "quoted_ttft_p50_ms": None, "relative_error": None, "recommended": False, "ok": False,
-                           "why": None, "baselines": {name: _scored(None, measured) for name in NAIVE}}
+    models = set(truth["root_cause"].get("models", ()))
+    row: dict[str, Any] = {"scenario": truth["scenario"], "family": truth["family"], "variant": _variant(truth),
+                           "cpu_hosts": truth["details"].get("cpu_hosts", 1), "gpu_utilization": None,
+                           "measured_ttft_p50_ms": measured, "quoted_ttft_p50_ms": None, "relative_error": None,
+                           "recommended": False, "ok": False, "why": None,
+                           "baselines": {name: _scored(None, measured) for name in NAIVE}}
     with open_scenario_store(scenario) as store:
         doc = build_report(store, ReportOptions(sections=("ttft",)))
-    estimates = [g for g in doc["sections"]["ttft"].get("gpu_prefill_host", []) if g["instance"] in instances]
-    if estimates:
-        row["baselines"] = {name: _scored(q, measured) for name, q in naive_estimates(estimates[0]).items()}
+        estimates = [g for g in doc["sections"]["ttft"].get("gpu_prefill_host", []) if g["model"] in models]
+        if estimates:
+            naive = {**naive_estimates(estimates[0]), "unbatched_fifo": _unbatched(store, estimates[0]["model"])}
+            row["baselines"] = {name: _scored(q, measured) for name, q in naive.items()}
+            row["gpu_utilization"] = estimates[0]["gpu_utilization"]
     found = [r for r in doc["recommendations"]
-             if r["id"].startswith("gpu_prefill_host:") and r["id"].split(":", 1)[1] in instances]
+             if r["id"].startswith("gpu_prefill_host:") and r["id"].split(":", 1)[1] in models]
     if measured is None:
         row["why"] = "the ground truth has no twin measurement"
     elif not found:
@@ -89,23 +117,21 @@ def _named_pool(cause: Any) -> str | None:
     return max(pools)[1] if pools else None
 
 
-def _pools_named(scenario: Path, truth: dict[str, Any]) -> list[dict[str, Any]]:
-    from infertrace.analyzers.rca import RcaInputs, analyze_inputs
-    from infertrace.evaluation.rca import culprits, match
+def _pools_named(report: RcaReport, truth: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each culprit whose truth names the pool it saturated: the pool the top cause of its incident names,
+    read from the RCA report the scenario was scored with (`evaluation.rca.evaluate_scenario`)."""
+    from infertrace.evaluation.rca import as_served, culprits, is_true, match
 
-    pooled = [c for c in culprits(truth) if c.get("pool")]
-    if not pooled:
-        return []
-    with open_scenario_store(scenario) as store:
-        inputs = RcaInputs.load(store)
-    report = analyze_inputs(inputs)
     out = []
-    for cause in pooled:
-        found = match(report.diagnoses, cause)
+    for cause in (c for c in culprits(truth) if c.get("pool")):
+        found = match(report.diagnoses, as_served(cause, report.topology))
         top = found.causes[0] if found is not None and found.causes else None
         named = None if top is None else _named_pool(top)
-        out.append({"scenario": truth["scenario"], "pool": cause["pool"], "named": named,
-                    "top": None if top is None else top.label(), "ok": named == cause["pool"]})
+        # the pool named by the culprit itself: a surge's pool named by the pool's own candidate is a wrong culprit
+        right = top is not None and is_true(top.candidate, cause)
+        out.append({"scenario": truth["scenario"], "kind": cause.get("kind"), "pool": cause["pool"], "named": named,
+                    "top": None if top is None else top.label(), "top_is_culprit": right,
+                    "ok": right and named == cause["pool"]})
     return out
 
 
@@ -116,8 +142,10 @@ def _rca(bank: str | Path) -> dict[str, Any]:
     for scenario in scenario_dirs(bank):
         truth = load_truth(scenario)
         if truth.get("family") in PD_RCA_FAMILIES and "rca" in truth.get("tasks", ()):
-            results += evaluate_scenario(scenario)[0]
-            pools += _pools_named(scenario, truth)
+            scored, _, report = evaluate_scenario(scenario)
+            results += scored
+            if report is not None:
+                pools += _pools_named(report, truth)
     families = sorted({r.family for r in results})
 
     def scores(family: str | None) -> dict[str, Any]:
@@ -131,19 +159,25 @@ def _rca(bank: str | Path) -> dict[str, Any]:
                            "hit@1": r.hit_at[0], "hit@3": r.hit_at[2]} for r in results]}
 
 
+def _scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = sum(r["ok"] for r in rows)
+    return {"cases": len(rows), "within_tolerance": ok,
+            "share_within_tolerance": round(ok / len(rows), 4) if rows else None,
+            "median_abs_error": _median_abs([r["relative_error"] for r in rows]),
+            "baselines": {name: {"within_tolerance": sum(r["baselines"][name]["ok"] for r in rows),
+                                 "median_abs_error": _median_abs([r["baselines"][name]["relative_error"]
+                                                                  for r in rows])} for name in NAIVE}}
+
+
 def evaluate_pd(bank: str | Path) -> dict[str, Any]:
     rows = []
     for scenario in scenario_dirs(bank):
         truth = load_truth(scenario)
         if "pd" in truth.get("tasks", ()):
             rows.append(_scenario(scenario, truth))
-    ok = sum(r["ok"] for r in rows)
-    return {"cases": len(rows), "within_tolerance": ok, "tolerance": TOLERANCE,
-            "share_within_tolerance": round(ok / len(rows), 4) if rows else None,
-            "median_abs_error": _median_abs([r["relative_error"] for r in rows]),
-            "baselines": {name: {"within_tolerance": sum(r["baselines"][name]["ok"] for r in rows),
-                                 "median_abs_error": _median_abs([r["baselines"][name]["relative_error"]
-                                                                  for r in rows])} for name in NAIVE},
+    return {**_scores(rows), "tolerance": TOLERANCE,
+            "per_variant": {v: _scores([r for r in rows if r["variant"] == v]) for v in VARIANTS
+                            if any(r["variant"] == v for r in rows)},
             "not_analysed": [f"{r['scenario']}: {r['why']}" for r in rows if r["why"]],
             "scenarios": rows, "rca": _rca(bank)}
 
@@ -161,22 +195,35 @@ def _error(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
-def render_pd(section: dict[str, Any]) -> str:
-    lines = [f"P/D recommendations: {section['within_tolerance']} of {section['cases']} scenarios quote the GPU "
-             f"prefill host's TTFT p50 within {section['tolerance']:.0%} of the disaggregated simulation (median "
-             f"|error| {_share(section['median_abs_error'])})"]
-    for name, b in section["baselines"].items():
-        lines.append(f"  baseline {name.replace('_', ' ')}: {b['within_tolerance']} of {section['cases']} within "
-                     f"{section['tolerance']:.0%} (median |error| {_share(b['median_abs_error'])})")
-        if section["cases"] and b["within_tolerance"] >= section["within_tolerance"]:
-            lines.append(f"    (at {section['tolerance']:.0%} this bank does not separate the estimate from this "
+def _render_scores(scores: dict[str, Any], tolerance: float, indent: str) -> list[str]:
+    lines = []
+    for name, b in scores["baselines"].items():
+        kind = "ablation" if name == "unbatched_fifo" else "baseline"
+        lines.append(f"{indent}{kind} {name.replace('_', ' ')}: {b['within_tolerance']} of {scores['cases']} "
+                     f"within {tolerance:.0%} (median |error| {_share(b['median_abs_error'])})")
+        if scores["cases"] and b["within_tolerance"] >= scores["within_tolerance"]:
+            lines.append(f"{indent}  (at {tolerance:.0%} these scenarios do not separate the estimate from this "
                          f"baseline: compare the median |error|)")
+    return lines
+
+
+def render_pd(section: dict[str, Any]) -> str:
+    tolerance = section["tolerance"]
+    lines = [f"P/D recommendations: {section['within_tolerance']} of {section['cases']} scenarios quote the GPU "
+             f"prefill host's TTFT p50 within {tolerance:.0%} of the disaggregated simulation (median "
+             f"|error| {_share(section['median_abs_error'])})", *_render_scores(section, tolerance, "  ")]
+    for variant, scores in section["per_variant"].items():
+        lines.append(f"  {variant}: {scores['within_tolerance']} of {scores['cases']} within {tolerance:.0%} "
+                     f"(median |error| {_share(scores['median_abs_error'])})")
+        lines += _render_scores(scores, tolerance, "    ")
     for r in section["scenarios"]:
         naive = ", ".join(f"{name.replace('_', ' ')} {_error(b['relative_error'])}"
                           for name, b in r["baselines"].items())
         why = f" ({r['why']})" if r["why"] else ""
-        lines.append(f"  {r['scenario']}: measured {r['measured_ttft_p50_ms']} ms, quoted {r['quoted_ttft_p50_ms']} ms"
-                     f", error {_error(r['relative_error'])} (baselines: {naive}){why}")
+        busy = "" if r["gpu_utilization"] is None else f", GPU host {r['gpu_utilization']:.0%} busy"
+        lines.append(f"  {r['scenario']} ({r['cpu_hosts']} CPU host{'' if r['cpu_hosts'] == 1 else 's'}{busy}): "
+                     f"measured {r['measured_ttft_p50_ms']} ms, quoted {r['quoted_ttft_p50_ms']} ms, error "
+                     f"{_error(r['relative_error'])} (baselines: {naive}){why}")
     if not section["cases"]:
         lines.append("  (no scenario of the bank has the pd task: nothing scored)")
     rca = section["rca"]
@@ -197,7 +244,10 @@ def render_pd(section: dict[str, Any]) -> str:
     lines += ["  ".join(c.ljust(width[i]) if i == 0 else c.rjust(width[i]) for i, c in enumerate(r)) for r in rows]
     pools = rca["pool_named"]
     if pools["cases"]:
-        lines.append(f"surges that saturated a pool whose top cause names that pool: {pools['named']}/{pools['cases']}")
+        lines.append(f"culprits whose truth names a pool (a surge that saturated it, or the pool itself) whose top "
+                     f"cause is the culprit and names that pool: {pools['named']}/{pools['cases']}")
         for p in pools["scenarios"]:
-            lines.append(f"  {p['scenario']}: top {p['top']}, names {p['named'] or 'no pool'} (truth: {p['pool']})")
+            culprit = "" if p["top_is_culprit"] else ", not the culprit"
+            lines.append(f"  {p['scenario']} ({p['kind']}): top {p['top']}{culprit}, names {p['named'] or 'no pool'} "
+                         f"(truth: {p['pool']})")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from infertrace.analyzers.anomalies import DetectionConfig
-from infertrace.analyzers.rca import Candidate, IncidentDiagnosis, RcaInputs, analyze_inputs, diagnose
+from infertrace.analyzers.rca import Candidate, IncidentDiagnosis, RcaInputs, RcaReport, analyze_inputs, diagnose
 from infertrace.analyzers.topology import Topology
 from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
 
@@ -285,13 +285,15 @@ def _label(candidate: Candidate) -> str:
     return f"load: {candidate.tenant}" if candidate.kind == "load" else candidate.id
 
 
-def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None) -> tuple[list[ScenarioResult],
-                                                                                           LiftResult | None]:
+def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None) -> tuple[
+        list[ScenarioResult], LiftResult | None, RcaReport | None]:
+    """The scenario's culprits scored, its attribute lift (assistant_prefill_runaway), and the RCA report both
+    came from (None when the scenario has neither task), for callers that score more of it."""
     truth = load_truth(scenario_dir)
     tasks = set(truth.get("tasks", ()))
     is_lift = truth.get("family") == "assistant_prefill_runaway"
     if "rca" not in tasks and not is_lift:
-        return [], None
+        return [], None, None
     config = config or DetectionConfig()
     with open_scenario_store(scenario_dir) as store:
         inputs = RcaInputs.load(store)
@@ -304,7 +306,7 @@ def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None)
         lift = LiftResult(truth["scenario"], name, best.sentence() if best else "no incident or no attribute",
                           name == "assistant_prefill=yes")
     if "rca" not in tasks:
-        return [], lift
+        return [], lift, report
     windows = [(i.onset_ns, i.end_ns) for i in report.anomalies.incidents]
     causes = [as_served(c, inputs.topology) for c in culprits(truth)]
     results = []
@@ -335,7 +337,7 @@ def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None)
             None if top is None else top.shared, _hits(found, cause, _analyzer_key), baselines, shifted,
             found.summary() if found is not None else "no incident detected", len(causes), load,
             bool(cause.get("ramp_s"))))
-    return results, lift
+    return results, lift, report
 
 
 def _bucketed(t: np.ndarray, values: np.ndarray, lo: int) -> pd.Series:
@@ -391,7 +393,7 @@ def evaluate_rca(bank: str | Path, config: DetectionConfig | None = None,
     """Root-cause ranking and attribute lift scored over a scenario bank directory."""
     results, lifts = [], []
     for path in scenario_dirs(Path(bank)):
-        found, lift = evaluate_scenario(path, config)
+        found, lift, _ = evaluate_scenario(path, config)
         results += found
         if lift is not None:
             lifts.append(lift)

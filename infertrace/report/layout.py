@@ -178,13 +178,14 @@ def _ttft(section: dict[str, Any]) -> list[Block]:
                                    d["decode_queue_p50_ms"], d["first_decode_p50_ms"], ", ".join(d["links"]))
                                   for d in section["disaggregated"])))
     if section["gpu_prefill_host"]:
-        blocks.append(Paragraph("Engines on a CPU-only host, and the TTFT predicted with a GPU prefill host in front "
-                                "(prefill there, KV over the link, decode here)."))
-        blocks.append(Table(("engine", "model", "requests", "ttft p50 ms", "prefill p50 ms", "gpu", "link GB/s",
-                             "predicted ttft p50 ms", "predicted prefill p50 ms", "gpu utilization"),
-                            tuple((g["instance"], g["model"], g["requests"], g["ttft_p50_ms"], g["prefill_p50_ms"],
-                                   g["gpu_hardware"], g["link_gb_s"], g["predicted_ttft_p50_ms"],
-                                   g["predicted_prefill_p50_ms"], g["gpu_utilization"])
+        blocks.append(Paragraph("Models on CPU-only hosts, and the TTFT predicted with one GPU prefill host in front "
+                                "of their engines (prefill there, KV over the link, decode on the CPU host)."))
+        blocks.append(Table(("engines", "model", "requests", "ttft p50 ms", "prefill p50 ms", "gpu", "link GB/s",
+                             "predicted ttft p50 ms", "predicted prefill p50 ms", "predicted wait p50 ms",
+                             "gpu utilization"),
+                            tuple((", ".join(g["instances"]), g["model"], g["requests"], g["ttft_p50_ms"],
+                                   g["prefill_p50_ms"], g["gpu_hardware"], g["link_gb_s"], g["predicted_ttft_p50_ms"],
+                                   g["predicted_prefill_p50_ms"], g["predicted_wait_ms"], g["gpu_utilization"])
                                   for g in section["gpu_prefill_host"])))
     for why in section["not_estimated"]:
         blocks.append(Paragraph(f"Not estimated: {why}."))

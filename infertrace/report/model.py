@@ -319,10 +319,11 @@ def ttft_section(ttft: TtftAnalysis, options: ReportOptions) -> dict[str, Any]:
                            "kv_share_of_ttft": d.kv_share_of_ttft, "decode_queue_p50_ms": ms(d.decode_queue_p50_ns),
                            "first_decode_p50_ms": ms(d.first_decode_p50_ns), "links": list(d.links)}
                           for d in ttft.disaggregation.models if keep(d.model)],
-        "gpu_prefill_host": [{"model": g.model, "instance": g.instance, "hardware": g.hardware,
-                              "requests": g.requests, "ttft_p50_ms": ms(g.ttft_p50_ns),
+        "gpu_prefill_host": [{"model": g.model, "instances": list(g.instances), "hardware": g.hardware,
+                              "requests": g.requests, "prompts": g.prompts, "ttft_p50_ms": ms(g.ttft_p50_ns),
                               "prefill_p50_ms": ms(g.prefill_p50_ns), "gpu_hardware": g.gpu_hardware,
                               "link_gb_s": g.link_gb_s, "link_latency_ms": g.link_latency_ms,
+                              "step_budget_tokens": g.step_budget_tokens,
                               "predicted_ttft_p50_ms": ms(g.predicted_ttft_p50_ns),
                               "predicted_prefill_p50_ms": ms(g.predicted_prefill_p50_ns),
                               "predicted_wait_ms": ms(g.predicted_wait_ns), "gpu_utilization": g.gpu_utilization,

@@ -83,22 +83,27 @@ def recommend(doc: dict[str, Any], whatifs: list[dict[str, Any]] | None = None) 
     for g in sections.get("ttft", {}).get("gpu_prefill_host", []):
         if g["predicted_ttft_p50_ms"] is None or g["predicted_ttft_p50_ms"] >= g["ttft_p50_ms"]:
             continue
+        hosts = g["instances"]
+        where = hosts[0] if len(hosts) == 1 else f"the {len(hosts)} engines of {g['model']}"
         out.append({
-            "id": f"gpu_prefill_host:{g['instance']}", "section": "ttft",
-            "action": f"Put a GPU prefill host ({g['gpu_hardware']}) in front of {g['instance']} ({g['model']}, "
+            "id": f"gpu_prefill_host:{g['model']}", "section": "ttft",
+            "action": f"Put a GPU prefill host ({g['gpu_hardware']}) in front of {where} ({g['model']}, "
                       f"{g['hardware']}): prefill there, send the KV cache over a {g['link_gb_s']} GB/s link, keep "
-                      f"decoding on this host (prefill/decode disaggregation).",
-            "because": f"Prompts wait and prefill {g['prefill_p50_ms']} ms at the median on the CPU-only host (TTFT "
-                       f"p50 {g['ttft_p50_ms']} ms). The roofline prefills them in {g['predicted_prefill_p50_ms']} ms "
-                       f"on the {g['gpu_hardware']} (utilization {g['gpu_utilization']:.0%}, mean wait "
-                       f"{g['predicted_wait_ms']} ms); with the KV transfer ({g['kv_transfer_p50_ms']} ms) and one "
-                       f"decode step of this host ({g['decode_step_ms']} ms) the predicted TTFT p50 is "
-                       f"{g['predicted_ttft_p50_ms']} ms, saving {g['prefill_saved_p50_ms']} ms of prefill per "
+                      f"decoding on {'this host' if len(hosts) == 1 else 'these hosts'} (prefill/decode "
+                      f"disaggregation).",
+            "because": f"Prompts wait and prefill {g['prefill_p50_ms']} ms at the median on the CPU-only "
+                       f"host{'' if len(hosts) == 1 else 's'} (TTFT p50 {g['ttft_p50_ms']} ms). The roofline "
+                       f"prefills them in {g['predicted_prefill_p50_ms']} ms on the {g['gpu_hardware']}; taking "
+                       f"the {g['prompts']} prompts at their arrivals, batched up to {g['step_budget_tokens']} "
+                       f"tokens a step, it would be {g['gpu_utilization']:.0%} busy and a prompt would wait "
+                       f"{g['predicted_wait_ms']} ms at the median; with the KV transfer ({g['kv_transfer_p50_ms']} "
+                       f"ms) and one decode step of the CPU host ({g['decode_step_ms']} ms) the predicted TTFT p50 "
+                       f"is {g['predicted_ttft_p50_ms']} ms, saving {g['prefill_saved_p50_ms']} ms of prefill per "
                        f"median request.",
             "evidence": {k: g[k] for k in ("ttft_p50_ms", "prefill_p50_ms", "predicted_ttft_p50_ms",
                                            "predicted_prefill_p50_ms", "predicted_wait_ms", "gpu_utilization",
                                            "kv_transfer_p50_ms", "decode_step_ms", "prefill_saved_p50_ms",
-                                           "gpu_hardware", "link_gb_s")},
+                                           "gpu_hardware", "link_gb_s", "instances", "step_budget_tokens")},
         })
     for inc in sections.get("incidents", {}).get("incidents", []):
         if not inc["causes"]:

@@ -140,9 +140,22 @@ def _hex(ids: pa.Array, digits: int, required: bool) -> pa.Array:
 def _decimal(strings: pa.Array) -> pa.Array:
     """Decimal integer strings as int64 (null stays null); _Fallback (or ArrowInvalid: not an integer, or
     beyond 64 bits) for any string Python's int() reads otherwise: Arrow's cast also reads `0x10`."""
-    if len(strings) and pc.any(pc.match_substring(strings, "x", ignore_case=True)).as_py():
+    if _has_x(strings):
         raise _Fallback
     return pc.cast(strings, pa.int64())
+
+
+def _has_x(strings: pa.Array) -> bool:
+    """Whether any string holds an `x` or `X` (read from the data buffer: a case-insensitive substring search
+    costs more than the cast it guards)."""
+    if not len(strings):
+        return False
+    offsets, data = strings.buffers()[1:3]
+    if data is None:
+        return False
+    bounds = np.frombuffer(offsets, dtype=np.int32, count=len(strings) + 1, offset=4 * strings.offset)
+    text = np.frombuffer(data, dtype=np.uint8)[bounds[0]:bounds[-1]]
+    return bool(np.any((text | 0x20) == ord("x")))  # 0x20 folds "X" onto "x" and no other byte
 
 
 def _nanos(values: pa.Array) -> pa.Array:
@@ -215,7 +228,8 @@ def _spans_table(lines: pa.Table) -> tuple[pa.Table, Notes]:
     span_resource_index = pa.array(span_resource, type=pa.int64())
     for key, declared in DECLARED_RESOURCE.items():
         values = [typed.get(key) for typed, _, _ in resources]
-        columns[resource_column(key)] = pa.array(values, type=VALUE_TYPES[declared]).take(span_resource_index)
+        columns[resource_column(key)] = pa.nulls(n, VALUE_TYPES[declared]) if all(v is None for v in values) \
+            else pa.array(values, type=VALUE_TYPES[declared]).take(span_resource_index)
     columns[RESOURCE_MAP] = pa.array([list(other.items()) for _, other, _ in resources],
                                      type=MAP_TYPE).take(span_resource_index)
     for r, (_, _, resource_notes) in enumerate(resources):

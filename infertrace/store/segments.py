@@ -65,8 +65,10 @@ def content_key(table: pa.Table, salt: bytes = b"") -> str:
     keys = pc.binary_join_element_wise(table["trace_id"], table["span_id"], "")
     ordered = pc.sort_indices(keys)
     digest = hashlib.sha256(salt)
-    for chunk in keys.take(ordered).chunks:
-        digest.update("\n".join(chunk.to_pylist()).encode())
+    for chunk in keys.take(ordered).chunks:  # each chunk's keys joined by newlines, joined in Arrow
+        if len(chunk):
+            one_list = pa.ListArray.from_arrays(pa.array([0, len(chunk)], pa.int32()), chunk)
+            digest.update(pc.binary_join(one_list, "\n")[0].as_buffer())
     return digest.hexdigest()[:40]
 
 
@@ -142,14 +144,32 @@ def partitions(table: pa.Table) -> Iterable[tuple[str, np.ndarray, pa.Table]]:
     keys, inverse = np.unique(group, return_inverse=True)
     order = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(keys)))])
+    run_starts = np.flatnonzero(np.diff(inverse, prepend=-1))  # rows where a run of one partition starts
+    run_ends = np.append(run_starts[1:], len(inverse))
+    runs_of = np.argsort(inverse[run_starts], kind="stable")
+    run_bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse[run_starts], minlength=len(keys)))])
     groups = []
     for i, key in enumerate(keys.tolist()):
         day, code = divmod(key, len(names) + 1)
-        groups.append((first_day + day, names[code] if code < len(names) else None, order[bounds[i]:bounds[i + 1]]))
-    for day, service, rows in sorted(groups, key=lambda g: (g[0], g[1] or "")):
+        runs = runs_of[run_bounds[i]:run_bounds[i + 1]]
+        groups.append((first_day + day, names[code] if code < len(names) else None, order[bounds[i]:bounds[i + 1]],
+                       list(zip(run_starts[runs].tolist(), run_ends[runs].tolist(), strict=True))))
+    for day, service, rows, runs in sorted(groups, key=lambda g: (g[0], g[1] or "")):
         date = dt.date(1970, 1, 1) + dt.timedelta(days=day)
-        part = table if len(rows) == table.num_rows else table.take(pa.array(rows))
-        yield f"{SPANS_DIR}/date={date.isoformat()}/{_partition_name(service)}", rows, part
+        yield f"{SPANS_DIR}/date={date.isoformat()}/{_partition_name(service)}", rows, _rows(table, rows, runs)
+
+
+_MAX_RUNS = 64  # a partition in more runs of rows than this is copied out with one `take`
+
+
+def _rows(table: pa.Table, rows: np.ndarray, runs: list[tuple[int, int]]) -> pa.Table:
+    """The table's `rows` (ascending), which lie in `runs` [start, end): slices of the table, not copies,
+    when they are few (a file's lines usually hold one service's spans each)."""
+    if len(rows) == table.num_rows:
+        return table
+    if len(runs) > _MAX_RUNS:
+        return table.take(pa.array(rows))
+    return pa.concat_tables([table.slice(start, end - start) for start, end in runs])
 
 
 def notes_metadata(counts: dict[str, dict[str, int]]) -> dict[bytes, bytes]:

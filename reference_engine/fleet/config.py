@@ -112,6 +112,9 @@ FAULT_KINDS: dict[str, tuple[str, dict[str, float | str]]] = {
     "global_queue_stall": ("global_queue", {}),
     # every engine of the model computes each step `factor` times slower
     "engine_slowdown": ("model", {"factor": 2.0}),
+    # one engine instance computes each step `factor` times slower (its machine throttles; a prefill or decode
+    # worker: that pool loses capacity)
+    "instance_slowdown": ("engine", {"factor": 2.0}),
     # the engine's host stops for pause_ms about every every_s seconds (garbage collection, swapping)
     "host_pauses": ("engine", {"pause_ms": 200.0, "every_s": 5.0}),
     # the link's bandwidth falls to bandwidth_fraction of nominal

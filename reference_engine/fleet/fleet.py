@@ -162,8 +162,8 @@ class Fleet:
                     pauses.append((int(t), pause))
                     t += pause + rng.exponential(gap)
                 engine.executor.pauses = sorted([*getattr(engine.executor, "pauses", []), *pauses])
-        for w in self.windows.get(m.name, []):
-            if w.fault.kind == "engine_slowdown":
+        for w in [*self.windows.get(m.name, []), *self.windows.get(instance, [])]:
+            if w.fault.kind in ("engine_slowdown", "instance_slowdown"):
                 replica.toggles += [w.start_ns, w.end_ns]
                 self._push(w.start_ns, _FAULT, (replica, w.fault.param("factor")))
                 self._push(w.end_ns, _FAULT, (replica, 0.0))

@@ -17,9 +17,10 @@ Families (what the fault does, and which analysis the scenario exercises):
 | prefill_microbatch_misconfig | a model prefills in micro-batches of 128 tokens instead of 1024 | roofline |
 | kv_transfer_congestion | the link between prefill and decode workers loses bandwidth | rca, ttft |
 | assistant_prefill_runaway | requests with an assistant prefill generate to max_tokens (or fail) | lift |
-| cpu_decode_host | a CPU-only host serves a model: prompts prefill for minutes (fix: a GPU prefill host) | pd |
-| cross_dc_read_write | prefill and decode pools in two data centres over fibre: the link congests, or a surge of long
-  prompts saturates the prefill pool | rca, ttft |
+| cpu_decode_host | CPU-only hosts serve a model: prompts prefill for minutes (fix: one GPU prefill host in front of
+  them, idle for one host, 55–85% busy when several share it) | pd |
+| cross_dc_read_write | prefill and decode pools in two data centres over fibre: the link congests, a surge of long
+  prompts saturates the prefill pool, or the prefill pool's machine slows | rca, ttft |
 
 Every scenario's ground truth also carries the ITL truth (stalled steps with victims and culprits,
 preemptions, host pauses) recorded by the simulator, whatever the family.
@@ -39,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from reference_engine.engine.cost_model import StepCostModel
+from reference_engine.engine.hardware import hardware as hardware_spec
 from reference_engine.engine.models import model as model_spec
 from reference_engine.fleet.config import (
     AuthSpec,
@@ -392,7 +395,9 @@ def _kv_congestion(rng: random.Random, fleet: FleetSpec, name: str, seed: int, d
 # The CPU-only host story: a machine without a GPU serves a model; its long prompts prefill at the host's few
 # TFLOP/s (≈ 107 s for 8k tokens of llama-3-8b) and queue behind each other for many minutes. The fix is a GPU
 # prefill host in front of it over a 100 Gbit/s link: the scenario's twin, whose measured TTFT the report's
-# recommendation must quote within 15% (`infertrace evaluate --section pd`).
+# recommendation must quote within 15% (`infertrace evaluate --section pd`). Half the scenarios are one CPU host
+# (the GPU host would idle: its prefill time alone is nearly the whole answer); the other half are several CPU
+# hosts sharing one GPU prefill host drawn 55–85% busy, so what the answer turns on is the queue at that host.
 CPU_HOST_MODEL, CPU_HOST_HARDWARE, GPU_PREFILL_HARDWARE = "llama-3-8b", "CPU-host", "L4"
 CPU_HOST_LINK = LinkSpec("lan", bandwidth_gb_s=12.5, latency_ms=0.5)
 
@@ -400,19 +405,29 @@ CPU_HOST_LINK = LinkSpec("lan", bandwidth_gb_s=12.5, latency_ms=0.5)
 def _cpu_decode_host(rng: random.Random, fleet: FleetSpec, name: str, seed: int, duration_s: float,
                      onset: float, length: float) -> Scenario:
     model = CPU_HOST_MODEL
-    workload = SyntheticWorkload(rate=round(rng.uniform(0.03, 0.06), 4), prompt_mean=float(rng.choice([6000, 8000])),
-                                 prompt_sigma=0.2, max_prompt_tokens=12000, output_mean=60.0, output_sigma=0.3,
-                                 max_tokens=256, tenants=("rag",), system_prompt_fraction=0.0,
-                                 assistant_prefill_fraction=0.0)
-    colocated = ModelDeployment(model, 1, CPU_HOST_HARDWARE, fleet.region, {"max_num_batched_tokens": 16384})
+    rate, prompt_mean = round(rng.uniform(0.03, 0.06), 4), float(rng.choice([6000, 8000]))
+    hosts, busy = 1, None
+    if rng.random() < 0.5:
+        # several CPU hosts, each at 0.03–0.05 requests/s (its own prefills take ≈ 1–2 × the run to drain, as
+        # the single host's), as many as make the shared GPU prefill host `busy` with prompts of the mean size
+        busy, rate = rng.uniform(0.55, 0.85), round(rng.uniform(0.03, 0.05), 4)
+        gpu = StepCostModel(model_spec(model), hardware_spec(GPU_PREFILL_HARDWARE))
+        hosts = max(2, round(busy / (rate * gpu.step_seconds([(int(prompt_mean), 0)], 0, 0, 1))))
+    workload = SyntheticWorkload(rate=round(rate * hosts, 4), prompt_mean=prompt_mean, prompt_sigma=0.2,
+                                 max_prompt_tokens=12000, output_mean=60.0, output_sigma=0.3, max_tokens=256,
+                                 tenants=("rag",), system_prompt_fraction=0.0, assistant_prefill_fraction=0.0)
+    colocated = ModelDeployment(model, hosts, CPU_HOST_HARDWARE, fleet.region, {"max_num_batched_tokens": 16384})
     alone = FleetSpec(name, fleet.region, (colocated,), (TenantSpec("rag", {model: 1.0}, "synthetic", workload),),
                       routers=(RouterSpec("router-0", (model,)),), timeout_s=3600.0)
-    d = DisaggregationSpec(1, 1, CPU_HOST_LINK.id, CPU_HOST_HARDWARE, fleet.region, {})
-    twin = replace(alone, models=(replace(colocated, hardware=GPU_PREFILL_HARDWARE, disaggregation=d),),
+    # the twin: one GPU prefill host in front of every CPU host, which keep decoding
+    d = DisaggregationSpec(1, hosts, CPU_HOST_LINK.id, CPU_HOST_HARDWARE, fleet.region, {})
+    twin = replace(alone, models=(replace(colocated, replicas=1, hardware=GPU_PREFILL_HARDWARE, disaggregation=d),),
                    links=(CPU_HOST_LINK,))
     root = {"kind": "engine", "instances": engines_of(alone, model), "models": [model], "shared": False}
     details = {"gpu_prefill_host": {"hardware": GPU_PREFILL_HARDWARE, "link_gb_s": CPU_HOST_LINK.bandwidth_gb_s,
-                                    "link_latency_ms": CPU_HOST_LINK.latency_ms}}
+                                    "link_latency_ms": CPU_HOST_LINK.latency_ms},
+               "cpu_hosts": hosts, "rate_per_host": rate,
+               "gpu_busy_drawn": None if busy is None else round(busy, 3)}
     return replace(_scenario("cpu_decode_host", name, seed, duration_s, alone, ("pd",), root, None, details=details),
                    twin=twin)
 
@@ -424,7 +439,8 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
     400 Gbit/s fibre link of 200–1000 km (≈ 5 µs/km one way, plus switching); its other models stay colocated.
     The incident: the link congests (the KV of every request crawls: only the disaggregated model degrades; root
     cause the link), or a tenant's surge of long prompts saturates the prefill pool (root cause the tenant's load,
-    with the pool it saturated named in the truth as `pool`)."""
+    with the pool it saturated named in the truth as `pool`), or the prefill pool loses capacity, its machine
+    computing every step 2.5–5× slower (root cause the pool's engine, the pool named in the truth as `pool`)."""
     model = _dense_model(fleet, largest=True)
     km = rng.uniform(200, 1000)
     link = LinkSpec("fibre-dc1-dc2", bandwidth_gb_s=50.0, latency_ms=round(km * 0.005 + 0.2, 2))
@@ -437,11 +453,19 @@ def _cross_dc(rng: random.Random, fleet: FleetSpec, name: str, seed: int, durati
     fleet = replace(fleet, models=models, links=(link,))
     prefill = [i for i, role in fleet.engine_instances(model) if role == "prefill_worker"]
     details = {"link_km": round(km), "link": link.id, "model": model}
-    if rng.random() < 0.6:
+    mode = rng.random()
+    if mode < 0.6:
         fault = FaultSpec("link_congestion", link.id, onset, length,
                           {"bandwidth_fraction": round(rng.uniform(0.005, 0.03), 4)})
         root = {"kind": "link", "instances": [link.id], "models": [model], "shared": False}
         details["mode"] = "link"
+    elif mode >= 0.8:
+        # the prefill pool itself loses capacity: its machine throttles (one prefill worker: the whole pool)
+        fault = FaultSpec("instance_slowdown", prefill[0], onset, length,
+                          {"factor": round(rng.uniform(2.5, 5.0), 2)})
+        root = {"kind": "engine", "instances": prefill, "models": [model], "shared": False,
+                "pool": f"{model} prefill pool"}
+        details["mode"] = "prefill_pool_slowdown"
     else:
         tenant = rng.choice([t.name for t in fleet.tenants if model in t.models] or [t.name for t in fleet.tenants])
         fault = FaultSpec("request_surge", model, onset, length, {
