@@ -112,3 +112,19 @@ def test_a_preempted_requests_recompute_is_not_blamed_on_a_prefill_it_did_not_ho
     result = attribute_iterations(_log(iterations), _requests(rows))
     (stall,) = [s for s in result.stalls if s.context_tokens == 900]
     assert stall.culprits == ()
+
+
+def test_a_chunked_prompt_with_a_prefix_cache_hit_is_anchored_by_its_last_chunk_not_an_earlier_one() -> None:
+    # Decode-first, chunked (V1's mixed iterations). "d" decodes throughout in 10 ms steps; "p" (1,951 tokens,
+    # 1,024 of them a prefix-cache hit its span does not report) is prefilled in two chunks beside it: 511 tokens
+    # ending at 520 ms (20 ms), then 416 ending at 537 ms (17 ms) with p's first token. The first chunk's tokens
+    # are also a whole number of KV blocks short of p's prompt: taken for p's whole (cached) prompt, it would
+    # move both stalls 17 ms late. p's span (scheduled 500 ms, first token 537 ms) holds both iterations, not one.
+    iterations = [(10, 1, 50, 0, 10), *_decodes(10, 49, 1), (520, 1, 511, 1, 20), (537, 1, 416, 1, 17),
+                  *_decodes(537, 30, 1)]
+    requests = _requests([("d", 0, 0, 10, 840, 50), ("p", 500, 500, 537, 537, 1951)])
+    result = attribute_iterations(_log(iterations), requests)
+    ends = {s.context_tokens: s.end_ns for s in result.stalls}
+    assert abs(ends[511] - (T0 + 520 * MS)) <= 1 * MS
+    assert abs(ends[416] - (T0 + 537 * MS)) <= 1 * MS
+    assert {c.request_id for s in result.stalls for c in s.culprits} == {"p"}

@@ -6,6 +6,7 @@ Times are at the scale of real epoch nanoseconds (≈ 1.8e18), where a float64 c
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from infertrace.analyzers.itl_requests import attribute_from_requests
@@ -178,3 +179,71 @@ def test_a_stall_that_a_clients_late_token_splits_over_two_gaps_is_still_found()
     (stall,) = [s for s in result.stalls if s.culprits]
     assert [c.request_id for c in stall.culprits] == ["p"]
     assert stall.start_ns <= T0 + 118 * MS <= stall.end_ns  # the step's end, back on the spans' clock
+
+
+def _chunked_engine(chunk_steps_ms: list[list[float]], prefills: int, decoders: int = 1, seed: int = 15,
+                    decode_ms: float = 2.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A decode-first engine with a 2 ms decode step: `decoders` long requests decode throughout, and every
+    40 ms a new request prefills in steps of the next of `chunk_steps_ms` (each step holding the decodes and one
+    chunk), then decodes 5 tokens. A streaming client receives every token 2 ms late plus a jitter uniform in 0–5 ms (in
+    order: a token never arrives before the one before it), as in the evaluation bank's noisiest scenarios."""
+    rng = np.random.default_rng(seed)
+    t, times, rows = 0.0, {f"d{k}": [] for k in range(decoders)}, []
+    for k in range(decoders):
+        rows.append((f"d{k}", 0, 0))
+    for i in range(prefills):
+        chunks = chunk_steps_ms[i % len(chunk_steps_ms)]
+        for _ in range(round((40 - sum(chunks)) / decode_ms) - 5):  # decode-only steps
+            t += decode_ms
+            for d in range(decoders):
+                times[f"d{d}"].append(t)
+        start = t
+        for length in chunks:
+            t += length
+            for d in range(decoders):
+                times[f"d{d}"].append(t)
+        rows.append((f"p{i}", start, t))
+        times[f"p{i}"] = [t]
+        for _ in range(5):
+            t += decode_ms
+            for r in (*[f"d{d}" for d in range(decoders)], f"p{i}"):
+                times[r].append(t)
+    requests = pd.DataFrame({
+        "request_id": [r[0] for r in rows], "instance": "e0", "tenant": "t",
+        "scheduled_ns": [T0 + round(r[1] * MS) for r in rows],
+        "first_token_ns": [T0 + round((r[2] if r[0].startswith("p") else decode_ms) * MS) for r in rows],
+        "input_tokens": 600, "cached_tokens": 0})
+    client = []
+    for r, ts in times.items():
+        arrive = np.maximum.accumulate(np.array(ts) + 2.0 + rng.uniform(0, 5, len(ts)))
+        client += [(r, T0 + round(x * MS)) for x in arrive]
+    return requests, pd.DataFrame(client, columns=["request_id", "time_ns"])
+
+
+def test_two_steps_of_a_chunked_prefill_that_add_nothing_are_not_read_as_one_long_step_through_a_clients_jitter(
+) -> None:
+    # Each prefill is two to five 2.2 ms steps (its chunks add 0.2 ms to the 2 ms decode step: no stall). The
+    # client's jitter (0–5 ms) often hides the decoder's token between two of them, so its gap spans a two-step
+    # prefill's 4.4 ms: read as one step, the prefill would have added 2.4 ms, a stall.
+    requests, tokens = _chunked_engine([[2.2] * 2, [2.2] * 3, [2.2] * 2, [2.2] * 4, [2.2] * 2, [2.2] * 5],
+                                       prefills=60)
+    result = attribute_from_requests(requests, tokens, clock="client")
+    assert result.timing_noise_ns > 1_500_000  # the case: jitter about a decode step
+    assert [c.request_id for s in result.stalls for c in s.culprits] == []
+
+
+def test_a_long_chunked_prefill_whose_every_step_adds_a_little_is_not_a_stall() -> None:
+    # Eight 3 ms steps: each chunk adds 1 ms, under the 2 ms a stall needs; the decoder's delay summed over the
+    # prefill is 8 ms.
+    requests, tokens = _chunked_engine([[3.0] * 8], prefills=40)
+    result = attribute_from_requests(requests, tokens, clock="client")
+    assert [c.request_id for s in result.stalls for c in s.culprits] == []
+
+
+def test_a_chunked_prefill_with_one_long_step_among_short_ones_is_still_named() -> None:
+    # A full chunk (a 7 ms step: 5 ms over the decode step) then the prompt's short remainder (2.2 ms): the mean
+    # per step is under the larger step's excess, the long gap itself shows the stall.
+    requests, tokens = _chunked_engine([[7.0, 2.2]], prefills=40, decoders=3)
+    result = attribute_from_requests(requests, tokens, clock="client")
+    named = {c.request_id for s in result.stalls for c in s.culprits}
+    assert len(named) >= 36 and named <= {f"p{i}" for i in range(40)}

@@ -12,8 +12,11 @@ elapsed time, stamped with the logging process's local wall clock in whole secon
    the bounds);
 2. the clock offset between the log and the spans (time zone, the whole-second stamps, and vLLM V1's
    API-server clock on the spans) is estimated from the data: lone prefill iterations whose context tokens are
-   exactly one request's prompt (anchors) end when that request's first token is produced, so the offset is the
-   one that puts the most anchored first tokens inside their iterations' bounds;
+   exactly one request's prompt, or end a run of lone prefill iterations (a chunked prompt's chunks) whose
+   tokens are, less a whole number of KV blocks where the spans count no cached tokens (anchors), end when that
+   request's first token is produced; the run's elapsed times must also fit the request's prefill on its span
+   (first scheduling to first token), which a chunk before the prompt's last does not by a whole iteration. The
+   offset is the one that puts the most anchored first tokens inside their iterations' bounds;
 3. placement on the spans' clock: an anchor is kept only where the log's own times agree with its neighbours
    (the elapsed times between two anchors fit between their first tokens, and, where the spans show the engine
    running requests throughout, with at most twice the median scheduler time per iteration beside them: a
@@ -148,9 +151,12 @@ def anchor_iterations(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, request
                       slack_ns: int) -> dict[int, list[int]]:
     """Prefill iterations whose finishing prompt is recognised: iteration row → the request row whose first token
     (on the spans' clock, `lo`/`hi` already moved onto it) falls in its bounds and whose uncached prompt tokens
-    are its context tokens, or, when the span counts no cached tokens, a whole number of 16-token KV blocks fewer
-    (a prefix-cache hit). Kept only when exactly one request fits and that request fits no other iteration (a
-    chunk of a longer prompt can look like a cached prompt)."""
+    are its context tokens, or the sum of a run of single-prefill iterations ending with it (a chunked prompt),
+    or, when the span counts no cached tokens, a whole number of 16-token KV blocks more (a prefix-cache hit).
+    The run's elapsed times must also fit the request's own prefill on its span (first scheduling to first token:
+    at least their sum, less `slack_ns`, and at most 2 ms of scheduler time per iteration more): a count of
+    tokens that fits by chance, or a chunk before the prompt's last, is one whole iteration or more off.
+    Kept only when exactly one request fits and that request fits no other iteration."""
     first = requests["first_token_ns"].to_numpy(dtype=np.int64)
     order = np.argsort(first, kind="stable")
     first_sorted = first[order]
@@ -158,21 +164,32 @@ def anchor_iterations(log: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, request
     prompt = requests["input_tokens"].fillna(0).to_numpy(dtype=np.int64)
     uncached = prompt - np.nan_to_num(cached).astype(np.int64)
     known_cache = ~np.isnan(cached)
+    scheduled = requests["scheduled_ns"].to_numpy(dtype=np.float64) if "scheduled_ns" in requests else \
+        np.full(len(requests), np.nan)
+    prefill = first - np.nan_to_num(scheduled, nan=0.0).astype(np.int64)
+    known_prefill = ~np.isnan(scheduled)
     ctx_req = log["context_requests"].to_numpy()
     ctx_tok = log["context_tokens"].to_numpy(dtype=np.int64)
+    elapsed = log["elapsed_ns"].to_numpy(dtype=np.int64)
     anchors: dict[int, list[int]] = {}
     for i in np.flatnonzero(ctx_req == 1).tolist():
         a = int(np.searchsorted(first_sorted, lo[i] - slack_ns, "left"))
         b = int(np.searchsorted(first_sorted, hi[i] + slack_ns, "right"))
         cand = order[a:b]
         target = np.where(known_cache[cand], uncached[cand], prompt[cand])
-        extra = target - ctx_tok[i]
-        # a chunked prompt: its chunks are the single-prefill iterations just before, summing to it
-        sums = np.cumsum(ctx_tok[max(i - 64, 0):i + 1][::-1])
+        # the runs of single-prefill iterations ending with this one (a chunked prompt's chunks): their tokens
+        # and elapsed times, one column per run length
         run = ctx_req[max(i - 64, 0):i + 1][::-1] == 1
-        sums = sums[:int(np.argmin(run)) if not run.all() else len(run)]
-        cached_hit = ~known_cache[cand] & (extra > 0) & (extra % 16 == 0)
-        fits = cand[(extra == 0) | cached_hit | np.isin(target, sums[1:])]
+        length = int(np.argmin(run)) if not run.all() else len(run)
+        sums = np.cumsum(ctx_tok[i - length + 1:i + 1][::-1])
+        took = np.cumsum(elapsed[i - length + 1:i + 1][::-1])
+        extra = target[:, None] - sums[None, :]
+        tokens_fit = (extra == 0) | (~known_cache[cand][:, None] & (extra > 0) & (extra % 16 == 0))
+        spent = prefill[cand][:, None]
+        time_fit = ~known_prefill[cand][:, None] | (
+            (spent >= took[None, :] - slack_ns)
+            & (spent <= took[None, :] + 2_000_000 * np.arange(1, length + 1)[None, :] + slack_ns))
+        fits = cand[(tokens_fit & time_fit).any(axis=1)]
         if len(fits) == 1:
             anchors[i] = [int(fits[0])]
     taken: dict[int, int] = {}

@@ -25,17 +25,26 @@ spans and the token times, per engine instance:
    so a normal gap's excess over it is positive on average; summed over many gaps that would read as a stall),
    each capped at the time the gap spends inside the interval plus the noise (a prefill meeting the last
    milliseconds of a long pause is not blamed for the pause). Summing keeps a stall whole when a client's jitter
-   splits it over two gaps, and a chunked prefill spread over several steps adds up. A true stall delays every
-   request decoding then, while one request's jitter moves one gap: the median delay must be a stall by a
-   margin of 1.5 times the timing noise over the square root of their number. A prefill in one step (a gap of
-   each decoding request spans it) is also timed by its own span, without the client's jitter: its length less
-   the decode step, or its whole length on an engine whose decodes wait for prefills (prefill-first: read from
-   all its one-step prefills at once, a decoding request's gap across one being longer by a whole decode step);
-   that, and a median delay reaching a stall, names it. A prefill longer than four times the instance's median
-   time per uncached token times its tokens, plus 20 ms, was held by something else (a host pause) and is not
-   blamed. Victims are the requests delayed by a stall (plus the noise); the window is the candidate's interval
-   narrowed to their stalled gaps, widened by the tolerance plus two jitters. Prefills run back to back
-   (prefill-first) keep their own windows: the next one starts where the last ended;
+   splits it over two gaps. But a stall is one step, and on an engine that splits its prefills into chunks of
+   about a decode step (a small token budget: read from all its prefills at once, by the decoding requests'
+   tokens seen inside them per decode step, about one there and none where prefills run in one step or few
+   large chunks) a prefill whose every chunk adds a little, under a stall, adds up to one over many steps. There
+   the sum is divided by the steps each decoding request saw (one more than its tokens inside, at most the
+   decode steps that fit) less one: a prompt's last chunk is its rest, which may add nothing. A true stall
+   delays every request decoding then, while one request's jitter moves one gap: the median (per-step) delay
+   must be a stall by a margin of 1.5 times the timing noise over the square root of their number, and over
+   the steps (a sum of consecutive gaps carries the jitter of its two end tokens only); or each request's most
+   delayed single gap must be, by two tokens' jitter (twice the noise) over the square root of their number. A
+   prefill in one step (a gap of each decoding request spans it) is also timed by its own span, without the
+   client's jitter: its length less the decode step, or its whole length on an engine whose decodes wait for
+   prefills (prefill-first: read from all its one-step prefills at once, a decoding request's gap across one
+   being longer by a whole decode step); that, and a median delay reaching a stall, names it. On an engine of
+   small chunks one step is shown only where two decode steps do not fit: with a jitter about a decode step, a
+   gap about as long as the prefill is also what two chunks adding nothing look like.
+   A prefill longer than four times the instance's median time per uncached token times its tokens, plus 20 ms,
+   was held by something else (a host pause) and is not blamed. Victims are the requests delayed by a stall (plus the
+   noise); the window is the candidate's interval narrowed to their stalled gaps, widened by the tolerance plus two
+   jitters. Prefills run back to back (prefill-first) keep their own windows: the next one starts where the last ended;
 5. a candidate is cleared when some request on the instance had a clearly normal gap (short by more than two
    tokens' jitter could make a stalled one) wholly inside its prefill interval, away from its ends by the
    tolerance plus that jitter: one of its steps demonstrably did not stall the decodes beside it;
@@ -319,23 +328,49 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
                             minlength=len(requests))
         spanning = np.zeros(len(requests), dtype=np.int64)  # each request's longest gap across the prefill
         np.maximum.at(spanning, which, g.itl[over])
-        evidence.append((j, s, f, over, which, delay, float(np.median(spanning))))
+        # The steps each request saw there: one more than its tokens inside (away from the ends by the tolerance),
+        # and no more than fit in the prefill (each step holds at least the decodes: a decode step).
+        decode_step = max(int(np.median(step[over])), 1)
+        fit = max(1, (f - s) // decode_step)
+        steps = np.minimum(1 + np.bincount(which, weights=(g.end[over] < f - tol).astype(np.float64),
+                                           minlength=len(requests)), fit)
+        peak = np.zeros(len(requests), dtype=np.float64)  # each request's most delayed single gap there
+        np.maximum.at(peak, which, np.minimum(centred[over], spent).astype(np.float64))
+        inner = (f - s - 2 * tol) / decode_step  # the step boundaries that could be seen inside, one per step
+        evidence.append((j, s, f, over, which, delay, float(np.median(spanning)), steps, fit, peak, inner))
     # Whether the decodes wait for a prefill (prefill-first: a decoding request's gap spans the decode step and
     # the prefill) or share its step (decode-first, chunked: its gap is the prefill's step) is the engine's
     # policy: read from all its one-step prefills at once, where one request's jitter averages out.
-    lag = [sp - (f - s) for _, s, f, over, _, _, sp in evidence if sp >= (f - s) - noise]
+    lag = [sp - (f - s) for _, s, f, over, _, _, sp, *_ in evidence if sp >= (f - s) - noise]
     # (measured on the bank: a whole step under prefill-first, at most half of one under chunked scheduling)
     decodes_wait = len(lag) >= 5 and float(np.median(lag)) >= 0.75 * float(np.median(step))
+    # Whether the engine splits its prefills into chunks of about a decode step (a small token budget) or runs
+    # them in one step (or few large chunks) is its configuration too: read from all its prefills with room for
+    # a step boundary inside (away from their ends by the tolerance), where one request's jitter averages out: the
+    # decoding requests' tokens seen there per decode step, about one on the first and none on the second.
+    seen = [(float(np.median(steps)) - 1) / inner for *_, steps, _, _, inner in evidence if inner >= 1]
+    small_chunks = len(seen) >= 5 and float(np.mean(seen)) >= 0.5
     claims: list[_Claim] = []
-    for j, s, f, over, which, delay, spanning in evidence:
+    for j, s, f, over, which, delay, spanning, steps, fit, peak, _ in evidence:
         n = len(delay)
         needed = float(np.median(threshold[over]))
-        clear = np.median(delay) >= needed + 1.5 * noise / np.sqrt(n)
+        if not small_chunks:
+            steps = np.ones(n)  # a prefill is one step (or few): a token inside it is a client's jitter
+        # A stall is one step that added `needed`: a delay summed over several steps (a chunked prefill whose every
+        # chunk adds a little) is not one. Its mean per step is the least its longest step added (a sum of
+        # consecutive gaps carries the jitter of its two end tokens only, so the mean's noise falls with the steps);
+        # a single gap shows one long step among short ones (unequal chunks) when it is longer than two tokens'
+        # jitter could make a normal one (the median over the decoding requests: by that over their root).
+        full = np.maximum(steps - 1, 1)  # a prompt's last chunk is its rest, which may add nothing: the others
+        per_step = np.median(delay / full) >= needed + 1.5 * noise / (np.sqrt(n) * float(np.median(full)))
+        clear = bool(per_step or np.median(peak) >= needed + 2 * noise / np.sqrt(n))
         # A prefill in one step (a gap of each decoding request spans it: no token inside) is timed by its own span
         # on the engine's clock, without the client's jitter: its step less the decode step is what it added when
         # the decodes ran beside it, its whole step when they waited for it. The victims' delay need then only
-        # reach a stall, not clear the noise too.
-        one_step = spanning >= (f - s) - noise
+        # reach a stall, not clear the noise too. On an engine of small chunks a gap about as long as the prefill
+        # is, with a jitter about a decode step, also what two chunks adding nothing look like: one step is then
+        # shown only where two do not fit.
+        one_step = spanning >= (f - s) - noise and (fit == 1 or not small_chunks)
         own = (f - s) - (0 if decodes_wait else float(np.median(step[over])))
         if own > 4 * per_token * cands.uncached[j] + 20_000_000:
             continue  # far longer than its prompt can cost: it was held by something else (a host pause)
