@@ -41,8 +41,9 @@ from infertrace.store.clickhouse.rows import (
 from infertrace.store.store import Store
 
 EXPORT_BATCH_ROWS = 100_000
-# Parts the spans are read back in (by trace id): each part's rows are held in memory at once, on both sides.
-READ_BACK_PARTS = 16
+# The most spans read back at once (a part: the traces whose id hashes to it): each part's rows are held in
+# memory at once, as ClickHouse's result and as Arrow. One million spans: about 1.5 GB.
+READ_BACK_ROWS = 1_000_000
 
 
 def otel_traces_ddl(database: str) -> str:
@@ -119,8 +120,11 @@ class ClickHouseStore(Store):
         # The DuckDB connection itself, without reading the spans back (`con` reads them back first).
         self.duckdb = con
         self._snapshot: dict[str, Any] = {}
-        # Results kept per snapshot (infertrace.results) go into a private directory removed on close.
-        super().__init__(Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-")), con)
+        # Results kept per snapshot (infertrace.results) go into a private directory removed on close, and so
+        # does what DuckDB spills of the spans read back.
+        root = Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-"))
+        con.execute("SET temp_directory = $dir", {"dir": str(root / "spill")})
+        super().__init__(root, con)
 
     @classmethod
     def open(cls, url: str, since_ns: int | None = None, until_ns: int | None = None,  # type: ignore[override]
@@ -186,28 +190,28 @@ class ClickHouseStore(Store):
         return self.duckdb.from_arrow(rows)
 
     def _load_spans_raw(self) -> None:
-        """Reads the window's spans back into a DuckDB database file of the store's private directory, in
-        `READ_BACK_PARTS` parts (whole traces each), so that neither ClickHouse's result nor DuckDB's table is
-        ever held whole in memory: DuckDB keeps the table on disk and pages it in as the relations read it."""
+        """Reads the window's spans back into a table of the DuckDB connection in parts of at most
+        `READ_BACK_ROWS` spans (whole traces each), so that ClickHouse's result is never held whole in memory;
+        DuckDB's table spills to its temporary directory past its memory limit."""
         con = self.duckdb
-        if "snapshot" not in {row[0] for row in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}:
-            con.execute("ATTACH $path AS snapshot", {"path": str(self.root / "snapshot.duckdb")})
-        con.execute("DROP TABLE IF EXISTS snapshot.spans")
-        parts = READ_BACK_PARTS
+        where, params = window_clause(self.connection.target.table, self.since_ns, self.until_ns)
+        counted = self.connection.query_arrow(f"SELECT count() AS n FROM {self.connection.target.table} {where}",
+                                              params)
+        parts = max(1, -(-int(counted.column("n")[0].as_py()) // READ_BACK_ROWS))
+        con.execute("DROP TABLE IF EXISTS _clickhouse_spans")
         for part in range(parts):
             rows = span_rows(self.connection, self.since_ns, self.until_ns, part=(part, parts))
             con.register("_clickhouse_rows", rows)
             try:
-                into = "CREATE TABLE snapshot.spans AS " if part == 0 else "INSERT INTO snapshot.spans "
+                into = "CREATE TABLE _clickhouse_spans AS " if part == 0 else "INSERT INTO _clickhouse_spans "
                 con.execute(into + duckdb_casts("_clickhouse_rows"))
             finally:
                 con.unregister("_clickhouse_rows")
             del rows
-        con.execute("CHECKPOINT snapshot")
-        con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM snapshot.spans")
+        con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
         self.skipped, self.notes = [], {}
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
-        (count, last), = con.execute("SELECT count(*), max(end_ns) FROM snapshot.spans").fetchall()
+        (count, last), = con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
 
