@@ -171,20 +171,20 @@ def compressed_bytes_per_span(url: str) -> float:
         connection.close()
 
 
-# The shared machine's budget per process; DuckDB's own limit below it (it spills to disk past it).
+# The shared machine's budget per process (--max-rss-gb); DuckDB's own limit below it (it spills to disk past it).
 MAX_RSS_GB = 8.0
 DUCKDB_MEMORY_LIMIT = "5GB"
 
 
-def _watch_rss() -> None:
-    """Ends the process (exit 3, a line saying so) when its RSS passes MAX_RSS_GB."""
+def _watch_rss(max_rss_gb: float) -> None:
+    """Ends the process (exit 3, a line saying so) when its RSS passes `max_rss_gb`."""
     page = os.sysconf("SC_PAGE_SIZE")
     started = time.perf_counter()
     while True:
         with open("/proc/self/statm", encoding="ascii") as f:
             rss = int(f.read().split()[1]) * page
-        if rss > MAX_RSS_GB * 2**30:
-            print(json.dumps({"over_rss_gb": MAX_RSS_GB, "after_s": time.perf_counter() - started}), flush=True)
+        if rss > max_rss_gb * 2**30:
+            print(json.dumps({"over_rss_gb": max_rss_gb, "after_s": time.perf_counter() - started}), flush=True)
             os._exit(3)
         time.sleep(0.5)
 
@@ -193,8 +193,8 @@ def _work(what: str, backend: str, store: Path, url: str, since: int | None, unt
     """One timed piece of work on one backend (in a child process of its own: its peak RSS is its own)."""
     opened = Store.open(store) if backend == "local" else ClickHouseStore.open(url, since, until)
     with opened as s:
-        # DuckDB's connection (ClickHouseStore's without reading the spans back: the property would)
-        con = s.__dict__["_con"] if isinstance(s, ClickHouseStore) else s.con
+        # DuckDB's connection (ClickHouseStore's without reading the spans back: `con` would)
+        con = s.duckdb if isinstance(s, ClickHouseStore) else s.con
         con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
         con.execute("SET temp_directory = $dir", {"dir": str(store.parent / "duckdb-spill")})  # not the checkout
         if what == "report":
@@ -208,9 +208,9 @@ def _work(what: str, backend: str, store: Path, url: str, since: int | None, unt
 
 
 def child(argv: list[str]) -> None:
-    what, backend, store, url, since, until = argv
+    what, backend, store, url, since, until, max_rss_gb = argv
     bounds = (int(since) if since != "-" else None, int(until) if until != "-" else None)
-    threading.Thread(target=_watch_rss, daemon=True).start()
+    threading.Thread(target=_watch_rss, args=(float(max_rss_gb),), daemon=True).start()
     wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss}))
@@ -220,7 +220,7 @@ WORK = ("itl_distributions", "analyze_itl", "report")
 
 
 def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None,
-            work: tuple[str, ...] = WORK) -> None:
+            work: tuple[str, ...] = WORK, max_rss_gb: float = MAX_RSS_GB) -> None:
     """Each piece of work on each backend, alternately, each in a fresh process (opening the store included;
     CPU is that process's, all threads). With a window, the local store is opened whole and the report selects
     the window (what `report --since/--until` does); ClickHouse reads the window only."""
@@ -229,7 +229,8 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
         got = {}
         for backend in ("local", "chdb"):
             done = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
-                                   "-" if since is None else str(since), "-" if until is None else str(until)],
+                                   "-" if since is None else str(since), "-" if until is None else str(until),
+                                   str(max_rss_gb)],
                                   capture_output=True, text=True)
             lines = done.stdout.strip().splitlines()
             got[backend] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
@@ -244,7 +245,8 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
 
 
 def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True,
-        hour_trace: Path | None = None, prepare_only: bool = False, items: tuple[str, ...] = WORK) -> None:
+        hour_trace: Path | None = None, prepare_only: bool = False, items: tuple[str, ...] = WORK,
+        max_rss_gb: float = MAX_RSS_GB) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'local MB':>8} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb MB':>8} {'wall ratio':>10} {'cpu ratio':>9} {'load':>5}", flush=True)
@@ -256,12 +258,12 @@ def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: 
         if prepare_only:
             continue
         if whole:
-            measure(store, url, spans, work=items)
+            measure(store, url, spans, work=items, max_rss_gb=max_rss_gb)
         with Store.open(store) as opened:
             first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
         for minutes in windows:  # windows from the middle of the run
             since = first + int(h * 3600e9 / 2)
-            measure(store, url, spans, since, since + int(minutes * 60e9))
+            measure(store, url, spans, since, since + int(minutes * 60e9), max_rss_gb=max_rss_gb)
         print(f"{spans:>10} compressed bytes/span in otel_traces: {compressed_bytes_per_span(url):.1f}")
 
 
@@ -277,12 +279,14 @@ def main() -> None:
                         "tiled from it instead of simulated")
     parser.add_argument("--prepare-only", action="store_true", help="build the stores and chdb tables, time nothing")
     parser.add_argument("--work-item", action="append", choices=WORK, help="what to time (repeatable; default all)")
+    parser.add_argument("--max-rss-gb", type=float, default=MAX_RSS_GB,
+                        help="stop a timed process whose RSS passes this (default %(default)s)")
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2:])
         return
     args = parser.parse_args()
     run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole, hour_trace=args.hour_trace,
-        prepare_only=args.prepare_only, items=tuple(args.work_item or WORK))
+        prepare_only=args.prepare_only, items=tuple(args.work_item or WORK), max_rss_gb=args.max_rss_gb)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,31 @@ def test_a_window_brings_every_token_of_the_requests_in_it() -> None:
             assert clickhouse.sql(query, {"ids": ids}).to_arrow_table().equals(expected)
 
 
+
+def test_a_window_without_spans_reads_as_an_empty_store_not_an_error() -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local:
+        hi = local.sql("SELECT max(end_ns) FROM spans").fetchall()[0][0]
+    with ClickHouseStore.open(url, hi + 10**12, hi + 2 * 10**12) as clickhouse:
+        assert clickhouse.sql("SELECT count(*) FROM spans").fetchall()[0][0] == 0
+        assert clickhouse.sql("SELECT count(*) FROM requests").fetchall()[0][0] == 0
+        assert clickhouse.segments == []
+
+
+@pytest.mark.parametrize("rows_per_part", [997, 20_000])
+def test_the_spans_read_back_are_the_same_whatever_the_number_of_parts_they_are_read_in(
+        monkeypatch: pytest.MonkeyPatch, rows_per_part: int) -> None:
+    from infertrace.store.clickhouse import store as clickhouse_store
+
+    _, url = sample_in_clickhouse("prefill_storm")
+    query = "SELECT trace_id, span_id, name, start_ns, end_ns, \"attr.gen_ai.request.id\" FROM spans ORDER BY ALL"
+    with ClickHouseStore.open(url) as clickhouse:
+        expected = clickhouse.sql(query).to_arrow_table()
+    monkeypatch.setattr(clickhouse_store, "READ_BACK_ROWS", rows_per_part)
+    with ClickHouseStore.open(url) as clickhouse:
+        assert clickhouse.sql(query).to_arrow_table().equals(expected)
+    assert expected.num_rows > 1000
+
 # The DuckDB text of each aggregation that has a ClickHouse form, as the analyzers run it (after
 # `itl._register`, which the ITL analysis runs first on a local store).
 DUCKDB_FORM = {"itl_decode_steps": query_text("itl_decode_steps"), "itl_distribution": itl.ITL_DISTRIBUTION_SQL}

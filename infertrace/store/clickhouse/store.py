@@ -41,6 +41,9 @@ from infertrace.store.clickhouse.rows import (
 from infertrace.store.store import Store
 
 EXPORT_BATCH_ROWS = 100_000
+# The most spans read back at once (a part: the traces whose id hashes to it): each part's rows are held in
+# memory at once, as ClickHouse's result and as Arrow. One million spans: about 1.5 GB.
+READ_BACK_ROWS = 1_000_000
 
 
 def otel_traces_ddl(database: str) -> str:
@@ -80,22 +83,27 @@ def window_clause(table: str, since_ns: int | None, until_ns: int | None) -> tup
     return f"WHERE TraceId IN ({extended})", params
 
 
-def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None) -> pa.Table:
+def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None,
+              part: tuple[int, int] = (0, 1)) -> pa.Table:
     """The spans of a window (whole traces) in the store's columns, typed in ClickHouse (lists as JSON text:
-    `rows.duckdb_casts` finishes them)."""
+    `rows.duckdb_casts` finishes them). `part` (k, n): only the traces whose id hashes to k modulo n."""
     where, params = window_clause(connection.target.table, since_ns, until_ns)
+    k, n = part
+    if n > 1:
+        where = (where + " AND" if where else "WHERE") + " cityHash64(TraceId) % {parts:UInt64} = {part:UInt64}"
+        params = {**params, "part": k, "parts": n}
     return connection.query_arrow(from_otel_traces_sql(connection.target.table, where), params)
 
 
 def _snapshot_attribute(name: str) -> property:
-    """An attribute of `ClickHouseStore` that reads the spans back before it is read."""
+    """An attribute of `ClickHouseStore` that reads the spans back before it is read (kept in `_snapshot`)."""
 
     def get(self: ClickHouseStore) -> Any:
         self._pull()
-        return self.__dict__["_" + name]
+        return self._snapshot[name]
 
     def put(self: ClickHouseStore, value: Any) -> None:
-        self.__dict__["_" + name] = value
+        self._snapshot[name] = value
 
     return property(get, put)
 
@@ -109,8 +117,14 @@ class ClickHouseStore(Store):
         self.side_inputs = side_inputs
         self.since_ns, self.until_ns = since_ns, until_ns
         self.url = str(connection.target)
-        # Results kept per snapshot (infertrace.results) go into a private directory removed on close.
-        super().__init__(Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-")), con)
+        # The DuckDB connection itself, without reading the spans back (`con` reads them back first).
+        self.duckdb = con
+        self._snapshot: dict[str, Any] = {}
+        # Results kept per snapshot (infertrace.results) go into a private directory removed on close, and so
+        # does what DuckDB spills of the spans read back.
+        root = Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-"))
+        con.execute("SET temp_directory = $dir", {"dir": str(root / "spill")})
+        super().__init__(root, con)
 
     @classmethod
     def open(cls, url: str, since_ns: int | None = None, until_ns: int | None = None,  # type: ignore[override]
@@ -173,17 +187,27 @@ class ClickHouseStore(Store):
         if sql is None:
             return super().aggregate(name, query, params)
         rows = plain_columns(self.connection.query_arrow(sql, {**bound, **(params or {})}))
-        return self.__dict__["_con"].from_arrow(rows)
+        return self.duckdb.from_arrow(rows)
 
     def _load_spans_raw(self) -> None:
-        rows = span_rows(self.connection, self.since_ns, self.until_ns)
-        con = self.__dict__["_con"]
-        con.register("_clickhouse_rows", rows)
-        try:
-            con.execute("CREATE OR REPLACE TABLE _clickhouse_spans AS " + duckdb_casts("_clickhouse_rows"))
-        finally:
-            con.unregister("_clickhouse_rows")
-        del rows
+        """Reads the window's spans back into a table of the DuckDB connection in parts of at most
+        `READ_BACK_ROWS` spans (whole traces each), so that ClickHouse's result is never held whole in memory;
+        DuckDB's table spills to its temporary directory past its memory limit."""
+        con = self.duckdb
+        where, params = window_clause(self.connection.target.table, self.since_ns, self.until_ns)
+        counted = self.connection.query_arrow(f"SELECT count() AS n FROM {self.connection.target.table} {where}",
+                                              params)
+        parts = max(1, -(-int(counted.column("n")[0].as_py()) // READ_BACK_ROWS))
+        con.execute("DROP TABLE IF EXISTS _clickhouse_spans")
+        for part in range(parts):
+            rows = span_rows(self.connection, self.since_ns, self.until_ns, part=(part, parts))
+            con.register("_clickhouse_rows", rows)
+            try:
+                into = "CREATE TABLE _clickhouse_spans AS " if part == 0 else "INSERT INTO _clickhouse_spans "
+                con.execute(into + duckdb_casts("_clickhouse_rows"))
+            finally:
+                con.unregister("_clickhouse_rows")
+            del rows
         con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
         self.skipped, self.notes = [], {}
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
@@ -198,7 +222,7 @@ class ClickHouseStore(Store):
         """The snapshot is a table of this connection: nothing to re-list."""
 
     def close(self) -> None:
-        self.__dict__["_con"].close()
+        self.duckdb.close()
         self.connection.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
