@@ -48,18 +48,19 @@ def test_the_culprit_slows_one_tenants_calls_while_engines_on_their_path_slow_on
         assert noise.target in component.models and noise.target in tenant_spec.models
         assert not set(confounder["instances"]) & set(scenario.root_cause["instances"])
         # while the culprit's fault is on
-        assert fault.start_s - 30 <= noise.start_s < fault.start_s + fault.duration_s
+        assert fault.start_s - 40 <= noise.start_s < fault.start_s + fault.duration_s
+        assert noise.start_s + noise.duration_s > fault.start_s + fault.duration_s - 1
 
 
-def test_a_slow_ramps_bystander_spikes_during_the_ramp() -> None:
+def test_a_slow_ramps_bystander_steps_up_partway_into_the_ramp() -> None:
     for seed in SEEDS:
         scenario = make_scenario("slow_ramp", seed)
         fault = next(f for f in scenario.fleet.faults if f.kind in ("auth_latency", "router_latency"))
         ramp = float(fault.params["ramp_s"])
         assert 180 <= ramp <= 360 and scenario.root_cause["ramp_s"] == ramp
-        spike = scenario.confounders[0]["fault"]
-        assert fault.start_s + 0.4 * ramp <= spike.start_s <= fault.start_s + 0.9 * ramp
-        assert spike.duration_s <= 90
+        step = scenario.confounders[0]["fault"]
+        assert fault.start_s + 0.2 * ramp <= step.start_s <= fault.start_s + 0.5 * ramp
+        assert "ramp_s" not in step.params  # at once, beside the component's gradual change
 
 
 def test_a_component_with_workers_keeps_headroom_for_the_tenants_slower_calls() -> None:

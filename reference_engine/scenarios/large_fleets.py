@@ -11,8 +11,8 @@ Families (what happens; the root cause; what fools a naive ranker):
 
 - `slow_ramp`: an auth or router instance slows ×3–6 over 3–6 minutes for one tenant's calls (the shard that
   holds its keys degrades); the component; the early ramp looks like baseline, and the component's own change is
-  small (most of its calls are other tenants', unchanged) and gradual, while a bystander model's engines spike
-  ×2.5–4 for a minute during the ramp, the largest own anomaly in sight.
+  small (most of its calls are other tenants', unchanged) and gradual, while a bystander model's engines step up
+  ×2.5–4 partway into the ramp and stay slow past its end: a sharp change, the largest own anomaly in sight.
 - `partial_failure`: an auth or router answers 503 to 4–15% of calls, or a tenant's limiter 429 to 10–25%,
   latency unchanged; the component; its change is bounded by the failing share.
 - `backpressure`: a router with few workers and jittery service slows ×1.8–2.5; its backlog waits in the global
@@ -20,9 +20,9 @@ Families (what happens; the root cause; what fools a naive ranker):
 - `retry_storm`: an auth instance slows ×2.5–4; calls time out, clients retry, retries trip the tenants' limiters;
   the auth; the limiters' 429s.
 - `engine_noise`: a router or auth adds 150–600 ms to one tenant's calls (its keys on a slow replica or cache
-  shard); meanwhile the engines of a model that tenant sends through it slow ×2–3.5 on their own (a noisy, innocent
-  engine); the component; the engines' own anomaly (every step slower for its work) is far larger than the
-  component's (a share of its calls, one tenant's).
+  shard); meanwhile, from a little before to a little after, the engines of a model that tenant sends through it
+  slow ×2–3.5 on their own (a noisy, innocent engine); the component; the engines' own anomaly (every step
+  slower for its work) is larger than the component's (one tenant's share of its calls).
 - `overlapping`: two unrelated culprits with onsets 20–150 s apart: a component, and another component or a
   model's engines; both; one of the two is never first.
 - `load`: one tenant sends ×4–8 its traffic (to all its models, or one); load from that tenant; its limiter's
@@ -250,12 +250,13 @@ def _slow_ramp(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Drawn
     kind = "auth" if isinstance(component, AuthSpec) else "router"
     fault = FaultSpec(f"{kind}_latency", component.id, onset, ramp + hold,
                       {"extra_ms": 0.0, "factor": factor, "ramp_s": ramp, "tenant": tenant})
-    # A bystander spikes during the ramp: a model the tenant sends through the component, its engines ×2.5–4 for
-    # a minute or so (a noisy neighbour on the GPU, a bad kernel autotune), unrelated to the component.
+    # A bystander steps up during the ramp: a model the tenant sends through the component, its engines ×2.5–4 at
+    # once from 20–50% into the ramp until after its end (a noisy neighbour on the GPU, a bad kernel autotune),
+    # unrelated to the component: a sharp change beside a gradual one.
     model = rng.choice(_tenant_models(fleet, component, tenant))
-    at = round(onset + ramp * rng.uniform(0.4, 0.9), 1)
-    spike = FaultSpec("engine_slowdown", model, at, round(min(rng.uniform(45, 90), duration_s * 0.92 - at), 1),
-                      {"factor": round(rng.uniform(2.5, 4.0), 2)})
+    at = round(onset + ramp * rng.uniform(0.2, 0.5), 1)
+    until = min(onset + ramp + hold + rng.uniform(0, 30), duration_s * 0.95)
+    spike = FaultSpec("engine_slowdown", model, at, round(until - at, 1), {"factor": round(rng.uniform(2.5, 4.0), 2)})
     confounder = {"fault": spike, "kind": "engine", "instances": _engines(fleet, model), "models": [model]}
     cause = {**_cause(fleet, fault, kind), "for_tenant": tenant}
     return Drawn(fleet, [fault], [cause], confounders=[confounder],
@@ -403,9 +404,10 @@ def _engine_noise(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Dr
     # The noisy engine: one of the models the tenant sends through the component, so its engines sit on the same
     # requests' path, and its own anomaly (every step slower for its work) is larger than the component's.
     model = rng.choice(_tenant_models(fleet, component, tenant))
-    at = round(min(max(onset + rng.uniform(-30, 0.5 * length), 60.0), duration_s * 0.9 - 60), 1)
-    noise = FaultSpec("engine_slowdown", model, at, round(min(rng.uniform(60, 150), duration_s * 0.92 - at), 1),
-                      {"factor": round(rng.uniform(2.0, 3.5), 2)})
+    # It is noisy throughout: from a little before the component's fault to a little after it.
+    at = round(max(onset - rng.uniform(10, 40), 60.0), 1)
+    until = min(onset + length + rng.uniform(20, 60), duration_s * 0.95)
+    noise = FaultSpec("engine_slowdown", model, at, round(until - at, 1), {"factor": round(rng.uniform(2.0, 3.5), 2)})
     confounder = {"fault": noise, "kind": "engine", "instances": _engines(fleet, model), "models": [model]}
     cause = {**_cause(fleet, fault, kind), "for_tenant": tenant}
     return Drawn(fleet, [fault], [cause], confounders=[confounder],
