@@ -145,6 +145,25 @@ def test_a_cause_left_with_a_handful_of_requests_after_the_split_is_no_incident_
     assert [len(p) for p in parts] == [100]
 
 
+def test_trouble_no_cause_explains_stays_with_a_cause_that_reaches_its_model() -> None:
+    # 007-engine_noise: tiny's engines explain 80 troubled requests of tiny, auth-0 40 of big; 10 more of big are
+    # explained by nobody. They go to auth-0's part, not to the larger engines' part (which would then name big)
+    significant = OwnAnomaly((Signal("service", "t", 0.8, 1e-30, 1.0, 9.0, 0.0, 0.8, 2.0, 300, 2000),))
+    engines = Candidate("tiny engines", "engines", ("tiny-0",), ("tiny",))
+    auth = Candidate("auth-0", "auth", ("auth-0",), ("tiny", "big"))
+    models = ["tiny"] * 80 + ["big"] * 50
+    troubled = pd.DataFrame({"req": range(130), "model": models, "tenant": "t", "reason": "ttft",
+                             "http_status": 200, "weight": 1.0, "flagged": True})
+    rows = pd.DataFrame({"req": [*range(80), *range(80, 120)], "target": ["tiny engines"] * 80 + ["auth-0"] * 40,
+                         "weight": 1.0, "source": "", "how": ""})
+    window = Window(EPOCH, EPOCH + 10**11, EPOCH, (), EPOCH)
+    ranked = _Ranked(window, {engines.id: significant, auth.id: significant}, [engines, auth],
+                     Blamed(rows, 120.0), troubled, np.ones(130, dtype=bool), ("tiny", "big"))
+    parts = _split(ranked)
+    assert [len(p) for p in parts] == [80, 50]
+    assert set(parts[1]) == set(range(80, 130))
+
+
 def test_a_component_slowing_one_callers_calls_is_a_significant_change_of_its_own(tmp_path: Path) -> None:
     # router-0 adds 300 ms to model-f's calls only (one sixth of its calls): over all its calls a small shift
     models = [f"model-{c}" for c in "abcdef"]
