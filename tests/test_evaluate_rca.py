@@ -11,7 +11,15 @@ import pytest
 from infertrace.analyzers.anomalies import Incident
 from infertrace.analyzers.rca import IncidentDiagnosis
 from infertrace.analyzers.topology import Node, Topology
-from infertrace.evaluation.rca import accuracy, as_served, evaluate_rca, hit_probabilities, match, render_rca
+from infertrace.evaluation.rca import (
+    accuracy,
+    apart_from_confounders,
+    as_served,
+    evaluate_rca,
+    hit_probabilities,
+    match,
+    render_rca,
+)
 
 
 def test_a_true_cause_ranked_second_counts_from_ac_at_2() -> None:
@@ -56,6 +64,27 @@ def test_a_culprit_is_matched_by_the_models_it_served_not_all_it_was_configured_
     confounder = _diagnosis(1, 274.0, 405.0, ("b", "c", "d", "e", "f"), 18)
     own = _diagnosis(2, 239.0, 405.0, ("a", "b"), 29)
     assert match([confounder, own], as_served(limiter, topology)) is own
+
+
+def test_a_model_a_confounders_engines_slowed_does_not_decide_which_incident_is_the_culprits() -> None:
+    # 024-slow_ramp: router-2 slows tenant-b's calls to llama-3-8b and llama-3-70b; llama-3-8b's engines (a recorded
+    # confounder) slow during it. The engines' incident (llama-3-8b) and the router's (llama-3-70b) share one model
+    # each with the router; the engines' lasts longer. The router's incident is its own.
+    window = {"start_ns": int(391e9), "end_ns": int(711e9)}
+    router = {"kind": "router", "instances": ["router-2"], "models": ["llama-3-8b", "llama-3-70b"], "window": window}
+    confounders = [{"kind": "engine", "models": ["llama-3-8b"], "instances": ["llama-3-8b-0"],
+                    "window": {"start_ns": int(500e9), "end_ns": int(727e9)}},
+                   {"kind": "auth", "models": ["llama-3-70b"], "instances": ["auth-0"],
+                    "window": {"start_ns": int(420e9), "end_ns": int(460e9)}}]
+    engines = _diagnosis(1, 497.0, 726.0, ("llama-3-8b",), 474)
+    own = _diagnosis(2, 569.0, 726.0, ("llama-3-70b",), 4)
+    assert match([engines, own], router) is engines  # on all its models: a tie, broken by the longer overlap
+    assert match([engines, own], apart_from_confounders(router, confounders)) is own
+    # a confounder outside the culprit's window, or one whose models are all the culprit's, leaves them all
+    later = [{**confounders[0], "window": {"start_ns": int(800e9), "end_ns": int(900e9)}}]
+    assert apart_from_confounders(router, later)["models"] == router["models"]
+    everything = [{**confounders[0], "models": ["llama-3-8b", "llama-3-70b"]}]
+    assert apart_from_confounders(router, everything)["models"] == router["models"]
 
 
 @pytest.mark.slow

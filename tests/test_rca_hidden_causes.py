@@ -12,7 +12,7 @@ import pandas as pd
 
 from infertrace.analyzers.anomalies import DetectionConfig, detect_in_requests
 from infertrace.analyzers.blame import BlameContext, Blamed, blame_requests
-from infertrace.analyzers.candidates import Candidate, OwnAnomaly, RcaInputs, Window, own_signals
+from infertrace.analyzers.candidates import Candidate, OwnAnomaly, RcaInputs, Window, own_onset, own_signals
 from infertrace.analyzers.rca import _local_own, _Ranked, _split, analyze_incidents, describe
 from infertrace.analyzers.signals import Signal
 from tests.test_analyzer_rca import EPOCH, Fault, HandFleet, hand_store
@@ -143,3 +143,53 @@ def test_a_cause_left_with_a_handful_of_requests_after_the_split_is_no_incident_
                      Blamed(rows, 100.0), troubled, np.ones(100, dtype=bool), ("m",))
     parts = _split(ranked)
     assert [len(p) for p in parts] == [100]
+
+
+def test_trouble_no_cause_explains_stays_with_a_cause_that_reaches_its_model() -> None:
+    # 007-engine_noise: tiny's engines explain 80 troubled requests of tiny, auth-0 40 of big; 10 more of big are
+    # explained by nobody. They go to auth-0's part, not to the larger engines' part (which would then name big)
+    significant = OwnAnomaly((Signal("service", "t", 0.8, 1e-30, 1.0, 9.0, 0.0, 0.8, 2.0, 300, 2000),))
+    engines = Candidate("tiny engines", "engines", ("tiny-0",), ("tiny",))
+    auth = Candidate("auth-0", "auth", ("auth-0",), ("tiny", "big"))
+    models = ["tiny"] * 80 + ["big"] * 50
+    troubled = pd.DataFrame({"req": range(130), "model": models, "tenant": "t", "reason": "ttft",
+                             "http_status": 200, "weight": 1.0, "flagged": True})
+    rows = pd.DataFrame({"req": [*range(80), *range(80, 120)], "target": ["tiny engines"] * 80 + ["auth-0"] * 40,
+                         "weight": 1.0, "source": "", "how": ""})
+    window = Window(EPOCH, EPOCH + 10**11, EPOCH, (), EPOCH)
+    ranked = _Ranked(window, {engines.id: significant, auth.id: significant}, [engines, auth],
+                     Blamed(rows, 120.0), troubled, np.ones(130, dtype=bool), ("tiny", "big"))
+    parts = _split(ranked)
+    assert [len(p) for p in parts] == [80, 50]
+    assert set(parts[1]) == set(range(80, 130))
+
+
+def test_a_component_slowing_one_callers_calls_is_a_significant_change_of_its_own(tmp_path: Path) -> None:
+    # router-0 adds 300 ms to model-f's calls only (one sixth of its calls): over all its calls a small shift
+    models = [f"model-{c}" for c in "abcdef"]
+    fleet = HandFleet(engines={m: [f"{m[-1]}-0"] for m in models}, components={"router-0": ("router", models)},
+                      faults=[Fault("router-0", 200.0, 320.0, extra_ms=300.0, models=("model-f",))])
+    with hand_store(tmp_path, fleet) as store:
+        inputs = RcaInputs.load(store)
+    router = Candidate("router-0", "router", ("router-0",), tuple(models))
+    window = Window(EPOCH + int(200e9), EPOCH + int(320e9), EPOCH + int(200e9), (), EPOCH)
+    signals = own_signals(inputs, router, window)
+    whole = next(s for s in signals if s.name == "service" and not s.about)
+    assert not whole.significant and whole.effect < 0.2
+    sliced = next(s for s in signals if s.about)
+    assert sliced.significant and sliced.about == "model=model-f" and sliced.effect > 0.8
+    assert "of model-f's calls" in sliced.what
+    # its onset is fitted on those calls alone
+    own = OwnAnomaly(tuple(signals))
+    onset = own_onset(inputs, router, own, window.lo, window.hi, EPOCH)
+    assert onset is not None and abs(onset - window.lo) < 10e9
+
+
+def test_no_callers_slice_is_significant_when_nothing_changed(tmp_path: Path) -> None:
+    models = [f"model-{c}" for c in "abcdef"]
+    fleet = HandFleet(engines={m: [f"{m[-1]}-0"] for m in models}, components={"router-0": ("router", models)})
+    with hand_store(tmp_path, fleet) as store:
+        inputs = RcaInputs.load(store)
+    router = Candidate("router-0", "router", ("router-0",), tuple(models))
+    window = Window(EPOCH + int(200e9), EPOCH + int(320e9), EPOCH + int(200e9), (), EPOCH)
+    assert not any(s.significant for s in own_signals(inputs, router, window))

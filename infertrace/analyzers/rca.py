@@ -454,9 +454,9 @@ def _causes(ranked: _Ranked, inputs: RcaInputs, reqs: np.ndarray, models: tuple[
 def _split(ranked: _Ranked) -> list[np.ndarray]:
     """The incident's troubled requests grouped by cause: each candidate that explains at least SPLIT_SHARE
     of their weight (and SPLIT_REQUESTS), with a significant change of its own, takes the requests it explains
-    most of; the rest of the incident's models' go with the largest group (other models' only where a cause
-    explains them), and so does a group left with less than that minimum weight (its requests mostly taken by
-    another cause: no incident of its own). Largest group first."""
+    most of; the rest of the incident's models' go with the largest group whose cause reaches their model, else
+    the largest (other models' only where a cause explains them), and so does a group left with less than that
+    minimum weight (its requests mostly taken by another cause: no incident of its own). Largest group first."""
     rows = ranked.blamed.rows
     troubled = ranked.troubled
     everything = troubled["req"].to_numpy()
@@ -472,7 +472,12 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
     if len(majors) <= 1:
         return [np.union1d(mine, best["req"].to_numpy())]
     groups = {m: list(best.loc[best["target"] == m, "req"]) for m in majors}
-    groups[majors[0]] += list(np.setdiff1d(mine, best["req"].to_numpy()))
+    # Trouble no cause explains goes with the largest cause that reaches its model (one model's engines are no
+    # home for another model's leftovers, which would name that model in the engines' incident), else the largest.
+    reaches = {c.id: set(c.models) for c in ranked.cands if c.id in groups}
+    model_of = dict(zip(troubled["req"], troubled["model"], strict=True))
+    for r in np.setdiff1d(mine, best["req"].to_numpy()):
+        groups[next((m for m in majors if model_of.get(r) in reaches.get(m, ())), majors[0])].append(r)
     weight = dict(zip(troubled["req"], troubled["weight"], strict=True))
     sized = sorted(((sum(weight[r] for r in g), g) for g in groups.values() if g), key=lambda wg: -wg[0])
     if not sized:

@@ -260,6 +260,22 @@ def as_served(cause: dict[str, Any], topology: Topology) -> dict[str, Any]:
     return {**cause, "models": seen} if seen else cause
 
 
+def apart_from_confounders(cause: dict[str, Any], confounders: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The culprit without the models whose engines a confounder of the ground truth slowed during its window,
+    when it has models left: such a model's trouble has two causes, and the incident reported for it is the
+    confounder's as much as the culprit's (engine_noise: a router slows one tenant's calls to two models while one
+    of them has noisy engines; the engines' incident shares as many models with the router as the router's own,
+    lasts longer and holds more anomalous requests, so the router was matched to it)."""
+    window = cause.get("window")
+    if window is None or cause.get("kind") == "load":
+        return cause
+    noisy = {m for c in confounders if c.get("kind") == "engine" and c.get("window")
+             and c["window"]["start_ns"] < window["end_ns"] and window["start_ns"] < c["window"]["end_ns"]
+             for m in c.get("models", ())}
+    left = [m for m in cause.get("models", ()) if m not in noisy]
+    return {**cause, "models": left} if left else cause
+
+
 def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
     """The reported incident that is the culprit's: overlapping its window (detection may lag its end), with the
     most similar set of models (Jaccard), then the longest overlap with the culprit's window (two parts of one
@@ -308,7 +324,8 @@ def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None)
     if "rca" not in tasks:
         return [], lift, report
     windows = [(i.onset_ns, i.end_ns) for i in report.anomalies.incidents]
-    causes = [as_served(c, inputs.topology) for c in culprits(truth)]
+    causes = [apart_from_confounders(as_served(c, inputs.topology), truth.get("confounders", ()))
+              for c in culprits(truth)]
     results = []
     for cause in causes:
         found = match(report.diagnoses, cause)

@@ -9,16 +9,20 @@ the time; traffic that follows a diurnal curve; clients that retry a 429, 503 or
 
 Families (what happens; the root cause; what fools a naive ranker):
 
-- `slow_ramp`: an auth or router instance slows ×2–4 over 3–6 minutes; the component; the early ramp looks like
-  baseline.
+- `slow_ramp`: an auth or router instance slows ×3–6 over 3–6 minutes for one tenant's calls (the shard that
+  holds its keys degrades); the component; the early ramp looks like baseline, and the component's own change is
+  small (most of its calls are other tenants', unchanged) and gradual, while a bystander model's engines step up
+  ×2.5–4 partway into the ramp and stay slow past its end: a sharp change, the largest own anomaly in sight.
 - `partial_failure`: an auth or router answers 503 to 4–15% of calls, or a tenant's limiter 429 to 10–25%,
   latency unchanged; the component; its change is bounded by the failing share.
 - `backpressure`: a router with few workers and jittery service slows ×1.8–2.5; its backlog waits in the global
   queue in front of it; the router; the queue's wait rises far more than the router's time.
 - `retry_storm`: an auth instance slows ×2.5–4; calls time out, clients retry, retries trip the tenants' limiters;
   the auth; the limiters' 429s.
-- `engine_noise`: a router or auth slows; meanwhile another model's engines slow ×1.8–3; the component; the
-  engines' own anomaly is larger.
+- `engine_noise`: a router or auth adds 150–600 ms to one tenant's calls (its keys on a slow replica or cache
+  shard); meanwhile, from a little before to a little after, the engines of a model that tenant sends through it
+  slow ×2–3.5 on their own (a noisy, innocent engine); the component; the engines' own anomaly (every step
+  slower for its work) is larger than the component's (one tenant's share of its calls).
 - `overlapping`: two unrelated culprits with onsets 20–150 s apart: a component, and another component or a
   model's engines; both; one of the two is never first.
 - `load`: one tenant sends ×4–8 its traffic (to all its models, or one); load from that tenant; its limiter's
@@ -229,18 +233,35 @@ class Drawn:
 
 
 def _slow_ramp(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Drawn:
-    component = rng.choice([*fleet.auth, *fleet.routers])
-    factor = round(rng.uniform(2.0, 4.0), 2)
+    component, tenant, share = _one_tenants_calls(rng, fleet)
+    factor = round(rng.uniform(3.0, 6.0), 2)
     # A token introspection or a KV-index lookup: slow enough that its slowdown reaches the callers' TTFT.
     latency = round(rng.uniform(30, 60), 1)
-    fleet = _resized(fleet, component, rng.uniform(0.12, 0.7 / factor), latency_ms=latency)
+    util = rng.uniform(0.12, 0.4)
+    fleet = _resized(fleet, component, util, latency_ms=latency)
+    component = _component(fleet, component.id)
+    if component.workers:
+        # the tenant's slower calls hold the workers longer: keep them below 85% busy at the full slowdown
+        held = _tenant_rps(fleet, component, tenant) * latency / 1e3 / component.workers
+        factor = round(max(2.0, min(factor, 1.0 + (0.85 - util) / max(held, 1e-6))), 2)
     ramp = round(rng.uniform(180, 360), 1)
     onset = round(rng.uniform(300, 400), 1)
     hold = round(min(rng.uniform(60, 120), duration_s * 0.92 - onset - ramp), 1)
     kind = "auth" if isinstance(component, AuthSpec) else "router"
     fault = FaultSpec(f"{kind}_latency", component.id, onset, ramp + hold,
-                      {"extra_ms": 0.0, "factor": factor, "ramp_s": ramp})
-    return Drawn(fleet, [fault], [_cause(fleet, fault, kind)], details={"factor": factor, "base_latency_ms": latency})
+                      {"extra_ms": 0.0, "factor": factor, "ramp_s": ramp, "tenant": tenant})
+    # A bystander steps up during the ramp: a model the tenant sends through the component, its engines ×2.5–4 at
+    # once from 20–50% into the ramp until after its end (a noisy neighbour on the GPU, a bad kernel autotune),
+    # unrelated to the component: a sharp change beside a gradual one.
+    model = rng.choice(_tenant_models(fleet, component, tenant))
+    at = round(onset + ramp * rng.uniform(0.2, 0.5), 1)
+    until = min(onset + ramp + hold + rng.uniform(0, 30), duration_s * 0.95)
+    spike = FaultSpec("engine_slowdown", model, at, round(until - at, 1), {"factor": round(rng.uniform(2.5, 4.0), 2)})
+    confounder = {"fault": spike, "kind": "engine", "instances": _engines(fleet, model), "models": [model]}
+    cause = {**_cause(fleet, fault, kind), "for_tenant": tenant}
+    return Drawn(fleet, [fault], [cause], confounders=[confounder],
+                 details={"factor": factor, "base_latency_ms": latency, "tenant": tenant,
+                          "tenant_share_of_calls": round(share, 3)})
 
 
 def _partial_failure(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Drawn:
@@ -324,16 +345,73 @@ def _least_served(fleet: FleetSpec, component_id: str) -> str:
     return min(names, key=lambda m: ((m in component.models) / sharing[m], names.index(m)))
 
 
+def _tenant_rps(fleet: FleetSpec, component: AuthSpec | RouterSpec, tenant: str) -> float:
+    """Calls per second `tenant` sends through `component` (at the diurnal mean)."""
+    group = fleet.auth if isinstance(component, AuthSpec) else fleet.routers
+    sharing = _sharing(list(fleet.model_names), group)
+    t = next(t for t in fleet.tenants if t.name == tenant)
+    total = sum(t.models.values())
+    return sum(t.synthetic.rate * w / total / sharing[m] for m, w in t.models.items() if m in component.models)
+
+
+def _tenant_models(fleet: FleetSpec, component: AuthSpec | RouterSpec, tenant: str) -> list[str]:
+    t = next(t for t in fleet.tenants if t.name == tenant)
+    return [m for m in fleet.model_names if m in component.models and m in t.models]
+
+
+def _one_tenants_calls(rng: random.Random, fleet: FleetSpec) -> tuple[AuthSpec | RouterSpec, str, float]:
+    """An auth or router instance and one tenant whose calls through it a fault will slow: a tenant with 8–50% of
+    the component's traced calls (so the fault is a part of its calls, and enough of them to matter), sending it
+    at least two models where one does; (component, tenant, its share of the component's traced calls)."""
+    pairs = []
+    for component in (*fleet.auth, *fleet.routers):
+        group = fleet.auth if isinstance(component, AuthSpec) else fleet.routers
+        traced = _traced_rps(model_rates(fleet), component.models, _sharing(list(fleet.model_names), group))
+        for t in fleet.tenants:
+            share = _tenant_rps(fleet, component, t.name) / max(traced, 1e-9)
+            models = len(_tenant_models(fleet, component, t.name))
+            if models and 0.08 <= share <= 0.5:
+                pairs.append((models >= 2, component, t.name, share))
+    if not pairs:  # every tenant of every component outside 8–50%: the one closest to a third
+        for component in (*fleet.auth, *fleet.routers):
+            group = fleet.auth if isinstance(component, AuthSpec) else fleet.routers
+            traced = _traced_rps(model_rates(fleet), component.models, _sharing(list(fleet.model_names), group))
+            for t in fleet.tenants:
+                if _tenant_models(fleet, component, t.name):
+                    share = _tenant_rps(fleet, component, t.name) / max(traced, 1e-9)
+                    pairs.append((False, component, t.name, share))
+        pairs = [min(pairs, key=lambda p: abs(p[3] - 1 / 3))]
+    wider = [p for p in pairs if p[0]] or pairs
+    _, component, tenant, share = rng.choice(wider)
+    return component, tenant, share
+
+
 def _engine_noise(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Drawn:
     onset = _onset(rng, duration_s)
     length = _length(rng, duration_s, onset)
-    fault, kind = _component_latency(rng, fleet, onset, length)
-    model = _least_served(fleet, fault.target)
-    at = round(min(max(onset + rng.uniform(-30, 0.5 * length), 60.0), duration_s * 0.9 - 60), 1)
-    noise = FaultSpec("engine_slowdown", model, at, round(min(rng.uniform(60, 150), duration_s * 0.92 - at), 1),
-                      {"factor": round(rng.uniform(1.8, 3.0), 2)})
+    component, tenant, share = _one_tenants_calls(rng, fleet)
+    extra = rng.uniform(150, 600)
+    if component.workers:
+        # the tenant's slower calls hold the workers longer: give the component the workers to keep them below
+        # 85% busy (its background load re-drawn to keep its usual utilisation)
+        util = utilization(fleet, component)
+        held = _tenant_rps(fleet, component, tenant) * extra / 1e3
+        workers = max(component.workers, int(held / max(0.85 - util, 0.1)) + 1)
+        fleet = _resized(fleet, component, util, workers=workers)
+        component = _component(fleet, component.id)
+    kind = "auth" if isinstance(component, AuthSpec) else "router"
+    fault = FaultSpec(f"{kind}_latency", component.id, onset, length, {"extra_ms": round(extra, 1), "tenant": tenant})
+    # The noisy engine: one of the models the tenant sends through the component, so its engines sit on the same
+    # requests' path, and its own anomaly (every step slower for its work) is larger than the component's.
+    model = rng.choice(_tenant_models(fleet, component, tenant))
+    # It is noisy throughout: from a little before the component's fault to a little after it.
+    at = round(max(onset - rng.uniform(10, 40), 60.0), 1)
+    until = min(onset + length + rng.uniform(20, 60), duration_s * 0.95)
+    noise = FaultSpec("engine_slowdown", model, at, round(until - at, 1), {"factor": round(rng.uniform(2.0, 3.5), 2)})
     confounder = {"fault": noise, "kind": "engine", "instances": _engines(fleet, model), "models": [model]}
-    return Drawn(fleet, [fault], [_cause(fleet, fault, kind)], confounders=[confounder])
+    cause = {**_cause(fleet, fault, kind), "for_tenant": tenant}
+    return Drawn(fleet, [fault], [cause], confounders=[confounder],
+                 details={"extra_ms": round(extra, 1), "tenant": tenant, "tenant_share_of_calls": round(share, 3)})
 
 
 def _overlapping(rng: random.Random, fleet: FleetSpec, duration_s: float) -> Drawn:
