@@ -204,6 +204,26 @@ def test_cli_ingest_exit_codes_strict_and_missing_paths(trace_file: Path, tmp_pa
     assert clean.returncode == 0, clean.stderr
 
 
+def test_a_first_line_that_is_a_bare_null_is_quarantined_and_the_spans_after_it_are_stored(
+        trace_file: Path, tmp_path: Path) -> None:
+    # Arrow 26's JSON reader crashes the process (SIGSEGV) on a block that starts with such a line: run the ingest
+    # in a child process so that a crash fails this test instead of ending the test run.
+    good = trace_file.read_text().splitlines()[:2]
+    path = tmp_path / "with-null.jsonl"
+    path.write_text(f"null\n{good[0]}\n{good[1]}\n", encoding="utf-8")
+    script = ("import json, sys; from pathlib import Path; from infertrace.store.ingest import ingest_paths; "
+              "s = ingest_paths(Path(sys.argv[1]), [Path(sys.argv[2])]); "
+              "print(json.dumps([s.spans_new, s.rejected_lines, [str(q) for q in s.quarantine]]))")
+    child = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store"), str(path)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    spans_new, rejected_lines, quarantine = json.loads(child.stdout.splitlines()[-1])
+    expected = sum(len(json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for line in good)
+    assert (spans_new, rejected_lines) == (expected, 1)
+    kept = [json.loads(x) for q in quarantine for x in Path(q).read_text().splitlines()]
+    assert [k["line"] for k in kept] == [1]
+
+
 def test_segments_are_valid_parquet_partitioned_by_date_and_service(trace_file: Path, tmp_path: Path) -> None:
     ingest_paths(tmp_path / "store", [trace_file])
     segments = list_segments(tmp_path / "store")

@@ -83,12 +83,25 @@ def decode_block(data: bytes, longest_line: int) -> tuple[pa.Table, Notes] | Non
 
 def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
     """The first half of `decode_block`: Arrow's JSON reader (C++, on its own threads, without the GIL)
-    → one row per line with the nested OTLP columns; None when Arrow cannot read the block as OTLP."""
+    → one row per line with the nested OTLP columns; None when Arrow cannot read the block as OTLP, or when a
+    line does not start with `{` (no such line is an OTLP object, and Arrow 26's reader crashes the process on a
+    line that is a bare `null` instead of raising: the record path rejects those lines one by one)."""
+    if not _every_line_an_object(data):
+        return None
     try:
         options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
         return pj.read_json(io.BytesIO(data), read_options=options, parse_options=_PARSE)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError):
         return None
+
+
+def _every_line_an_object(data: bytes) -> bool:
+    """Whether every line of the block (complete lines, each ending in a newline) starts with `{`."""
+    text = np.frombuffer(data, dtype=np.uint8)
+    if not len(text):
+        return True
+    starts = np.flatnonzero(text[:-1] == ord("\n")) + 1
+    return bool(text[0] == ord("{") and np.all(text[starts] == ord("{")))
 
 
 def spans_table(parsed: pa.Table) -> tuple[pa.Table, Notes] | None:
