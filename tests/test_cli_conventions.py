@@ -48,6 +48,7 @@ def store() -> Path:
     return sample_store("prefill_storm").store
 
 
+@pytest.mark.slow
 def test_version_prints_the_installed_version_and_python_dash_m_infertrace_runs_the_cli() -> None:
     result = infertrace("--version")
     assert result.returncode == 0, result.stderr
@@ -146,6 +147,7 @@ def test_report_and_query_take_relative_times_and_say_when_the_window_misses_the
     assert result.returncode == 2 and "'yesterday' is not a time" in result.stderr
 
 
+@pytest.mark.slow
 def test_terminal_tables_are_rich_tables_with_numbers_right_aligned(store: Path) -> None:
     result = infertrace("query", "--store", str(store), "worst_itl_gaps", "--param", "top=3")
     assert result.returncode == 0, result.stderr

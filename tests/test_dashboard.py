@@ -263,6 +263,7 @@ def test_runbook_page_runs_a_query_with_bound_parameters_and_reports_bad_values(
     assert any("parameter since" in e.value for e in at.error)
 
 
+@pytest.mark.slow
 def test_pages_refresh_when_new_segments_arrive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
     shutil.copytree(demo_store().store / "spans", store / "spans")

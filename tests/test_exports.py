@@ -172,6 +172,7 @@ def _samples(family: Any, suffix: str = "", **labels: str) -> list[Any]:
             and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+@pytest.mark.slow
 def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prometheus_parses(
         storm: Any, tmp_path: Path) -> None:
     store_dir = tmp_path / "store"

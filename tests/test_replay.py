@@ -100,6 +100,7 @@ def test_replay_prints_a_table_per_variant_and_writes_the_json_document(two_mode
     assert doc["trust"]["trustworthy"] is True
 
 
+@pytest.mark.slow
 def test_replay_bad_settings_exit_2_naming_the_setting(two_models: Path) -> None:
     for args, named in ((("--set", "warp=9"), "warp"), (("--set", "tp=two"), "tp=two"),
                         (("--set", "pd=2"), "pd=2"), (("--model", "gpt-7"), "gpt-7")):

@@ -222,6 +222,7 @@ def test_exit_codes_follow_fail_on_and_usage_errors(tmp_path: Path) -> None:
         assert bad.exit_code == 2 and needle in bad.stderr, (args, bad.stderr)
 
 
+@pytest.mark.slow
 def test_full_report_exits_1_on_the_demo_incident_at_the_default_fail_on_critical() -> None:
     result = subprocess.run([sys.executable, "-m", "infertrace.cli", "report", "--store", str(demo_store().store),
                              "--format", "markdown"], capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -99,6 +99,7 @@ def test_a_read_only_store_still_gets_its_results(store_dir: Path) -> None:
         os.chmod(store_dir, stat.S_IRWXU)
 
 
+@pytest.mark.slow
 def test_report_reads_materialised_results_and_says_the_same_as_when_computed_live(store_dir: Path) -> None:
     def report(*env: tuple[str, str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(store_dir), "--format",
@@ -117,6 +118,7 @@ def test_report_reads_materialised_results_and_says_the_same_as_when_computed_li
     assert not (store_dir / RELATIONS_DIR).exists() or (store_dir / RELATIONS_DIR).is_dir()
 
 
+@pytest.mark.slow
 def test_a_collector_side_materializer_writes_the_results_once_new_segments_settle(tmp_path: Path) -> None:
     from infertrace.results.background import Materializer
 

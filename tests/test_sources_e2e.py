@@ -184,6 +184,7 @@ FRONTEND = {"infertrace": (0, 0), "vllm-v0": (0, 0), "vllm-v1": (3, 1), "sglang"
 @pytest.mark.parametrize("profile", ["infertrace", "vllm-v1", "vllm-v0",
                                      pytest.param("sglang", marks=pytest.mark.slow),
                                      pytest.param("tgi", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_an_engine_incident_without_gateway_spans_is_found_from_each_engines_own_spans(
         profile: str, transport: str, tmp_path: Path, native_dir: Path) -> None:
     truth = _native(ENGINE_FAULTS, native_dir)

@@ -188,6 +188,7 @@ def test_ingest_then_compact_then_ingest_again_reads_every_span_once(tmp_path: P
         assert store.sql("SELECT count(*) FROM spans_raw").fetchall() == [(150,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["inf", "9999-01-01"])
 def test_a_time_that_is_not_finite_or_out_of_range_exits_2_with_a_message(tmp_path: Path, text: str) -> None:
     root = tmp_path / "store"
