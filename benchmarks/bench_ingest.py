@@ -133,7 +133,7 @@ if kind == "duckdb-parse":  # ingest with Arrow's parse swapped for DuckDB's jso
     infertrace.store.ingest.parse_block = duckdb_parse_block
 start, start_cpu = time.perf_counter(), cpu()  # after the imports
 if kind in ("columnar", "record", "duckdb-parse"):
-    summary = ingest_paths(store, [path], columnar=kind == "columnar")
+    summary = ingest_paths(store, [path], columnar=kind != "record")
     spans = summary.spans_read
 elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with the schema ingest parses with
     import pyarrow.compute as pc
