@@ -26,7 +26,7 @@ own order (rotated per round):
 - `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
-and on the calling thread (as ingest runs it), DuckDB's `json_transform` into the same nested columns (from
+(as ingest runs it) and on the calling thread, DuckDB's `json_transform` into the same nested columns (from
 the block's lines as an Arrow string array, exported to Arrow or only counted), DuckDB's parse alone, and
 DuckDB parsing, unnesting the spans and writing Parquet in one plan (no attribute pivot); CPU time per round,
 the order rotated per round. It also shows what each reader makes of a few lines the record path rejects.
@@ -285,8 +285,8 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
         return parse
 
     contenders: dict[str, Callable[[Any], None]] = {
-        "Arrow read_json, its threads (ingest before)": lambda read: arrow(read, True),
-        "Arrow read_json, calling thread (ingest now)": lambda read: parse_block(read.data, read.longest),
+        "Arrow read_json on its threads, as ingest parses": lambda read: parse_block(read.data, read.longest),
+        "Arrow read_json on the calling thread": lambda read: arrow(read, False),
         "DuckDB json_transform → Arrow": on_duckdb("SELECT json_transform(line, $s) AS t FROM lines", "arrow"),
         "DuckDB json_transform, not exported": on_duckdb("SELECT count(json_transform(line, $s)) FROM lines", ""),
         "DuckDB parse alone (json_array_length)": on_duckdb(
