@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_ingest.py --trace engine --rounds 3 --skip-baselines
     .venv/bin/python benchmarks/bench_ingest.py --trace fleet --rounds 3 --skip-baselines --before /tmp/ingest-before
     .venv/bin/python benchmarks/bench_ingest.py --trace engine --spans 1000000 --baseline-spans 100000
+    .venv/bin/python benchmarks/bench_ingest.py --trace fleet --parsers 4 --rounds 3
 
 The input is real engine output. `--trace engine` (the default): one engine (Llama-3-8B on H100) replaying
 the Azure LLM conversation trace for an hour, written by `infertrace simulate --workload azure --duration
@@ -20,7 +21,15 @@ own order (rotated per round):
 - `pyarrow.json.read_json alone`: Arrow's JSON reader reading the same whole file into one table with the
   OTLP schema ingest parses with (`columnar.OTLP_SCHEMA`), on its threads, nothing flattened or written;
 - `--arrow-blocks`: also Arrow's reader on the blocks ingest reads, read the same way (`parse_block`);
+- `--duckdb-parse`: also ingest with DuckDB's `json_transform` in place of Arrow's reader (a measurement of
+  what a faster parse would give; not type-safe, so not what ingest runs);
 - `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
+
+`--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
+(as ingest runs it) and on the calling thread, DuckDB's `json_transform` into the same nested columns (from
+the block's lines as an Arrow string array, exported to Arrow or only counted), DuckDB's parse alone, and
+DuckDB parsing, unnesting the spans and writing Parquet in one plan (no attribute pivot); CPU time per round,
+the order rotated per round. It also shows what each reader makes of a few lines the record path rejects.
 
 It prints every run, then per contender the medians over the rounds, and the throughput ratios to Arrow's
 reader alone taken within each round (wall and CPU time) with their medians. Without `--skip-baselines` it
@@ -33,6 +42,7 @@ and ≈ 10.5 GB here, so by default it runs on the prefix; `--baseline-spans 0` 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -40,7 +50,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = ROOT.parent / "shared" / "workloads" / "azure_conv_2023.csv"
@@ -111,9 +126,14 @@ from infertrace.store.ingest import ingest_paths
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+if kind == "duckdb-parse":  # ingest with Arrow's parse swapped for DuckDB's json_transform (not type-safe)
+    import infertrace.store.ingest
+    sys.path.insert(0, "benchmarks")
+    from bench_ingest import duckdb_parse_block
+    infertrace.store.ingest.parse_block = duckdb_parse_block
 start, start_cpu = time.perf_counter(), cpu()  # after the imports
-if kind in ("columnar", "record"):
-    summary = ingest_paths(store, [path], columnar=kind == "columnar")
+if kind in ("columnar", "record", "duckdb-parse"):
+    summary = ingest_paths(store, [path], columnar=kind != "record")
     spans = summary.spans_read
 elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with the schema ingest parses with
     import pyarrow.compute as pc
@@ -156,6 +176,159 @@ print(json.dumps({"spans": spans, "seconds": elapsed, "cpu_seconds": cpu() - sta
 """
 
 
+_DUCKDB_SCALARS = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+
+
+def _duckdb_type(arrow: pa.DataType) -> str:
+    """A `json_transform` structure for an Arrow type (an empty struct, which DuckDB lacks, as raw JSON)."""
+    if pa.types.is_struct(arrow):
+        if not arrow.num_fields:
+            return '"JSON"'
+        return "{" + ",".join(f"{json.dumps(f.name)}:{_duckdb_type(f.type)}" for f in arrow) + "}"
+    if pa.types.is_list(arrow):
+        return "[" + _duckdb_type(arrow.value_type) + "]"
+    return json.dumps(_DUCKDB_SCALARS[arrow])
+
+
+def _lines_table(data: bytes, chunks: int) -> pa.Table:
+    """A block's lines as one string column in `chunks` chunks (zero copy), for DuckDB to scan in parallel."""
+    text = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(text == ord("\n"))
+    offsets = pa.py_buffer(np.concatenate([[0], ends + 1]).astype(np.int32))
+    lines = pa.StringArray.from_buffers(len(ends), offsets, pa.py_buffer(data))
+    step = max(1, -(-len(lines) // chunks))
+    return pa.table({"line": pa.chunked_array([lines.slice(i, step) for i in range(0, len(lines), step)])})
+
+
+_DUCKDB: list[Any] = []  # the connection of duckdb_parse_block (ingest parses on one thread)
+
+
+def duckdb_parse_block(data: bytes, longest_line: int) -> pa.Table | None:
+    """`columnar.parse_block` with DuckDB's `json_transform` in place of Arrow's reader, for `--duckdb-parse`.
+    A measurement only: DuckDB coerces values of the wrong JSON type that Arrow refuses (see `--parsers`), so
+    ingest cannot take it as it is."""
+    import duckdb
+
+    from infertrace.store.columnar import OTLP_SCHEMA, _every_line_an_object
+
+    if not _every_line_an_object(data):
+        return None
+    if not _DUCKDB:
+        _DUCKDB.append(duckdb.connect())
+        _DUCKDB[0].execute("SET threads = $n", {"n": os.cpu_count() or 1})
+    con = _DUCKDB[0]
+    con.register("lines", _lines_table(data, 4))
+    try:
+        return con.sql("SELECT json_transform(line, $s).resourceSpans AS resourceSpans FROM lines",
+                       params={"s": _structure(OTLP_SCHEMA)}).to_arrow_table()
+    except duckdb.Error:
+        return None
+    finally:
+        con.unregister("lines")
+
+
+def _structure(schema: pa.Schema) -> str:
+    return "{" + '"resourceSpans":' + _duckdb_type(schema.field("resourceSpans").type) + "}"
+
+
+HOSTILE = {  # lines the record path quarantines or reads differently from how DuckDB's transform coerces them
+    "span id as a JSON number": '{"spanId": 1234567890123456, "kind": 1}',
+    "kind 1.5": '{"spanId": "1234567890abcdef", "kind": 1.5}',
+    "kind as the string \"2\"": '{"spanId": "1234567890abcdef", "kind": "2"}',
+    "doubleValue as a string": '{"spanId": "1234567890abcdef", "value": {"doubleValue": "1e3"}}',
+    "boolValue as 1": '{"spanId": "1234567890abcdef", "value": {"boolValue": 1}}',
+}
+
+
+def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None:
+    """JSON readers side by side on the same blocks of `path` (see the module docstring)."""
+    import duckdb
+    import pyarrow.json as pj
+
+    from infertrace.store.columnar import _PARSE, OTLP_SCHEMA, parse_block
+    from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines
+
+    reads = []
+    with open(path, "rb") as f:
+        lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
+        while len(reads) < blocks and (read := lines.block(DEFAULT_BLOCK_BYTES)).lines:
+            reads.append(read)
+    structure = _structure(OTLP_SCHEMA)
+    con = duckdb.connect()
+    con.execute("SET threads = $n", {"n": os.cpu_count() or 1})
+    unnest = ("WITH r AS (SELECT unnest(json_transform(line, $s).resourceSpans) AS r FROM lines), "
+              "s AS (SELECT r.resource.attributes AS res, unnest(r.scopeSpans) AS s FROM r), "
+              "p AS (SELECT res, s.scope AS scope, unnest(s.spans) AS sp FROM s) "
+              "SELECT sp.traceId AS trace_id, sp.spanId AS span_id, sp.parentSpanId AS parent_span_id, sp.name, "
+              "sp.kind::TINYINT AS kind, sp.startTimeUnixNano::BIGINT AS start_ns, "
+              "sp.endTimeUnixNano::BIGINT AS end_ns, sp.status.code::TINYINT AS status_code, "
+              "sp.status.message AS status_message, scope.name AS scope_name, scope.version AS scope_version, "
+              "sp.events, res AS resource_attributes, sp.attributes AS span_attributes FROM p")
+
+    def arrow(read: Any, threads: bool) -> None:
+        options = pj.ReadOptions(block_size=max(read.longest + 1, 4 << 20), use_threads=threads)
+        pj.read_json(io.BytesIO(read.data), read_options=options, parse_options=_PARSE)
+
+    def on_duckdb(query: str, to: str) -> Callable[[Any], None]:
+        def parse(read: Any) -> None:
+            con.register("lines", _lines_table(read.data, 4))
+            try:
+                result = con.sql(query, params={"s": structure} if "$s" in query else None)
+                if to == "arrow":
+                    result.to_arrow_table()
+                elif to == "parquet":
+                    result.write_parquet(str(workdir / "parsers.parquet"))
+                else:
+                    result.fetchall()
+            finally:
+                con.unregister("lines")
+        return parse
+
+    contenders: dict[str, Callable[[Any], None]] = {
+        "Arrow read_json on its threads, as ingest parses": lambda read: parse_block(read.data, read.longest),
+        "Arrow read_json on the calling thread": lambda read: arrow(read, False),
+        "DuckDB json_transform → Arrow": on_duckdb("SELECT json_transform(line, $s) AS t FROM lines", "arrow"),
+        "DuckDB json_transform, not exported": on_duckdb("SELECT count(json_transform(line, $s)) FROM lines", ""),
+        "DuckDB parse alone (json_array_length)": on_duckdb(
+            "SELECT sum(json_array_length(line, '$.resourceSpans')) FROM lines", ""),
+        "DuckDB parse + unnest + Parquet write, no pivot": on_duckdb(unnest, "parquet"),
+    }
+    base = next(iter(contenders))
+    cpu_s: dict[str, list[float]] = {name: [] for name in contenders}
+    wall_s: dict[str, list[float]] = {name: [] for name in contenders}
+    load_at_start = os.getloadavg()[0]
+    names = list(contenders)
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            started, started_cpu = time.perf_counter(), time.process_time()
+            for read in reads:
+                contenders[name](read)
+            cpu_s[name].append(time.process_time() - started_cpu)
+            wall_s[name].append(time.perf_counter() - started)
+    megabytes = sum(len(read.data) for read in reads) / 1e6
+    print(f"{path.name}: first {len(reads)} blocks ({megabytes:.0f} MB, {sum(r.lines for r in reads)} lines), "
+          f"{rounds} rounds; load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
+          f"on {os.cpu_count()} cores; duckdb {duckdb.__version__}, pyarrow {pa.__version__}")
+    print(f"| reader | median CPU s | median wall s | {base} CPU ÷ this CPU: median (rounds) |")
+    print("|---|---|---|---|")
+    for name in names:
+        ratios = [b / c for b, c in zip(cpu_s[base], cpu_s[name], strict=True)]
+        print(f"| {name} | {statistics.median(cpu_s[name]):.2f} | {statistics.median(wall_s[name]):.2f} | "
+              f"{statistics.median(ratios):.2f}× ({', '.join(f'{r:.2f}' for r in ratios)}) |")
+    print("\nWhat each reader makes of values of the wrong JSON type (both told the types of these fields):")
+    hostile_type = pa.schema([("spanId", pa.string()), ("kind", pa.int64()),
+                              ("value", pa.struct([("doubleValue", pa.float64()), ("boolValue", pa.bool_())]))])
+    for what, line in HOSTILE.items():
+        try:
+            arrow_says = str(pj.read_json(io.BytesIO(line.encode()), parse_options=pj.ParseOptions(
+                explicit_schema=hostile_type, unexpected_field_behavior="ignore")).to_pylist()[0])
+        except pa.ArrowInvalid as e:
+            arrow_says = f"error ({str(e).splitlines()[0][:80]})"
+        duck = "{" + ",".join(f"{json.dumps(f.name)}:{_duckdb_type(f.type)}" for f in hostile_type) + "}"
+        duck_says = str(con.sql("SELECT json_transform($l, $s)", params={"l": line, "s": duck}).fetchall()[0][0])
+        print(f"- {what}: `{line}` — Arrow: {arrow_says}; DuckDB: {duck_says}")
+
+
 def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0) -> dict[str, float]:
     shutil.rmtree(store, ignore_errors=True)
     done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store), str(longest)],
@@ -170,7 +343,8 @@ def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0)
 
 
 ARROW = "pyarrow.json.read_json alone, whole file"
-NAMES = {"read_json": ARROW, "arrow-blocks": "Arrow's reader alone, on ingest's blocks"}
+NAMES = {"read_json": ARROW, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
+         "duckdb-parse": "ingest, DuckDB's json_transform as the parse"}
 
 
 def main() -> None:
@@ -189,6 +363,10 @@ def main() -> None:
                         "its ingest runs on the whole file too, in every round")
     parser.add_argument("--arrow-blocks", action="store_true", help="also Arrow's reader alone on ingest's blocks")
     parser.add_argument("--skip-baselines", action="store_true", help="leave out the record and pandas rows")
+    parser.add_argument("--duckdb-parse", action="store_true", help="also ingest with DuckDB's json_transform "
+                        "in place of Arrow's reader (a measurement: it coerces what Arrow refuses)")
+    parser.add_argument("--parsers", type=int, metavar="BLOCKS", help="compare JSON readers on the first BLOCKS "
+                        "blocks instead (in this process, --rounds rounds); nothing is ingested")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.file is not None:
@@ -203,6 +381,9 @@ def main() -> None:
             simulate_hour(full, args.trace == "fleet")
         print(f"generated {full} ({n} spans, {full.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
               file=sys.stderr)
+    if args.parsers:
+        compare_parsers(full, args.parsers, args.rounds, args.workdir)
+        return
     longest = longest_line(full)
     part = full
     if args.baseline_spans:
@@ -214,6 +395,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
     contenders = [("columnar", ROOT), ("read_json", ROOT)] + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
+        + ([("duckdb-parse", ROOT)] if args.duckdb_parse else []) \
         + ([("columnar", args.before)] if args.before else [])
     for i in range(args.rounds):
         this: dict[str, dict[str, float]] = {}
