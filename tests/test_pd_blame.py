@@ -1,15 +1,23 @@
 """Blame along a disaggregated request's legs: the time to the first token that rose in the prefill pool is
 passed on from that pool (to the pool itself when its steps slowed, to the load that filled it when it only
-queued), not from the model's engines as a whole. Hand-built rows through the real blame rules."""
+queued), not from the model's engines as a whole. Hand-built rows through the real blame rules; the work a
+tenant gives a prefill pool (its prompt tokens), and what counts as the pool failing, on a simulated fleet."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from infertrace.analyzers import query_text
 from infertrace.analyzers.blame import BlameContext, blame_requests
 from infertrace.analyzers.pools import Pool, pool_of
+from infertrace.analyzers.signals import traffic_signal, work_signal
 from infertrace.analyzers.topology import Edge, Node, Topology
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from tests.fleet_traces import fleet_from_toml, simulate_fleet
 
 POOLS = {"m-prefill-0": Pool("m prefill pool", "m", "prefill_worker", ("m-prefill-0",)),
          "m-decode-0": Pool("m decode pool", "m", "decode_worker", ("m-decode-0",))}
@@ -65,3 +73,71 @@ def test_each_disaggregated_engine_instance_maps_to_its_pool() -> None:
              Node("prefill_worker", "m-prefill-0", ("m",), ("t",), 10))
     edges = tuple(Edge(n.models[0], n.instance, n.requests) for n in nodes)
     assert pool_of(Topology(nodes, edges)) == POOLS
+
+
+def _prompts(rng: np.random.Generator, n: int, mean: float) -> np.ndarray:
+    return rng.lognormal(np.log(mean), 0.2, n).round()
+
+
+def test_a_tenant_sending_much_longer_prompts_gives_the_prefill_pool_more_work_though_not_twice_the_requests() -> None:
+    # baseline 300 s: the tenant 2 requests/s of ~512 tokens, everybody else 4/s; the 200 s window: the tenant
+    # 3.8/s, half of them 12k-token prompts (a long-prompt surge), everybody else as before
+    rng = np.random.default_rng(0)
+    mine_before, others_before = _prompts(rng, 600, 512), _prompts(rng, 1200, 512)
+    mine_during = np.concatenate([_prompts(rng, 400, 512), _prompts(rng, 360, 12000)])
+    others_during = _prompts(rng, 800, 512)
+    calls = traffic_signal("t", len(mine_before), len(others_before), len(mine_during), len(others_during), 300, 200)
+    assert calls is not None and not calls.significant and calls.factor < 2  # ×1.9 requests: not a surge by count
+    work = work_signal("t's prompt tokens", mine_before, float(others_before.sum()), mine_during,
+                       float(others_during.sum()), (len(others_before), len(others_during)), 300, 200, "m")
+    assert work is not None and work.significant and work.factor > 10, work
+    assert work.about == "m" and "prompt tokens/s" in work.phrase()
+
+
+def test_prompt_work_that_rose_for_every_tenant_alike_is_not_one_tenants_load() -> None:
+    rng = np.random.default_rng(1)
+    mine_before, others_before = _prompts(rng, 600, 512), _prompts(rng, 1200, 512)
+    mine_during, others_during = _prompts(rng, 400, 2048), _prompts(rng, 800, 2048)  # everybody's prompts ×4
+    work = work_signal("t's prompt tokens", mine_before, float(others_before.sum()), mine_during,
+                       float(others_during.sum()), (len(others_before), len(others_during)), 300, 200)
+    assert work is not None and not work.significant and work.factor < 1.5, work
+
+
+REJECTS_LONG_PROMPTS = """
+[[router]]
+id = "router-0"
+
+[[link]]
+id = "lan"
+bandwidth_gb_s = 12.5
+latency_ms = 0.5
+
+[[model]]
+name = "llama-3-8b"
+hardware = "H100-SXM"
+engine = { max_num_batched_tokens = 4096 }
+disaggregation = { prefill_replicas = 1, decode_replicas = 1, decode_hardware = "H200", link = "lan" }
+
+[[tenant]]
+name = "acme"
+rate = 4.0
+prompt_mean = 3000.0
+prompt_sigma = 0.4
+output_mean = 20.0
+system_prompt_fraction = 0.0
+"""
+
+
+def test_a_prompt_longer_than_the_engine_accepts_is_the_requests_error_not_a_failure_of_the_pool(
+        tmp_path: Path) -> None:
+    # the prefill worker prefills unchunked: a prompt whose longest context exceeds its step budget is refused
+    # (vLLM answers 400: the request can never be served as made); that is not the pool failing
+    simulate_fleet(fleet_from_toml(REJECTS_LONG_PROMPTS), tmp_path / "traces.jsonl", 20.0, seed=3)
+    ingest_paths(tmp_path / "store", [tmp_path / "traces.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        legs = store.sql("SELECT trace_id, instance, error_type FROM request_legs WHERE outcome = 'error'").df()
+        rows = store.sql(query_text("engine_requests")).df()
+    assert len(legs) > 0 and set(legs["error_type"]) == {"prompt_too_long"}, legs
+    assert set(legs["instance"]) == {"llama-3-8b-prefill-0"}
+    refused = rows[rows["trace_id"].isin(legs["trace_id"])]
+    assert len(refused) == len(legs) and not refused["failed"].any()

@@ -86,7 +86,8 @@ def test_rca_names_the_fibre_link_or_the_prefill_pool_across_data_centres(tmp_pa
 
 
 @pytest.mark.slow
-def test_rca_names_the_prefill_pool_itself_when_its_machine_slows(tmp_path: Path) -> None:
+def test_rca_names_the_prefill_pool_when_its_machine_slows_and_the_tenant_when_its_long_prompts_fill_it(
+        tmp_path: Path) -> None:
     bank = tmp_path / "bank"
     # the first two of BENCHMARKS.md's seed-7 bank: a surge into the prefill pool, then the pool slowing ×2.96
     _generate(bank, "cross_dc_read_write", 2, 600, seed=7)
@@ -103,3 +104,12 @@ def test_rca_names_the_prefill_pool_itself_when_its_machine_slows(tmp_path: Path
     assert row["top"] == f"{model} prefill pool" and row["hit@1"] == 1.0
     pool = next(p for p in rca["pool_named"]["scenarios"] if p["scenario"] == "001-cross_dc_read_write")
     assert pool["ok"] and pool["top_is_culprit"] and pool["named"] == f"{model} prefill pool"
+    # 000: tenant-c's 12k-token prompts (some longer than the prefill worker accepts) fill llama-3-8b's prefill
+    # pool, its steps no slower for the work: the tenant's load, its blame through queueing at that pool
+    surge = truths["000-cross_dc_read_write"]
+    assert surge["root_cause"] == {**surge["root_cause"], "kind": "load", "tenant": "tenant-c",
+                                   "pool": "llama-3-8b prefill pool"}
+    row = next(r for r in rca["scenarios"] if r["scenario"] == "000-cross_dc_read_write")
+    assert row["top"] == "load: tenant-c" and row["hit@1"] == 1.0, row
+    pool = next(p for p in rca["pool_named"]["scenarios"] if p["scenario"] == "000-cross_dc_read_write")
+    assert pool["ok"] and pool["named"] == "llama-3-8b prefill pool", pool

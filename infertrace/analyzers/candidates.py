@@ -32,6 +32,7 @@ from infertrace.analyzers.signals import (
     time_signal,
     traffic_signal,
     work_features,
+    work_signal,
 )
 from infertrace.analyzers.topology import SHARED_KINDS, Topology, load_paths, topology_from_paths
 from infertrace.store.store import Store
@@ -321,13 +322,16 @@ def first_attempts(requests: pd.DataFrame) -> np.ndarray:
 
 
 def _load_signals(inputs: RcaInputs, c: Candidate, w: Window) -> list[Signal]:
-    """The tenant's first attempts against everybody else's: all of them, and to each of its models."""
+    """The tenant's first attempts against everybody else's: all of them, and to each of its models; and to each
+    of its models with a prefill pool, the prompt tokens they gave it (`signals.work_signal`)."""
     requests = inputs.requests
     first = first_attempts(requests)
     t = requests["arrival_ns"].to_numpy()
     tenant = (requests["tenant"] == c.tenant).to_numpy()
     models = requests["model"].to_numpy(dtype=object)
     before, during = w.before(t) & first, w.during(t) & first
+    tokens = pd.to_numeric(requests["input_tokens"], errors="coerce").to_numpy(dtype=float)
+    prefill_pools = {p.model for p in pools(inputs.topology) if p.role == "prefill_worker"}
     found = []
     for model in ("", *c.models):
         mine = tenant & (models == model) if model else tenant
@@ -335,6 +339,12 @@ def _load_signals(inputs: RcaInputs, c: Candidate, w: Window) -> list[Signal]:
         found.append(traffic_signal(what, int((before & mine).sum()), int((before & ~mine).sum()),
                                     int((during & mine).sum()), int((during & ~mine).sum()), w.baseline_s,
                                     (w.hi - w.lo) / 1e9, model))
+        if model in prefill_pools:
+            found.append(work_signal(f"tenant {c.tenant}'s prompt tokens to {model}'s prefill pool",
+                                     tokens[before & mine], float(np.nansum(tokens[before & ~mine])),
+                                     tokens[during & mine], float(np.nansum(tokens[during & ~mine])),
+                                     (int((before & ~mine).sum()), int((during & ~mine).sum())), w.baseline_s,
+                                     (w.hi - w.lo) / 1e9, model))
     return [s for s in found if s is not None]
 
 
@@ -354,6 +364,9 @@ def _signal_series(inputs: RcaInputs, c: Candidate, signal: Signal) -> tuple[np.
         mine = (requests["tenant"] == c.tenant).to_numpy()
         if signal.about:
             mine = mine & (requests["model"] == signal.about).to_numpy()
+        if signal.name == "work":  # the tenant's prompt tokens per first attempt
+            tokens = pd.to_numeric(requests["input_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)
+            return requests["arrival_ns"].to_numpy()[first], (mine * tokens)[first]
         return requests["arrival_ns"].to_numpy()[first], mine[first].astype(float)
     if c.kind == "engines":
         if signal.name == "step_time":

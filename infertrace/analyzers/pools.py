@@ -10,6 +10,12 @@ candidate (a component of kind link). Blame follows the legs (`blame.py`, `pool_
 first token rose in the prefill pool, the decode pool or both, and each part is passed on from there (to the pool
 when its steps slowed for the same work; when it only queued, to the load that filled it): a tenant's surge of
 long prompts is named as load, queueing at the prefill pool, not at the model's engines as a whole.
+
+A prefill pool's work is the prompt tokens it is given, so a pool is judged saturating on its own account only
+by its steps being slower for their work (`signals.step_time_signal`), never by how much it queued, and a
+tenant's load on it by its prompt tokens as well as its requests (`signals.work_signal`: a surge of long prompts
+may less than double a tenant's requests and still multiply the pool's work). A prompt the engine refuses as
+longer than it accepts (`prompt_too_long`) is the request's error, not the pool failing (`engine_requests`).
 """
 
 from __future__ import annotations

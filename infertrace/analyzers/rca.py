@@ -85,8 +85,9 @@ class RankedCause:
         if c.kind == "load":
             main = self.own.main
             factor = ""
-            if main is not None and main.name == "traffic" and main.significant:
-                factor = f" (×{main.factor:.1f} traffic" + (f" to {main.about})" if main.about else ")")
+            if main is not None and main.name in ("traffic", "work") and main.significant:
+                what = "traffic" if main.name == "traffic" else "prompt tokens"
+                factor = f" (×{main.factor:.1f} {what}" + (f" to {main.about})" if main.about else ")")
             return f"load: tenant {c.tenant}{factor}"
         return f"{c.id} ({c.kind})"
 
@@ -300,8 +301,10 @@ def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: li
         load_models[c.id] = {s.about for s in own[c.id].signals if s.about and s.significant}
         mine = np.flatnonzero(inside & first & (requests["tenant"] == c.tenant).to_numpy())
         through = window_paths[np.isin(window_paths["req"].to_numpy(), mine)].groupby("instance").size()
+        # a component's workers are loaded per call: its extra calls, not the prompt tokens (work) a pool got
+        calls = max((s for s in own[c.id].signals if s.name == "traffic"), key=lambda s: s.effect, default=main)
         for instance, n in through.items():
-            extra = n * (1.0 - 1.0 / main.factor)
+            extra = n * (1.0 - 1.0 / calls.factor)
             rest = max(calls_through.get(instance, 0) - extra, 1.0)
             load_through.setdefault(str(instance), {})[c.id] = float(np.log1p(extra / rest))
     service_rise = {}

@@ -20,6 +20,11 @@ and a p-value; root-cause ranking (`rca.py`) uses the significant ones.
 - **Traffic** of a tenant: its first attempts (retries excluded, `http.request.resend_count`) as a share of all
   first attempts, window against baseline (a binomial test, conditional on the total: a diurnal rise of
   everybody's traffic cancels). The factor is its rate's rise relative to the others'.
+- **Work** a tenant gives a prefill pool: its first attempts' prompt tokens per second, its rise relative to
+  everybody else's (the factor). A prefill pool's only work is the prompts it is given: a tenant that less than
+  doubles its requests (no traffic signal) but sends prompts twenty times as long gives the pool many times its
+  usual work. It rose if its first attempts did (the binomial test above) or their prompts grew (Mann–Whitney,
+  one-sided), the smaller p-value doubled.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class Signal:
             return False
         if self.name in ("errors", "timeouts", "rejections"):
             return self.effect >= MIN_RATE_EFFECT
-        if self.name == "traffic":
+        if self.name in ("traffic", "work"):
             return self.factor >= MIN_TRAFFIC_FACTOR
         floor = 0.05 if self.name == "step_time" else MIN_RISE_MS
         median_moved = self.during >= MIN_RATIO * self.before and self.during - self.before >= floor
@@ -76,7 +81,8 @@ class Signal:
 
     @property
     def factor(self) -> float:
-        """For traffic: how many times its usual rate the tenant sent, relative to everybody else's change."""
+        """For traffic (work): how many times its usual rate of requests (prompt tokens) the tenant sent, relative
+        to everybody else's change."""
         return 1.0 / (1.0 - self.effect) if self.effect < 1 else float("inf")
 
     @property
@@ -87,6 +93,10 @@ class Signal:
         if self.name == "traffic":
             return (f"{self.what}: {self.before:.2f} → {self.during:.2f} requests/s, ×{self.factor:.1f} against the "
                     f"other tenants' change ({self.share_before:.0%} → {self.share_during:.0%} of first attempts, "
+                    f"{_p(self.p_value)})")
+        if self.name == "work":
+            return (f"{self.what}: {self.before:,.0f} → {self.during:,.0f} prompt tokens/s, ×{self.factor:.1f} against "
+                    f"the other tenants' change ({self.share_before:.0%} → {self.share_during:.0%} of prompt tokens, "
                     f"{_p(self.p_value)})")
         if self.is_rate:
             verb = {"errors": "failed (5xx)", "timeouts": "timed out", "rejections": "were rejected (429)"}[self.name]
@@ -268,3 +278,29 @@ def step_time_signal(fits: tuple[StepTimeFit, ...], step_ns: np.ndarray, steps: 
                   float(np.median(rd)), float(np.average(np.concatenate(share_before), weights=wb)),
                   float(np.average(np.concatenate(share_during), weights=wd)), float(np.median(thresholds)),
                   int(wb.sum()), int(wd.sum()))
+
+
+def work_signal(what: str, mine_before: np.ndarray, others_before: float, mine_during: np.ndarray,
+                others_during: float, others_calls: tuple[int, int], before_s: float, during_s: float,
+                about: str = "") -> Signal | None:
+    """The prompt tokens a tenant's first attempts gave a prefill pool (`mine_*`: each first attempt's prompt
+    tokens; `others_*`: everybody else's prompt tokens in all, `others_calls` their first attempts before and
+    during): the factor is its token rate's rise over the others'; it rose if its requests' share did (binomial,
+    as `traffic_signal`) or its prompts grew (rank test), Bonferroni over the two. The effect is 1 − 1/factor."""
+    mine_before, mine_during = mine_before[np.isfinite(mine_before)], mine_during[np.isfinite(mine_during)]
+    if len(mine_before) < 20 or others_calls[0] < 20 or before_s <= 0 or during_s <= 0 or not len(mine_during):
+        return None
+    tokens_before, tokens_during = float(mine_before.sum()), float(mine_during.sum())
+    if tokens_before <= 0 or others_before <= 0:
+        return None
+    calls = traffic_signal(what, len(mine_before), others_calls[0], len(mine_during), others_calls[1], before_s,
+                           during_s)
+    _, p_size = rank_effect(mine_before, mine_during)
+    p = min(1.0, 2.0 * min(1.0 if calls is None else calls.p_value, p_size))
+    mine_ratio = (tokens_during / during_s) / (tokens_before / before_s)
+    others_ratio = max((others_during / during_s) / (others_before / before_s), 1e-9)
+    factor = mine_ratio / others_ratio
+    return Signal("work", what, max(1.0 - 1.0 / factor, 0.0) if factor > 0 else 0.0, p, tokens_before / before_s,
+                  tokens_during / during_s, tokens_before / (tokens_before + others_before),
+                  tokens_during / max(tokens_during + others_during, 1.0), float("nan"), len(mine_before),
+                  len(mine_during), about)

@@ -7,7 +7,10 @@
 -- route spans.
 -- Parameters: none.
 -- Columns: trace_id, instance, model, arrival_ns, engine_ttft_ns, engine_queue_ns (arrival at the engine to first
---   scheduling: part of engine_ttft_ns), tpot_ns (NULL with fewer than two output tokens), failed.
+--   scheduling: part of engine_ttft_ns), tpot_ns (NULL with fewer than two output tokens), failed (the engine
+--   failed the request; not when it refused a prompt longer than it accepts, `prompt_too_long`: that request could
+--   never be served as made, vLLM answers it 400, and a tenant sending such prompts does not make the engine, or a
+--   prefill pool, a failing one).
 SELECT
     trace_id,
     instance,
@@ -16,6 +19,6 @@ SELECT
     ttft_ns AS engine_ttft_ns,
     queue_ns AS engine_queue_ns,
     CASE WHEN output_tokens > 1 THEN decode_ns / (output_tokens - 1) END AS tpot_ns,
-    outcome = 'error' AS failed
+    outcome = 'error' AND error_type IS DISTINCT FROM 'prompt_too_long' AS failed
 FROM request_legs
 WHERE instance IS NOT NULL
