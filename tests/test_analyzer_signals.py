@@ -5,10 +5,15 @@ diurnal rise of all traffic is not a surge)."""
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import numpy as np
+from hypothesis import given, settings
+from hypothesis.extra.numpy import arrays
+from scipy.stats import mannwhitneyu
 
+from infertrace.analyzers.anomalies import DetectionConfig, _latency_score, _latency_scores
 from infertrace.analyzers.changepoint import mean_shift, trend_onset
-from infertrace.analyzers.signals import rank_effect, rate_signal, time_signal, traffic_signal
+from infertrace.analyzers.signals import mann_whitney_greater, rank_effect, rate_signal, time_signal, traffic_signal
 
 
 def test_a_ramp_is_dated_to_where_it_starts_not_where_it_crosses_a_threshold() -> None:
@@ -70,3 +75,20 @@ def test_a_tenant_surge_is_measured_against_the_others_and_a_diurnal_rise_is_not
     assert surge is not None and surge.significant and 5 < surge.factor < 7.5
     everybody = traffic_signal("tenant-b", 600, 2400, 300, 1200, 300.0, 100.0)  # all ×1.5 (the day's peak)
     assert everybody is not None and not everybody.significant and 0.8 < everybody.factor < 1.25
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=arrays(np.float64, st.integers(1, 60), elements=st.floats(-5, 5, allow_nan=False, width=16)),
+       y=arrays(np.float64, st.integers(1, 400), elements=st.floats(-5, 5, allow_nan=False, width=16)))
+def test_the_rank_test_is_scipys_mann_whitney_to_the_last_bit_ties_included(x: np.ndarray, y: np.ndarray) -> None:
+    # width-16 floats repeat often: many ties, the case where the tie correction matters
+    expected = mannwhitneyu(x, y, alternative="greater")
+    assert mann_whitney_greater(x, y) == (float(expected.statistic), float(expected.pvalue))
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.floats(-1e3, 1e3), baseline=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=45))
+def test_a_buckets_score_against_a_short_baseline_is_the_numpy_score(value: float, baseline: list[float]) -> None:
+    config = DetectionConfig()
+    expected = _latency_scores(np.array([value]), np.array(baseline), config)[0]
+    assert _latency_score(value, baseline, config) == expected

@@ -239,6 +239,20 @@ def _latency_scores(values: np.ndarray, baseline: np.ndarray, config: DetectionC
     return (values - median) / scale
 
 
+def _latency_score(value: float, baseline: list[float], config: DetectionConfig) -> float:
+    """`_latency_scores` of one value against a short baseline, with Python's sort in place of NumPy's median
+    (the same arithmetic, so the same score; NumPy's per-call cost dominates at a few dozen values)."""
+    median = _small_median(baseline)
+    scale = max(_small_median([abs(v - median) for v in baseline]) * 1.4826, config.latency_scale_floor)
+    return (value - median) / scale
+
+
+def _small_median(values: list[float]) -> float:
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
 def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: DetectionConfig) -> np.ndarray:
     """Each bucket's score against the series' normal buckets before it (the last TRAILING_BUCKETS of those that
     did not score as anomalous): a fault that lasts most of the period, or drains long after, does not become
@@ -264,7 +278,7 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
         if len(base) < MIN_BASELINE:
             scores[i] = whole[i]
         elif latency:
-            scores[i] = _latency_scores(values[i:i + 1], values[base], config)[0]
+            scores[i] = _latency_score(float(values[i]), values[base].tolist(), config)
         else:
             scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config, ceiling))
         if not scores[i] >= config.threshold:

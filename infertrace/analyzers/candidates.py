@@ -25,6 +25,8 @@ from infertrace.analyzers.changepoint import trend_onset
 from infertrace.analyzers.pools import pools
 from infertrace.analyzers.signals import (
     Signal,
+    StepTimeFit,
+    fit_step_times,
     rate_signal,
     step_time_signal,
     time_signal,
@@ -152,6 +154,8 @@ class RcaInputs:
         self.engines["req"] = index.get_indexer(self.engines["trace_id"])
         self._engine_rows = self.engines.groupby("instance").indices
         self._step_rows = self.steps.groupby("instance").indices
+        self._step_instance = pd.factorize(self.steps["instance"])[0]  # integer codes: grouping without strings
+        self._step_fits: dict[tuple, tuple[StepTimeFit, ...]] = {}  # by candidate and baseline (_engine_signals)
         self._rows = {k: np.flatnonzero(self.paths["instance"].to_numpy() == k[0])
                       for k in self.paths[["instance", "kind"]].drop_duplicates().itertuples(index=False)}
         self._features = work_features(*(self.steps[c].to_numpy(dtype=float)
@@ -286,9 +290,14 @@ def _engine_signals(inputs: RcaInputs, c: Candidate, w: Window) -> list[Signal]:
     mine = _rows_of(inputs._step_rows, c.instances)
     if len(mine):
         t = steps["start_ns"].to_numpy()[mine]
-        found.append(step_time_signal(steps["instance"].to_numpy()[mine], steps["step_ns"].to_numpy(dtype=float)[mine],
-                                      steps["steps"].to_numpy()[mine], inputs._features[mine], w.before(t),
-                                      w.during(t)))
+        step_ns, held, features = steps["step_ns"].to_numpy(dtype=float)[mine], steps["steps"].to_numpy()[mine], \
+            inputs._features[mine]
+        key = (c.instances, w.start, w.baseline_end, w.others)  # what the fit depends on: one fit per baseline
+        fits = inputs._step_fits.get(key)
+        if fits is None:
+            fits = inputs._step_fits[key] = fit_step_times(inputs._step_instance[mine], step_ns, held, features,
+                                                           w.before(t))
+        found.append(step_time_signal(fits, step_ns, held, features, w.during(t)))
     rows = inputs.engines
     mine = _rows_of(inputs._engine_rows, c.instances)
     t = rows["arrival_ns"].to_numpy()[mine]

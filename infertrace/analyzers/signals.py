@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 from scipy.stats import binom, mannwhitneyu
 
 SIGNIFICANCE = 1e-4  # p-value a change must beat: an incident tests a few dozen candidates × signals
@@ -137,9 +138,33 @@ def rank_effect(before: np.ndarray, during: np.ndarray) -> tuple[float, float]:
         return 0.0, 1.0
     if np.all(before == before[0]) and np.all(during == before[0]):
         return 0.0, 1.0
-    u, p = mannwhitneyu(during, before, alternative="greater")
-    auc = float(u) / (len(before) * len(during))
-    return max(2.0 * auc - 1.0, 0.0), float(p)
+    u, p = mann_whitney_greater(during, before)
+    auc = u / (len(before) * len(during))
+    return max(2.0 * auc - 1.0, 0.0), p
+
+
+def mann_whitney_greater(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(U of x, one-sided p-value for x being larger): scipy's `mannwhitneyu(x, y, alternative="greater")` to the
+    last bit, by one sort of both samples and a search for x's values in it instead of ranking every value (the
+    ranking runs for every candidate and window). The exact test scipy uses for small tie-free samples is left
+    to scipy."""
+    n1, n2 = len(x), len(y)
+    if min(n1, n2) <= 8:
+        u, p = mannwhitneyu(x, y, alternative="greater")
+        return float(u), float(p)
+    both = np.sort(np.concatenate((x, y)))
+    below, through = np.searchsorted(both, x, "left"), np.searchsorted(both, x, "right")
+    r1 = float(np.sum((below + through + 1) / 2.0))  # x's mid-ranks (half-integers: the sum is exact)
+    u = r1 - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    starts = np.flatnonzero(np.concatenate(([True], both[1:] != both[:-1])))
+    ties = np.zeros(n)
+    ties[starts] = np.diff(starts, append=n)  # scipy's tie counts: at each value's first position, in order
+    tie_term = np.sum(ties ** 3 - ties)
+    s = np.sqrt(n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1))))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (u - n1 * n2 / 2 - 0.5) / s
+    return u, float(np.clip(ndtr(-z), 0.0, 1.0))
 
 
 def time_signal(name: str, what: str, before: np.ndarray, during: np.ndarray, floor_ms: float = 0.0,
@@ -194,30 +219,56 @@ def work_features(prefill: np.ndarray, decode: np.ndarray, context: np.ndarray) 
     return np.column_stack([np.ones(len(prefill)), prefill, prefill ** 2 / 1e4, decode, context / 1e3, prefill > 0])
 
 
-def step_time_signal(instance: np.ndarray, step_ns: np.ndarray, steps: np.ndarray, features: np.ndarray,
-                     before: np.ndarray, during: np.ndarray) -> Signal | None:
-    """Per engine instance, a least-squares fit of step time to its work on the baseline steps (weighted by the
-    steps each span holds); then the rank effect of the ratio of step time to the fit, window against
-    baseline."""
-    ratios_before, ratios_during, thresholds = [], [], []
-    share_before, share_during, weights_before, weights_during = [], [], [], []
+@dataclass(frozen=True)
+class StepTimeFit:
+    """One engine instance's step time against its work, fitted on its baseline steps: the rows it fitted
+    (indices into the arrays given to `fit_step_times`), the coefficients, and the baseline's ratios of step
+    time to the fit with the top of their normal range."""
+
+    rows: np.ndarray
+    coef: np.ndarray
+    ratios_before: np.ndarray
+    weights_before: np.ndarray
+    top: float
+
+
+def fit_step_times(instance: np.ndarray, step_ns: np.ndarray, steps: np.ndarray, features: np.ndarray,
+                   before: np.ndarray) -> tuple[StepTimeFit, ...]:
+    """Per engine instance with at least 20 baseline steps, a least-squares fit of step time to its work on the
+    baseline steps (weighted by the steps each span holds). The fit depends on the baseline alone, so one fit
+    serves every window scored against that baseline."""
+    fits = []
     for name in np.unique(instance):
         rows = np.flatnonzero(instance == name)
-        base, now = rows[before[rows]], rows[during[rows]]
-        if len(base) < 20 or not len(now):
+        base = rows[before[rows]]
+        if len(base) < 20:
             continue
         w = np.sqrt(steps[base].astype(float))
         coef, *_ = np.linalg.lstsq(features[base] * w[:, None], step_ns[base] * w, rcond=None)
         rb = step_ns[base] / np.maximum(features[base] @ coef, 1.0)
-        rd = step_ns[now] / np.maximum(features[now] @ coef, 1.0)
         top = float(np.exp(normal_range_top(np.log(np.maximum(rb, 1e-9)))))
-        ratios_before.append(rb)
+        fits.append(StepTimeFit(rows, coef, rb, steps[base].astype(float), top))
+    return tuple(fits)
+
+
+def step_time_signal(fits: tuple[StepTimeFit, ...], step_ns: np.ndarray, steps: np.ndarray, features: np.ndarray,
+                     during: np.ndarray) -> Signal | None:
+    """The rank effect of the ratio of step time to each instance's baseline fit (`fit_step_times`), window
+    against baseline, over the instances that stepped in the window."""
+    ratios_before, ratios_during, thresholds = [], [], []
+    share_before, share_during, weights_before, weights_during = [], [], [], []
+    for fit in fits:
+        now = fit.rows[during[fit.rows]]
+        if not len(now):
+            continue
+        rd = step_ns[now] / np.maximum(features[now] @ fit.coef, 1.0)
+        ratios_before.append(fit.ratios_before)
         ratios_during.append(rd)
-        share_before.append(rb > top)
-        share_during.append(rd > top)
-        weights_before.append(steps[base].astype(float))
+        share_before.append(fit.ratios_before > fit.top)
+        share_during.append(rd > fit.top)
+        weights_before.append(fit.weights_before)
         weights_during.append(steps[now].astype(float))
-        thresholds.append(top)
+        thresholds.append(fit.top)
     if not thresholds:
         return None
     rb, rd = np.concatenate(ratios_before), np.concatenate(ratios_during)
