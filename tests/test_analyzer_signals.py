@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis.extra.numpy import arrays
 from scipy.stats import mannwhitneyu
 
-from infertrace.analyzers.anomalies import DetectionConfig, _latency_score, _latency_scores
+from infertrace.analyzers.anomalies import (
+    DetectionConfig,
+    _baseline_rate,
+    _latency_score,
+    _latency_scores,
+    _small_baseline_rate,
+)
 from infertrace.analyzers.changepoint import mean_shift, trend_onset
 from infertrace.analyzers.signals import mann_whitney_greater, rank_effect, rate_signal, time_signal, traffic_signal
 
@@ -92,3 +98,12 @@ def test_a_buckets_score_against_a_short_baseline_is_the_numpy_score(value: floa
     config = DetectionConfig()
     expected = _latency_scores(np.array([value]), np.array(baseline), config)[0]
     assert _latency_score(value, baseline, config) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(buckets=st.lists(st.tuples(st.integers(0, 400), st.integers(1, 400)), min_size=1, max_size=45))
+def test_a_buckets_rate_baseline_from_a_short_baseline_is_the_numpy_baseline(buckets: list[tuple[int, int]]) -> None:
+    config = DetectionConfig()
+    n = np.array([float(total) for _, total in buckets])
+    rates = np.array([min(k, total) for k, total in buckets]) / n
+    assert _small_baseline_rate(rates.tolist(), n.tolist(), config) == _baseline_rate(rates, n, config)

@@ -280,7 +280,8 @@ def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: Detec
         elif latency:
             scores[i] = _latency_score(float(values[i]), values[base].tolist(), config)
         else:
-            scores[i] = _rate_score_at(values, n, i, _baseline_rate(values[base], n[base], config, ceiling))
+            rate = _small_baseline_rate(values[base].tolist(), n[base].tolist(), config, ceiling)
+            scores[i] = _rate_score_at(values, n, i, rate)
         if not scores[i] >= config.threshold:
             normal.append(i)
     return scores
@@ -295,6 +296,16 @@ def _baseline_rate(rates: np.ndarray, n: np.ndarray, config: DetectionConfig,
     median = float(np.median(rates))
     low = rates <= median
     pooled = (np.round(rates * n)[low].sum() + 1.0) / (n[low].sum() + 2.0)
+    return min(max(median, pooled, config.rate_floor), ceiling)
+
+
+def _small_baseline_rate(rates: list[float], n: list[float], config: DetectionConfig,
+                         ceiling: float = RATE_CEILING) -> float:
+    """`_baseline_rate` of a short baseline in Python: the same arithmetic (counts are whole numbers, so their
+    sums are exact in any order), without NumPy's per-call cost."""
+    median = _small_median(rates)
+    low = [(r, m) for r, m in zip(rates, n, strict=True) if r <= median]
+    pooled = (sum(round(r * m) for r, m in low) + 1.0) / (sum(m for _, m in low) + 2.0)
     return min(max(median, pooled, config.rate_floor), ceiling)
 
 
