@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -228,3 +229,23 @@ def test_full_report_exits_1_on_the_demo_incident_at_the_default_fail_on_critica
                              "--format", "markdown"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 1, result.stderr
     assert "## Incidents and ranked causes" in result.stdout
+
+
+def test_an_incident_no_candidate_is_blamed_for_reads_as_unexplained_not_as_its_first_candidate(
+        store: Store, analyses: tuple, doc: dict) -> None:
+    rca, itl = analyses
+    assert rca.diagnoses and all(d.explained for d in rca.diagnoses)  # the demo's incident has a cause
+    assert all(inc["explained"] for inc in doc["sections"]["incidents"]["incidents"])
+    # the same incidents with nobody blamed (as in an hour whose detected burst no candidate changed for)
+    nobody = replace(rca, diagnoses=tuple(replace(d, causes=tuple(replace(c, score=0.0, blamed=0.0)
+                                                                  for c in d.causes)) for d in rca.diagnoses))
+    unexplained = build_report(store, rca=nobody, itl=itl)
+    incidents = unexplained["sections"]["incidents"]["incidents"]
+    assert incidents and not any(inc["explained"] for inc in incidents)
+    jsonschema.validate(unexplained, SCHEMA)
+    titles = [f["title"] for f in unexplained["findings"] if f["section"] == "incidents"]
+    assert titles and all("No traced component" in t and "Most likely cause" not in t for t in titles)
+    actions = [r["action"] for r in unexplained["recommendations"] if r["section"] == "incidents"]
+    assert actions and all(a.startswith("Look outside the traces") for a in actions)
+    assert "Unexplained:" in render(unexplained, "table") and "Evidence for #1" not in render(unexplained, "table")
+    assert all("Most likely cause" not in d.summary() for d in nobody.diagnoses)

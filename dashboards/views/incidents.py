@@ -41,6 +41,10 @@ else:
     for a in diagnosis.incident.anomalies:
         st.markdown(f"- {a.sentence()}")
     st.subheader("Ranked causes")
+    if not diagnosis.explained:
+        st.warning("Unexplained: no traced component, engine or tenant's load accounts for this incident's troubled "
+                   "requests (every score is 0). The candidates below are what the requests passed through, not "
+                   "causes; look at what the spans do not show (untraced dependencies, the network, the clients).")
     st.dataframe(pd.DataFrame([{
         "rank": c.rank, "candidate": c.candidate.id, "kind": c.candidate.kind, "score": c.score,
         "ochiai": c.ochiai, "own anomaly": c.own.score, "signal": c.own.what,
@@ -56,7 +60,7 @@ else:
         st.info(diagnosis.commonality.top().sentence())
 
 st.subheader("Topology")
-top = {d.causes[0].candidate.id for d in report.diagnoses if d.causes}
+top = {d.causes[0].candidate.id for d in report.diagnoses if d.explained}
 # At most 12 × 4.5 inches (graphviz scales a larger graph down), drawn at its own size: it fits the page.
 lines = ["digraph topology {", 'graph [rankdir=LR, size="12,4.5", nodesep=0.15, ranksep=1.2];',
          'node [shape=box, style="rounded,filled", fillcolor="#f8fafc", fontsize=11];',

@@ -149,9 +149,18 @@ class IncidentDiagnosis:
     baseline_end_ns: int = 0  # the baseline ended here (before the first deviation)
     detected: Incident | None = None  # the incident as detection found it (this may be a part of it)
 
+    @property
+    def explained(self) -> bool:
+        """Whether the top cause is blamed for any troubled request: candidates that all score 0 are a listing
+        of what the requests passed through, not an explanation."""
+        return bool(self.causes) and self.causes[0].score > 0
+
     def summary(self) -> str:
         lines = [self.incident.sentence()]
-        if self.causes:
+        if not self.explained:
+            lines.append("Unexplained: no traced component, engine or tenant's load accounts for its troubled "
+                         "requests.")
+        elif self.causes:
             top = self.causes[0]
             kind = ("load, not a component" if top.candidate.kind == "load"
                     else "a shared component" if top.candidate.shared else "the models' own data path")

@@ -92,8 +92,12 @@ def _incidents(section: dict[str, Any]) -> list[Block]:
                      for c in inc["causes"])
         blocks.append(Table(("rank", "candidate", "kind", "score", "ochiai", "own anomaly", "signal",
                              "anomalous covered", "normal through"), rows))
-        if inc["causes"]:
+        if inc["explained"]:
             blocks.append(Paragraph("Evidence for #1: " + " ".join(inc["causes"][0]["evidence"])))
+        else:
+            blocks.append(Paragraph("Unexplained: no traced component, engine or tenant's load accounts for this "
+                                    "incident's troubled requests (every score is 0); the candidates are listed "
+                                    "by what passed through them, not as causes.", "warning"))
         if inc["commonality"]:
             blocks.append(Paragraph(inc["commonality"]))
     return blocks

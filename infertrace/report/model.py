@@ -115,6 +115,7 @@ def incidents_section(rca: RcaReport, options: ReportOptions) -> dict[str, Any]:
             "summary": inc.sentence(),
             "requests_in_window": d.requests,
             "anomalous_requests": d.anomalous_requests,
+            "explained": d.explained,
             "anomalies": [{"model": a.key, "onset": iso(a.onset_ns), "end": iso(a.end_ns), "metric": a.metric,
                            "peak_score": _r(a.peak_score, 3),
                            "shifts": [{"metric": s.metric, "baseline": _r(s.baseline, 4),
@@ -406,8 +407,9 @@ def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             "title": f"{m['model']}: {c['key']} {c['observed']} exceeds the SLO of {c['threshold']}",
                             "evidence": {"observed": c["observed"], "threshold": c["threshold"]}})
     for inc in sections.get("incidents", {}).get("incidents", []):
-        top = inc["causes"][0] if inc["causes"] else None
-        title = inc["summary"] + (f" Most likely cause: {top['id']} ({top['kind']})." if top else "")
+        top = inc["causes"][0] if inc["explained"] else None
+        title = inc["summary"] + (f" Most likely cause: {top['id']} ({top['kind']})." if top else
+                                  " No traced component, engine or tenant's load explains it.")
         evidence: dict[str, Any] = {"models": len(inc["models"]), "severity_score": inc["severity_score"]}
         if top:
             evidence.update(cause=top["id"], score=top["score"], ochiai=top["ochiai"])

@@ -106,7 +106,15 @@ def recommend(doc: dict[str, Any], whatifs: list[dict[str, Any]] | None = None) 
                                            "gpu_hardware", "link_gb_s", "instances", "step_budget_tokens")},
         })
     for inc in sections.get("incidents", {}).get("incidents", []):
-        if not inc["causes"]:
+        if not inc["explained"]:
+            out.append({
+                "id": f"incident:{inc['id']}:unexplained", "section": "incidents",
+                "action": f"Look outside the traces for incident {inc['id']} ({', '.join(inc['models'])}): no "
+                          f"traced component, engine or tenant's load accounts for its troubled requests.",
+                "because": "Every candidate's blame is zero: none changed in a way that explains them. Check what "
+                           "the spans do not show: untraced dependencies, the network, the clients, the hosts.",
+                "evidence": {"candidates": len(inc["causes"]), "anomalous_requests": inc["anomalous_requests"]},
+            })
             continue
         top = inc["causes"][0]
         out.append({
