@@ -131,3 +131,52 @@ def test_the_real_executors_steps_fit_the_cost_model_roughly() -> None:
     result = calibrate(steps, model("tiny"), hardware("CPU-host"))
     assert result.median_error < 0.5
     assert all(v > 0 for v in vars(result.params).values() if v is not None)  # None: a term not fitted here
+
+
+def _memory_bound_steps(params: CostParams, seed: int = 0) -> list[MeasuredStep]:
+    """Decode batches and short chunks: at most 192 tokens a step, every one paced by its weight reads (llama-3-8b
+    on an H100 turns compute-bound near 250 tokens at these efficiencies)."""
+    rng = np.random.default_rng(seed)
+    cost = StepCostModel(SPEC, HW, params=params)
+    steps = []
+    for _ in range(100):
+        chunks = tuple((int(rng.integers(16, 64)), int(rng.integers(0, 2048))) for _ in range(int(rng.integers(0, 2))))
+        decodes = int(rng.integers(1, 128))
+        ctx = decodes * int(rng.integers(64, 4096))
+        step = MeasuredStep(chunks, decodes, ctx, decodes + len(chunks), 1)
+        steps.append(MeasuredStep(chunks, decodes, ctx, decodes + len(chunks),
+                                  round(predict_seconds(cost, step) * 1e9)))
+    return steps
+
+
+def _fit_with_prior(steps: list[MeasuredStep], prior: dict[str, tuple[float, float]]) -> CostParams:
+    from reference_engine.compute.calibration import PHASES, fit_design, phase_of
+    from reference_engine.compute.step_fit import StepDesign
+
+    design = StepDesign([(s, SPEC, 1) for s in steps], HW)
+    phases = np.array([phase_of(s) for s in steps])
+    assert set(phases) <= set(PHASES)
+    params, _ = fit_design(design, np.array([s.duration_ns / 1e9 for s in steps]), phases, HW, prior=prior)
+    return params
+
+
+def test_a_parameter_no_measured_step_constrains_takes_the_prior_and_one_they_constrain_ignores_it() -> None:
+    """A maximum a posteriori fit: steps that never run compute-bound say nothing of the compute efficiency but a
+    lower bound, so it lands on the prior's value (without the prior, on whichever start the optimiser tried); a
+    compute-bound step constrains it, and the prior then does not pull it off the measured value."""
+    from reference_engine.compute.calibration import datasheet_prior
+
+    truth = CostParams(compute_efficiency=0.45, memory_efficiency=0.6, attention_efficiency=0.35,
+                       step_overhead_s=0.003)
+    prior = {**datasheet_prior(), "compute_efficiency": (0.55, float(np.log(2)))}
+    steps = _memory_bound_steps(truth)
+    fitted = _fit_with_prior(steps, prior)
+    assert fitted.compute_efficiency == pytest.approx(0.55, rel=0.01)
+    _, median = evaluate(steps, SPEC, HW, fitted)
+    assert median < 0.005  # the prior costs the fit nothing where the steps do not constrain it
+
+    with_long_prefills = steps + synthetic_steps(truth)[:40]
+    fitted = _fit_with_prior(with_long_prefills, prior)
+    assert fitted.compute_efficiency == pytest.approx(0.45, rel=0.02)
+    assert fitted.memory_efficiency == pytest.approx(0.6, rel=0.02)
+    assert fitted.step_overhead_s == pytest.approx(0.003, rel=0.05)

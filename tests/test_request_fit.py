@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from infertrace.replay.capture import ReplayRequest
 from infertrace.replay.deployment import Deployment
@@ -74,3 +75,97 @@ def test_an_inferred_prefix_is_also_given_to_the_earlier_request_that_computed_i
     assert out == {**hits, "a2": ("p-a-1024", 1024)}
     assert _with_sources(requests[:1] + requests[3:4], {"a2": ("p", 1024)}) == {"a0": ("p", 1024), "a2": ("p", 1024)}
     assert _with_sources([requests[3]], {"a2": ("p", 1024)}) == {"a2": ("p", 1024)}  # no earlier request: stays
+
+
+def _measured_times(requests: list[ReplayRequest], deployment: Deployment) -> tuple[dict[str, tuple[int, int]],
+                                                                                    StepRecorder]:
+    """Each request's (prefill ns, decode ns) as vLLM's span reports them: its replayed steps under the
+    deployment's own (hidden) cost."""
+    recorder = StepRecorder()
+    replay(list(requests), deployment, 0, recorder)  # type: ignore[arg-type]
+    model = _cost_model(deployment, deployment.cost)
+    seconds = np.array([model.step_seconds(list(c), d, ctx, s) for c, d, ctx, s in recorder.steps])
+    return {r.request_id: (int(seconds[recorder.prefill_run(r.request_id)].sum() * 1e9),
+                           int(seconds[recorder.decode_run(r.request_id)].sum() * 1e9)) for r in requests}, recorder
+
+
+HIDDEN = {"compute_efficiency": 0.45, "memory_efficiency": 0.6, "attention_efficiency": 0.35,
+          "step_overhead_s": 0.003}
+
+
+@pytest.mark.slow
+def test_a_capture_never_compute_bound_keeps_the_datasheets_compute_efficiency() -> None:
+    """Chunks of 128 tokens of llama-3-8b are paced by the weight reads at any plausible compute efficiency: the
+    requests' times bound it from below only. The fit takes the datasheet's (not whatever bound the optimiser ran
+    into) and counts no compute-bound pass."""
+    from reference_engine.compute.request_fit import fit_request_times
+    from reference_engine.engine.cost_model import CostParams
+
+    deployment = Deployment("llama-3-8b", policy="decode_first", chunked_prefill=True, max_num_batched_tokens=128,
+                            max_num_seqs=64, cost=HIDDEN)
+    requests = _requests(24, 40.0, 300, 16)
+    measured, _ = _measured_times(requests, deployment)
+    fit = fit_request_times(requests, replace(deployment, cost={}), measured, iterations=2)
+    assert fit.compute_bound_passes == 0 and fit.largest_pass_tokens <= 128
+    assert fit.cost["compute_efficiency"] == pytest.approx(CostParams().compute_efficiency, rel=0.01)
+    assert fit.median_error["all"] < 0.02
+
+
+def test_a_variant_with_longer_passes_than_any_compute_bound_one_of_the_capture_is_not_trustworthy() -> None:
+    from infertrace.replay.capture import Capture, Distribution
+    from infertrace.replay.compare import variant_caveat
+
+    ttft = np.array([10 * MS, 20 * MS])
+    d = Distribution.from_arrays(ttft, np.zeros(0, np.int64), ttft * 10, 20, 10**9, None, None, 0)
+    base = Deployment("mixtral-8x7b", tensor_parallel=2, policy="decode_first", chunked_prefill=True,
+                      max_num_batched_tokens=512)
+    capture = Capture("mixtral-8x7b", None, None, (ReplayRequest("r", 0, "t", 100, 10, 10),), base, d, {}, False,
+                      "flags", linear_passes=(0, 512))
+    caveat = variant_caveat(capture, replace(base, policy="prefill_first", chunked_prefill=False,
+                                             max_num_batched_tokens=16384), True)
+    assert caveat is not None and caveat.startswith("not trustworthy: no step of the capture ran its linear layers "
+                                                    "compute-bound (at most 512 tokens")
+    assert variant_caveat(capture, replace(base, prefill_microbatch=256), True) is None  # passes no longer
+    assert variant_caveat(capture, replace(base, max_num_seqs=64), True) is None
+    # a capture with compute-bound passes constrains the compute efficiency
+    assert variant_caveat(replace(capture, linear_passes=(12, 512)), replace(base, max_num_batched_tokens=8192),
+                          True) is None
+    assert variant_caveat(replace(capture, linear_passes=None), replace(base, max_num_batched_tokens=8192),
+                          True) is None
+
+
+def _hit(recorder: StepRecorder, request_id: str) -> bool:
+    """Whether the request's first prefill chunk started from cached tokens."""
+    steps = recorder.prefill_steps.get(request_id, [])
+    return bool(steps) and recorder.steps[steps[0][0]][0][steps[0][1]][1] > 0
+
+
+@pytest.mark.slow
+def test_prefix_hits_of_requests_that_shared_a_prefill_step_are_inferred() -> None:
+    """Without chunks a prefill-first engine batches the prompts waiting together into one step, and each one's
+    measured prefill is that step's time: a request replayed without the hits of its step's other members is
+    replayed in other steps than it ran in, and its own hit does not show. The hits are inferred again on each
+    fit's replay with those found so far, so these show once their partners' do."""
+    from reference_engine.compute.request_fit import fit_request_times
+
+    deployment = Deployment("qwen-2.5-1.5b", policy="prefill_first", max_num_batched_tokens=16384, cost=HIDDEN)
+    rng = np.random.default_rng(3)
+    requests = []
+    arrivals = np.cumsum(rng.exponential(30.0, 160)) * MS
+    for i in range(160):
+        tenant = f"t{i % 2}"
+        system = int(rng.integers(0, 3))  # two system prompts a tenant, and requests without one
+        tokens = 2048 if tenant == "t0" else 1024
+        requests.append(ReplayRequest(f"r{i:03d}", int(arrivals[i]), tenant, tokens * (system > 0)
+                                      + int(rng.integers(300, 3000)), int(rng.integers(20, 80)), 1024,
+                                      f"sys-{tenant}-{system}" if system else None, tokens if system else 0))
+    measured, recorder = _measured_times(requests, deployment)
+    hits = {r.request_id for r in requests if _hit(recorder, r.request_id)}
+    shared = {r.request_id for r in requests if r.request_id in hits
+              and len(recorder.steps[recorder.prefill_steps[r.request_id][0][0]][0]) > 1}
+    assert len(shared) >= 20  # the workload does batch prompts that hit with others
+    blind = [replace(r, system_prompt_id=None, system_prompt_tokens=0) for r in requests]
+    fit = fit_request_times(blind, replace(deployment, cost={}), measured)
+    inferred = {rid for rid in fit.prefixes if rid in hits}
+    assert len(inferred & shared) >= 0.9 * len(shared), (len(inferred & shared), len(shared))
+    assert len(inferred) >= 0.9 * len(hits)

@@ -52,7 +52,8 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
         what = f"{len(steps)} measured steps"
     else:
         measured = measured_phase_times(store, capture.model, capture.since_ns, capture.until_ns)
-        cost, errors, phases, prefixes = fit_cost_params_from_requests(list(capture.requests), d, measured)
+        cost, errors, phases, prefixes, passes = fit_cost_params_from_requests(list(capture.requests), d, measured)
+        capture = replace(capture, linear_passes=passes)
         what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
                 "steps rebuilt by replaying the capture)")
         if prefixes:
@@ -63,6 +64,9 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
             capture = replace(capture, requests=tuple(
                 replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
                 if r.request_id in prefixes else r for r in capture.requests))
+        if passes[0] == 0:
+            what += (f"; no pass was compute-bound (at most {passes[1]} tokens): the times bound the compute "
+                     "efficiency from below only, the datasheet's prior sets it")
     sentence = (f"cost model fitted to {what} of {d.model}: median error "
                 + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
     calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))

@@ -62,7 +62,9 @@ def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> s
     and at small batches the weight reads) shows only as a total. Another tensor-parallel degree divides the weight
     reads but not the overhead, and adds all-reduces whose cost one degree cannot show (the interconnect's model
     stands in); other hardware changes every efficiency. The split the fit chose is one of many that match the
-    capture equally well, so such a variant's numbers are an extrapolation."""
+    capture equally well, so such a variant's numbers are an extrapolation. Likewise a capture none of whose passes
+    was compute-bound (short chunks of a mixture of experts, whose weight reads pace hundreds of tokens) says
+    nothing of the compute efficiency beyond a lower bound: a variant with longer passes is an extrapolation too."""
     base = capture.deployment
     if capture.has_step_spans or not calibrated:
         return None
@@ -76,6 +78,15 @@ def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> s
             base.decode_hardware or base.hardware):
         return (f"not trustworthy: other hardware from request timings of {base.hardware}: the fitted efficiencies "
                 "are this hardware's; calibrate on the other (infertrace calibrate --table)")
+    if capture.linear_passes is not None and capture.linear_passes[0] == 0:
+        largest = capture.linear_passes[1]
+        limit = min(variant.max_num_batched_tokens, variant.prefill_microbatch or variant.max_num_batched_tokens)
+        if limit > largest:
+            return (f"not trustworthy: no step of the capture ran its linear layers compute-bound (at most {largest} "
+                    f"tokens a pass, each paced by its weight reads), so the measured times bound the compute "
+                    f"efficiency from below only and the fit took the datasheet's; passes of up to {limit} tokens "
+                    f"may be compute-bound. Step spans, or a capture with longer passes (a larger chunk budget), "
+                    f"would measure it")
     return None
 
 

@@ -305,26 +305,56 @@ def calibrate(steps: Sequence[Measured], spec: ModelSpec, hw: HardwareSpec,
 
 ONE_SIDED_WEIGHT = 0.1  # of an over-prediction of a row that may be faster than the model for reasons of its own
 
+# The roofline's datasheet prior (`CostParams`' defaults) and how far from it a parameter plausibly lies, as a
+# standard deviation of its logarithm: efficiencies within a factor of 2 (published ones run 0.4–0.85), overheads
+# within a factor of 10 (0.1–10 ms a step). Used by fits whose measurements may leave a parameter unconstrained.
+PRIOR_LOG_SD = {"compute_efficiency": float(np.log(2)), "memory_efficiency": float(np.log(2)),
+                "attention_efficiency": float(np.log(2)), "kv_memory_efficiency": float(np.log(2)),
+                "step_overhead_s": float(np.log(10))}
+# The relative error of one measured row that the prior's weight assumes (request sums fit to 0–10%)
+PRIOR_ROW_NOISE = 0.05
+
+
+def datasheet_prior() -> dict[str, tuple[float, float]]:
+    """Parameter -> (prior value, standard deviation of its log): CostParams' defaults (η_kv: η_m's)."""
+    d = CostParams()
+    values = {"compute_efficiency": d.compute_efficiency, "memory_efficiency": d.memory_efficiency,
+              "attention_efficiency": d.attention_efficiency, "kv_memory_efficiency": d.memory_efficiency,
+              "step_overhead_s": d.step_overhead_s}
+    return {n: (values[n], PRIOR_LOG_SD[n]) for n in values}
+
 
 def fit_design(design: Design, measured: np.ndarray, phases_of: np.ndarray,
                hw: HardwareSpec, may_be_faster: np.ndarray | None = None,
-               robust: bool = True, outlier_error: float | None = None) -> tuple[CostParams, float]:
+               robust: bool = True, outlier_error: float | None = None,
+               prior: dict[str, tuple[float, float]] | None = None) -> tuple[CostParams, float]:
     """The parameters of `design` minimising the relative error against the measured seconds (each phase weighted
     equally however many rows it has), the rest at their defaults; and the fit's cost. `may_be_faster`: rows whose
     measured time may be shorter than the model's for a reason it does not see (a prefill that hit a prefix cache
     no telemetry reported): their over-predictions weigh `ONE_SIDED_WEIGHT`, so the fit follows the others.
     `robust`: large relative errors weigh linearly (soft L1), not squared; from `outlier_error` (a relative error;
-    None: the residual 0.1, weights included)."""
+    None: the residual 0.1, weights included).
+
+    `prior` (parameter -> (value, standard deviation of its log), e.g. `datasheet_prior()`): a maximum a posteriori
+    fit. Each named parameter's log adds the residual w·(log x − log value)/sd, w = PRIOR_ROW_NOISE/√rows: with
+    each phase's rows weighted 1/√(its rows), that is a Gaussian prior against rows of PRIOR_ROW_NOISE relative
+    error, so the prior's pull shrinks as more rows constrain a parameter and decides it where none does (compute
+    efficiency when no measured step was compute-bound)."""
     from scipy.optimize import least_squares
 
     defaults = CostParams()
     counts = {p: int((phases_of == p).sum()) for p in PHASES}
     weight = np.array([1 / np.sqrt(counts[p]) for p in phases_of])
     log_measured = np.log(measured)
+    priors = [(i, np.log(prior[n][0]), prior[n][1]) for i, n in enumerate(design.names) if prior and n in prior]
+    prior_index = np.array([i for i, _, _ in priors], dtype=int)
+    prior_mean = np.array([m for _, m, _ in priors])
+    prior_weight = PRIOR_ROW_NOISE / np.sqrt(max(len(measured), 1)) / np.array([sd for _, _, sd in priors])
 
     def residuals(x: np.ndarray) -> np.ndarray:
         r = weight * (np.log(design.seconds(x)) - log_measured)
-        return r if may_be_faster is None else np.where(may_be_faster & (r > 0), ONE_SIDED_WEIGHT * r, r)
+        r = r if may_be_faster is None else np.where(may_be_faster & (r > 0), ONE_SIDED_WEIGHT * r, r)
+        return np.concatenate([r, prior_weight * (x[prior_index] - prior_mean)]) if priors else r
 
     lower, upper = design.bounds()
     f_scale = 0.1 if outlier_error is None else outlier_error * float(np.median(weight))

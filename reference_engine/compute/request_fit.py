@@ -12,14 +12,25 @@ its measured ones (prefill and decode weighted equally, `step_fit.RunDesign`), t
 membership moves with the times) and fit again, `iterations` times. The error is the last replay's, per phase:
 what the fitted deployment predicts for each request against what was measured.
 
+Sums of steps leave some parameters unconstrained: a capture whose passes are all paced by their weight reads
+(short chunks of a mixture of experts) bounds the compute efficiency from below only, and where no pass is
+compute-bound a step's overhead and its weight reads show only as their total. The fit is therefore a maximum a
+posteriori one, toward the roofline's datasheet values (`calibration.datasheet_prior`: a Gaussian on each
+parameter's log whose weight against the measured rows falls as 1/√rows, so the data decide what they constrain);
+the last replay counts the passes that were compute-bound under the fit (`linear_passes`), so a variant that runs
+longer ones can say it extrapolates.
+
 vLLM's spans carry no cached-token count, so a prefix-cache hit is invisible but in the time: a request that
 prefilled clearly faster than its whole prompt costs in the fitted replay (under `HIT_EVIDENCE` of it) is given the
 shared prefix that explains it, its length read off its own prefill steps (the latest steps that fit in the measured
 time, the boundary step's share of its chunk by its marginal cost), rounded to a quarter of its power of two and
 shared with the tenant's requests of the same inferred length (the same rounding groups one system prompt's
 requests). Each such prefix is also given to the tenant's latest earlier request that showed no hit and whose prompt
-holds it: the request that put it in the cache (else the prefix's first hit would miss in the replay). After the first
-fit only; later fits run with the inferred prefixes.
+holds it: the request that put it in the cache (else the prefix's first hit would miss in the replay). The hits are
+looked for after each fit but the last, in the replay with those found so far: a prefill-first engine batches the
+prompts waiting together into one step and each one's measured prefill is that step's time, so a request's hit
+shows only once its step's other members are replayed with theirs (replayed without them, the request ran in
+other steps than it was measured in; 023's baseline missed TTFT p99 by 24% for one such request in the tail).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from reference_engine.compute.calibration import fit_design
+from reference_engine.compute.calibration import datasheet_prior, fit_design
 from reference_engine.compute.real_executor import MeasuredStep
 from reference_engine.compute.step_fit import RunDesign
 from reference_engine.engine.cost_model import CostParams, StepCostModel
@@ -51,6 +62,8 @@ class RequestFit:
     phases: int  # measured request phases (a request's prefill, its decode) fitted
     steps: int  # steps of the last replay
     prefixes: dict[str, tuple[str, int]]  # request id -> inferred shared prefix (id, tokens)
+    compute_bound_passes: int = 0  # linear-layer passes of the last replay that were compute-bound under the fit
+    largest_pass_tokens: int = 0  # the most tokens one linear-layer pass of the last replay carried
 
 
 def _runs(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]]
@@ -105,7 +118,8 @@ def _fit(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | 
     steps = [(MeasuredStep(chunks, decodes, ctx, sampled, 0), spec, deployment.tensor_parallel)
              for chunks, decodes, ctx, sampled in recorder.steps]
     params, _ = fit_design(RunDesign(steps, runs, hw, deployment.prefill_microbatch), seconds, phases, hw,
-                           phases == "prefill" if hits_unknown else None, outlier_error=OUTLIER_ERROR)
+                           phases == "prefill" if hits_unknown else None, outlier_error=OUTLIER_ERROR,
+                           prior=datasheet_prior())
     return {k: v for k, v in asdict(params).items() if v is not None}
 
 
@@ -135,7 +149,8 @@ def _computed_tokens(run: list[int], own: dict[int, int], recorder: StepRecorder
 def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecorder, seconds: np.ndarray,
                        model: StepCostModel, measured: Mapping[str, tuple[int | None, int | None]]
                        ) -> dict[str, tuple[str, int]]:
-    """Request id -> (shared prefix id, tokens) for the requests whose measured prefill shows a prefix-cache hit."""
+    """Request id -> (shared prefix id, tokens) for the requests whose measured prefill shows a prefix-cache hit
+    (those already replayed with a prefix are not looked at again)."""
     out: dict[str, tuple[str, int]] = {}
     for r in requests:
         prefill_ns = measured.get(r.request_id, (None, None))[0]
@@ -154,7 +169,7 @@ def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecord
         tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
         if tokens >= BLOCK:
             out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
-    return _with_sources(requests, out)
+    return out
 
 
 def _with_sources(requests: Sequence[CapturedRequest],
@@ -178,6 +193,23 @@ def _with_sources(requests: Sequence[CapturedRequest],
     return out
 
 
+def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int]:
+    """(linear-layer passes that were compute-bound, the most tokens of one pass) over the recorded steps: where
+    none was compute-bound, the measured times bound the compute efficiency from below only, and a variant with
+    longer passes (no chunking, a larger budget) depends on what the fit could not see."""
+    m, w = model.model, model.model.bytes_per_weight
+    bound = largest = 0
+    for chunks, decodes, _ctx, sampled in recorder.steps:
+        tokens = decodes + sum(n for n, _ in chunks)
+        for count, n, share in model._microbatches(tokens, sampled):
+            largest = max(largest, n)
+            flops = 2 * n * m.active_block_params + 2 * share * m.head_params
+            params = (m.num_layers * m.attention_params_per_layer + m.head_params
+                      + model._experts_touched(n) * m.num_layers * m.expert_params_per_layer)
+            bound += count * (flops / model._flop_rate > w * params / model._byte_rate)
+    return bound, largest
+
+
 def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
                       measured: Mapping[str, tuple[int | None, int | None]], iterations: int = 3,
                       seed: int = 0) -> RequestFit:
@@ -185,17 +217,24 @@ def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deploymen
     the shared prefixes the measured prefills show. Raises ValueError when too few requests were measured."""
     cost = dict(deployment.cost)
     prefixes: dict[str, tuple[str, int]] = {}
+    hits: dict[str, tuple[str, int]] = {}  # the measured hits (`prefixes` adds the requests that computed them)
     current = list(requests)
     for iteration in range(iterations):
         recorder, _ = _replayed(current, deployment, cost, seed)
         cost = _fit(recorder, measured, deployment, hits_unknown=iteration == 0)
-        if iteration < iterations - 1:  # the hits, from the original requests' prefills under this fit
-            recorder, seconds = _replayed(requests, deployment, cost, seed)
-            prefixes = _inferred_prefixes(requests, recorder, seconds, _cost_model(deployment, cost), measured)
+        if iteration < iterations - 1:
+            # the hits, from the prefills replayed under this fit with the hits inferred so far: a request batched
+            # with another's prefill shares its step, so its own hit shows only once the step's other members are
+            # replayed with theirs (a request replayed alone where it was measured sharing a step looks slower)
+            recorder, seconds = _replayed(current, deployment, cost, seed)
+            hits.update(_inferred_prefixes(current, recorder, seconds, _cost_model(deployment, cost), measured))
+            prefixes = _with_sources(requests, hits)
             current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
                                shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
                        for r in requests]
     recorder, seconds = _replayed(current, deployment, cost, seed)
     runs, measured_s, phases = _runs(recorder, measured)
+    compute_bound, largest = linear_passes(recorder, _cost_model(deployment, cost))
     return RequestFit(cost, _errors(runs @ seconds, measured_s, phases), len(measured_s), len(recorder.steps),
-                      prefixes)
+                      prefixes, compute_bound, largest)
+
