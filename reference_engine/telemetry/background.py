@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from reference_engine.engine.llm_engine import StepReport
     from reference_engine.engine.sequence import Sequence as EngineSequence
 
-_INTS_PER_SEND = 1 << 15  # ≈ 2,000 steps' records per message: few system calls, and the child starts early
+_INTS_PER_SEND = 8192  # ≈ 500 steps' records (64 KB) per message: the child starts early and ends soon after
 _OBJECTS_PER_SEND = 512  # span batches, requests' facts
 _STEP, _REQUEST, _MESSAGE = 0, 1, 2
 _request_id = attrgetter("request.request_id")
