@@ -3,6 +3,7 @@ in the simulator's own process, are all counted, and a failure in the child is r
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -97,3 +98,19 @@ def test_an_output_file_that_cannot_be_opened_fails_when_the_sink_is_opened(tmp_
     missing = tmp_path / "no-such-dir" / "t.jsonl"
     with pytest.raises(RuntimeError, match="no-such-dir"):
         BackgroundSink(lambda: OtlpJsonLinesWriter(missing))
+
+
+def test_an_engine_whose_clock_is_beyond_int64_nanoseconds_still_traces_the_same_bytes_in_a_child(
+        tmp_path: Path) -> None:
+    """Step facts cross the pipe as int64 buffers; a clock past 2^63 ns goes as a plain list instead."""
+    workload = SyntheticWorkload(rate=2.0, prompt_mean=200.0, output_mean=20.0)
+    requests = synthetic_requests(workload, 5.0, seed=1, start_ns=(1 << 63) - 10**9)
+    outputs = []
+    for background in (False, True):
+        path = tmp_path / f"{background}.jsonl"
+        sink = BackgroundSink(lambda path=path: OtlpJsonLinesWriter(path)) if background else OtlpJsonLinesWriter(path)
+        simulate(EngineConfig(), requests, sink, seed=1)
+        outputs.append(path.read_bytes())
+    assert outputs[1] == outputs[0]
+    starts = [int(t) for t in re.findall(rb'"startTimeUnixNano":"(\d+)"', outputs[0])]
+    assert max(starts) >= 1 << 63  # spans past 2^63 ns were written

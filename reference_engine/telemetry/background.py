@@ -2,11 +2,18 @@
 
 A simulated engine step costs microseconds; turning it into an OTLP JSON span costs about as much again (building
 the attributes, formatting every integer, joining the text). `BackgroundSink` moves that work to a child process
-(forked, so nothing is imported or pickled twice): engine tracers send it the plain facts of each step and ended
-request (`StepFacts`, `RequestFacts`), other producers (the gateway's components) send whole span batches, and the
-child replays everything in the order it was sent, through an `EngineTracer` per engine and the inner sink. The
-output is byte for byte what the inner sink would have written in-process: same spans, same ids (each tracer draws
-them from its own seeded generator, in the same order), same batches.
+(forked, so nothing is imported or pickled twice): engine tracers hand it each step report and ended request, which
+it records as plain values, and other producers (the gateway's components) send whole span batches. The child
+rebuilds each step's `StepFacts` and request's `RequestFacts` and replays everything in the order it was sent,
+through an `EngineTracer` per engine and the inner sink. The output is byte for byte what the inner sink would have
+written in-process: same spans, same ids (each tracer draws them from its own seeded generator, in the same order),
+same batches.
+
+What crosses the pipe is columnar, because the simulator's own process pays for every object it builds and
+pickles: a step is a run of integers in one list (sent as int64 bytes), its request ids go to a list of strings,
+its step durations to a list of arrays (sent as one int64 buffer); only what is rare (KV-tier hits, offloaded
+experts, KV loads) or per request (`RequestFacts`, as a plain tuple) or whole (span batches, control messages)
+is an object. The `_STEP`, `_REQUEST` and `_MESSAGE` records say in which order to read them.
 
 Nothing is dropped: `close()` (and `spans_written`) wait until the child has handled everything sent so far, and an
 error in the child (a bad attribute value, a full disk) is raised there, naming what failed.
@@ -20,14 +27,25 @@ import multiprocessing
 import pickle
 import sys
 import traceback
+from array import array
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
-from reference_engine.telemetry.tracer import EngineTracer, RequestFacts, StepFacts
+from reference_engine.telemetry.tracer import EngineTracer, RequestFacts, StepFacts, rare_step_facts, request_facts
 
-_MESSAGES_PER_SEND = 512
+if TYPE_CHECKING:
+    from reference_engine.engine.llm_engine import StepReport
+    from reference_engine.engine.sequence import Sequence as EngineSequence
+
+_INTS_PER_SEND = 8192  # ≈ 500 steps' records (64 KB) per message: the child starts early and ends soon after
+_OBJECTS_PER_SEND = 512  # span batches, requests' facts
+_STEP, _REQUEST, _MESSAGE = 0, 1, 2
+_request_id = attrgetter("request.request_id")
 _new_tuple = tuple.__new__
 
 
@@ -37,20 +55,44 @@ def available() -> bool:
 
 
 class RemoteTracer:
-    """What an `EngineTracer` in the simulator's process hands its facts to: its twin in the child."""
+    """What an `EngineTracer` in the simulator's process hands the engine's reports to: it records the facts its
+    twin in the child reads (`step_facts`, `request_facts` in telemetry/tracer.py), as `_replay` reads them."""
 
     def __init__(self, sink: BackgroundSink, tracer_id: int) -> None:
-        self._send = sink._send
+        self._sink = sink
         self._id = tracer_id
+        self._ints, self._strs, self._durations, self._objects = sink._ints, sink._strs, sink._durations, sink._objects
 
-    def add_step(self, facts: StepFacts) -> None:
-        self._send(("step", self._id, facts[:]))  # a plain tuple pickles at half the cost of the NamedTuple
+    def on_step(self, report: StepReport) -> None:
+        batch = report.batch
+        decodes, prefills, preempted = batch.decodes, batch.prefills, batch.preempted
+        rare = batch.kv_hits is not None or report.offload is not None or report.kv_load is not None
+        ints = self._ints
+        ints += (_STEP, self._id, report.index, report.start_ns, report.end_ns, batch.decode_context,
+                 report.num_running, report.num_waiting, report.kv_used_blocks, report.kv_total_blocks,
+                 report.pause_ns, len(report.durations), len(decodes), len(prefills), len(preempted), rare)
+        self._durations.append(report.durations)
+        strs = self._strs
+        strs += map(_request_id, decodes)
+        for seq, chunk in prefills:
+            strs.append(seq.request.request_id)
+            computed = seq.num_computed_tokens
+            ints += (chunk, computed - chunk, computed >= seq.prefill_target)
+        if preempted:
+            strs += map(_request_id, preempted)
+        if rare:
+            self._objects.append(rare_step_facts(report))
+        if len(ints) >= _INTS_PER_SEND:
+            self._sink._flush()
 
-    def add_request(self, facts: RequestFacts) -> None:
-        self._send(("request", self._id, facts[:]))
+    def on_finish(self, seq: EngineSequence) -> None:
+        self._ints += (_REQUEST, self._id)
+        self._objects.append(request_facts(seq)[:])  # a plain tuple pickles at half the cost of the NamedTuple
+        if len(self._objects) >= _OBJECTS_PER_SEND:
+            self._sink._flush()
 
     def flush(self) -> None:
-        self._send(("flush", self._id))
+        self._sink._send(("flush", self._id))
 
 
 class BackgroundSink:
@@ -64,7 +106,11 @@ class BackgroundSink:
         self._process = context.Process(target=_serve, args=(child, make_sink), name="span-writer", daemon=True)
         self._process.start()
         child.close()
-        self._messages: list[tuple[Any, ...]] = []
+        # The records not yet sent (RemoteTracer, _replay): cleared in place, RemoteTracers hold them.
+        self._ints: list[int] = []
+        self._strs: list[str] = []
+        self._durations: list[np.ndarray] = []
+        self._objects: list[Any] = []
         self._tracers = 0
         self._written = 0
         self._closed = False
@@ -85,17 +131,29 @@ class BackgroundSink:
         return RemoteTracer(self, self._tracers)
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        self._messages.append(message)
-        if len(self._messages) >= _MESSAGES_PER_SEND:
+        self._ints.append(_MESSAGE)
+        self._objects.append(message)
+        if len(self._objects) >= _OBJECTS_PER_SEND:
             self._flush()
 
     def _flush(self) -> None:
-        if self._messages:
-            try:
-                self._conn.send_bytes(pickle.dumps(self._messages, protocol=pickle.HIGHEST_PROTOCOL))
-            except (BrokenPipeError, ConnectionResetError, EOFError):
-                self._raise_child_error()
-            self._messages = []
+        if not self._ints:
+            return
+        ints: bytes | list[int]
+        try:
+            ints = array("q", self._ints).tobytes()
+        except OverflowError:  # a value beyond int64: sent as it is
+            ints = self._ints
+        durations = np.concatenate(self._durations).tobytes() if self._durations else b""
+        data = pickle.dumps((ints, self._strs, durations, self._objects), protocol=pickle.HIGHEST_PROTOCOL)
+        self._ints.clear()
+        self._strs.clear()
+        self._durations.clear()
+        self._objects.clear()
+        try:
+            self._conn.send_bytes(data)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            self._raise_child_error()
 
     def _call(self, request: str) -> int:
         """Send `request` after everything pending and wait for the child's answer: spans written so far."""
@@ -138,35 +196,85 @@ class BackgroundSink:
 
 
 def _serve(conn: Connection, make_sink: Callable[[], SpanSink]) -> None:
-    """The child: replays the messages in order until told to close."""
+    """The child: replays the records in order until told to close."""
     sink: SpanSink | None = None
     tracers: dict[int, EngineTracer] = {}
     gc.disable()  # spans make no reference cycles; the cyclic collector would only rescan what the tracers hold
     try:
         sink = make_sink()
-        while True:
-            for message in pickle.loads(conn.recv_bytes()):
-                kind = message[0]
-                if kind == "step":
-                    tracers[message[1]].add_step(_new_tuple(StepFacts, message[2]))
-                elif kind == "request":
-                    tracers[message[1]].add_request(_new_tuple(RequestFacts, message[2]))
-                elif kind == "spans":
-                    sink.export(message[1], message[2], scope=message[3])
-                elif kind == "flush":
-                    tracers[message[1]].flush()
-                elif kind == "tracer":
-                    tracers[message[1]] = EngineTracer(sink, message[2], message[3], message[4])
-                elif kind == "sync":
-                    conn.send(("ok", _written(sink)))
-                elif kind == "close":
-                    sink.close()
-                    conn.send(("ok", _written(sink)))
-                    return
+        while not _replay(pickle.loads(conn.recv_bytes()), conn, sink, tracers):
+            pass
     except BaseException as e:  # reported to the parent, which raises it
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
+
+
+def _replay(records: tuple[bytes | list[int], list[str], bytes, list[Any]], conn: Connection, sink: SpanSink,
+            tracers: dict[int, EngineTracer]) -> bool:
+    """Replays one message of records (BackgroundSink._flush); returns whether it ended with "close"."""
+    packed, strs, packed_durations, objects = records
+    if isinstance(packed, bytes):
+        unpacked = array("q")
+        unpacked.frombytes(packed)
+        ints = unpacked.tolist()
+    else:
+        ints = packed
+    durations = np.frombuffer(packed_durations, dtype=np.int64).tolist()
+    i = s = d = o = 0
+    end = len(ints)
+    while i < end:
+        kind = ints[i]
+        if kind == _STEP:
+            (tracer, index, start_ns, end_ns, decode_context, running, waiting, kv_used, kv_total, pause,
+             steps, decodes, prefills, preempted, rare) = ints[i + 1:i + 16]
+            i += 16
+            decode_ids = strs[s:s + decodes]
+            s += decodes
+            prefill_facts = []
+            for _ in range(prefills):
+                prefill_facts.append((strs[s], ints[i], ints[i + 1], ints[i + 2] == 1))
+                s += 1
+                i += 3
+            preempted_ids = strs[s:s + preempted]
+            s += preempted
+            kv_hits = offload = kv_load = None
+            if rare:
+                kv_hits, offload, kv_load = objects[o]
+                o += 1
+            tracers[tracer].add_step(_new_tuple(StepFacts, (
+                index, start_ns, end_ns, durations[d:d + steps], decode_ids, decode_context, prefill_facts,
+                preempted_ids, running, waiting, kv_used, kv_total, pause, kv_hits, offload, kv_load)))
+            d += steps
+        elif kind == _REQUEST:
+            tracers[ints[i + 1]].add_request(_new_tuple(RequestFacts, objects[o]))
+            i += 2
+            o += 1
+        else:
+            message = objects[o]
+            i += 1
+            o += 1
+            if _handle(message, conn, sink, tracers):
+                return True
+    return False
+
+
+def _handle(message: tuple[Any, ...], conn: Connection, sink: SpanSink, tracers: dict[int, EngineTracer]) -> bool:
+    """A message sent whole (BackgroundSink._send); returns whether it was "close"."""
+    kind = message[0]
+    if kind == "spans":
+        sink.export(message[1], message[2], scope=message[3])
+    elif kind == "flush":
+        tracers[message[1]].flush()
+    elif kind == "tracer":
+        tracers[message[1]] = EngineTracer(sink, message[2], message[3], message[4])
+    elif kind == "sync":
+        conn.send(("ok", _written(sink)))
+    elif kind == "close":
+        sink.close()
+        conn.send(("ok", _written(sink)))
+        return True
+    return False
 
 
 def _written(sink: SpanSink) -> int:

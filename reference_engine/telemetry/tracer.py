@@ -118,14 +118,22 @@ def step_facts(report: StepReport) -> StepFacts:
         [(s.request.request_id, chunk, s.num_computed_tokens - chunk, s.num_computed_tokens >= s.prefill_target)
          for s, chunk in batch.prefills],
         [s.request.request_id for s in batch.preempted], report.num_running, report.num_waiting,
-        report.kv_used_blocks, report.kv_total_blocks, report.pause_ns,
+        report.kv_used_blocks, report.kv_total_blocks, report.pause_ns, *rare_step_facts(report)))
+
+
+def rare_step_facts(report: StepReport) -> tuple[dict[str, tuple[int, int, int, int, int]] | None,
+                                                  tuple[int, int, int, int, int] | None, tuple[int, int, int] | None]:
+    """The last three `StepFacts`, which only engines with KV tiers or offloaded experts have (`kv_hits`,
+    `offload`, `kv_load`)."""
+    batch = report.batch
+    return (
         {s.request.request_id: (h.device_tokens, h.host_tokens, h.remote_tokens, h.evicted_tokens,
                                 h.evicted_reuse_blocks) for s, h in batch.kv_hits}
         if batch.kv_hits is not None else None,
         None if (o := report.offload) is None else (
             o.host_link_bytes, round(o.transfer_s * 1e9), round(o.host_compute_s * 1e9), o.streamed_microbatches,
             o.host_microbatches),
-        None if (k := report.kv_load) is None else (k[0], k[1], round(k[2] * 1e9))))
+        None if (k := report.kv_load) is None else (k[0], k[1], round(k[2] * 1e9)))
 
 
 def request_facts(seq: Sequence) -> RequestFacts:
@@ -160,8 +168,9 @@ class EngineTracer:
         self._model = resource.get(sc.ENGINE_MODEL, "")
         # A sink that builds spans in another process takes the facts instead (telemetry/background.py).
         remote = sink.tracer(resource, seed, batch_size) if hasattr(sink, "tracer") else None
-        self._add_step = remote.add_step if remote is not None else self.add_step
-        self._add_request = remote.add_request if remote is not None else self.add_request
+        if remote is not None:  # the engine hands its reports straight to the recorder: one call per step
+            self.on_step = remote.on_step  # type: ignore[method-assign]
+            self.on_finish = remote.on_finish  # type: ignore[method-assign]
         self._remote_flush = remote.flush if remote is not None else None
 
     def _id(self, bits: int) -> int:
@@ -180,10 +189,10 @@ class EngineTracer:
             self._pending = []
 
     def on_step(self, report: StepReport) -> None:
-        self._add_step(step_facts(report))
+        self.add_step(step_facts(report))
 
     def on_finish(self, seq: Sequence) -> None:
-        self._add_request(request_facts(seq))
+        self.add_request(request_facts(seq))
 
     # -------------------------------------------------------------------------------------- steps
     def add_step(self, step: StepFacts) -> None:
