@@ -13,7 +13,7 @@ import pandas as pd
 from infertrace.analyzers.anomalies import DetectionConfig, detect_in_requests
 from infertrace.analyzers.blame import BlameContext, Blamed, blame_requests
 from infertrace.analyzers.candidates import Candidate, OwnAnomaly, RcaInputs, Window, own_onset, own_signals
-from infertrace.analyzers.rca import _local_own, _Ranked, _split, analyze_incidents, describe
+from infertrace.analyzers.rca import _blamed_span, _local_own, _Ranked, _split, analyze_incidents, describe
 from infertrace.analyzers.signals import Signal
 from tests.test_analyzer_rca import EPOCH, Fault, HandFleet, hand_store
 
@@ -134,7 +134,7 @@ def test_a_cause_left_with_a_handful_of_requests_after_the_split_is_no_incident_
     load = Candidate("load: tenant-d", "load", (), ("m",), "tenant-d")
     limiter = Candidate("limit-tenant-d", "rate_limiter", ("limit-tenant-d",), ("m",))
     troubled = pd.DataFrame({"req": range(100), "model": "m", "tenant": "tenant-d", "reason": "429",
-                             "http_status": 429, "weight": 1.0, "flagged": True})
+                             "http_status": 429, "weight": 1.0, "flagged": True, "arrival_ns": EPOCH})
     rows = pd.DataFrame({"req": [*range(100), *range(100)],
                          "target": ["load: tenant-d"] * 100 + ["limit-tenant-d"] * 100,
                          "weight": [0.9] * 98 + [0.1] * 2 + [0.1] * 98 + [0.9] * 2, "source": "", "how": ""})
@@ -153,7 +153,7 @@ def test_trouble_no_cause_explains_stays_with_a_cause_that_reaches_its_model() -
     auth = Candidate("auth-0", "auth", ("auth-0",), ("tiny", "big"))
     models = ["tiny"] * 80 + ["big"] * 50
     troubled = pd.DataFrame({"req": range(130), "model": models, "tenant": "t", "reason": "ttft",
-                             "http_status": 200, "weight": 1.0, "flagged": True})
+                             "http_status": 200, "weight": 1.0, "flagged": True, "arrival_ns": EPOCH})
     rows = pd.DataFrame({"req": [*range(80), *range(80, 120)], "target": ["tiny engines"] * 80 + ["auth-0"] * 40,
                          "weight": 1.0, "source": "", "how": ""})
     window = Window(EPOCH, EPOCH + 10**11, EPOCH, (), EPOCH)
@@ -162,6 +162,50 @@ def test_trouble_no_cause_explains_stays_with_a_cause_that_reaches_its_model() -
     parts = _split(ranked)
     assert [len(p) for p in parts] == [80, 50]
     assert set(parts[1]) == set(range(80, 130))
+
+
+def _flap_beside_a_slow_auth() -> _Ranked:
+    """080-slow_ramp, reduced: auth-1 slows tenant-e's calls from 350 s to 660 s and is blamed for 40 slow requests
+    of big spread over those minutes; limit-tenant-c rejects 60 calls of big and small between 570 s and 590 s, and
+    is blamed for a thousandth of 30 slow requests of big around it (its latency rose a microsecond); 40 more slow
+    requests of big, from 615 s to 635 s, are explained by nobody. The limiter's blame is the larger."""
+    significant = OwnAnomaly((Signal("service", "t", 0.8, 1e-30, 1.0, 9.0, 0.0, 0.8, 2.0, 300, 2000),))
+    auth = Candidate("auth-1", "auth", ("auth-1",), ("big", "small"))
+    limiter = Candidate("limit-tenant-c", "rate_limiter", ("limit-tenant-c",), ("big", "small"))
+    second = 10**9
+    slow = [EPOCH + (350 + 8 * k) * second for k in range(40)]
+    rejected = [EPOCH + (570 + k // 3) * second for k in range(60)]
+    grazed = [EPOCH + (400 + 10 * k) * second for k in range(30)]
+    unexplained = [EPOCH + 615 * second + k * second // 2 for k in range(40)]
+    arrival = [*slow, *rejected, *grazed, *unexplained]
+    models = ["big"] * 40 + ["big", "small"] * 30 + ["big"] * 70
+    troubled = pd.DataFrame({"req": range(170), "model": models, "tenant": "t", "reason": "ttft",
+                             "http_status": 200, "weight": 1.0, "flagged": True, "arrival_ns": arrival})
+    rows = pd.DataFrame({"req": [*range(40), *range(40, 100), *range(100, 130)],
+                         "target": ["auth-1"] * 40 + ["limit-tenant-c"] * 90,
+                         "weight": [1.0] * 100 + [1e-3] * 30, "source": "", "how": ""})
+    window = Window(EPOCH + 300 * second, EPOCH + 700 * second, EPOCH + 300 * second, (), EPOCH)
+    return _Ranked(window, {auth.id: significant, limiter.id: significant}, [auth, limiter],
+                   Blamed(rows, 170.0), troubled, np.ones(170, dtype=bool), ("big", "small"))
+
+
+def test_trouble_no_cause_explains_goes_with_a_cause_at_work_when_it_arrived() -> None:
+    # the unexplained slow requests of big arrived after the flap, while auth-1 was slow: they go to auth-1's part,
+    # not to the limiter's (the larger, which reaches big too), which would then name big over minutes
+    parts = _split(_flap_beside_a_slow_auth())
+    auth_part = next(p for p in parts if 0 in p)
+    assert set(range(130, 170)) <= set(auth_part)
+    limiter_part = next(p for p in parts if 40 in p)
+    assert not set(range(130, 170)) & set(limiter_part)
+
+
+def test_a_parts_window_is_where_the_trouble_blamed_on_its_cause_arrived_by_weight() -> None:
+    # the limiter is blamed for a thousandth of slow requests from 400 s to 690 s, and in full for its 429s at
+    # 570-590 s: its part is dated by the 429s, not stretched over five minutes by the thousandths
+    ranked = _flap_beside_a_slow_auth()
+    arrival = ranked.troubled["arrival_ns"].to_numpy()
+    began, ended = _blamed_span(ranked, "limit-tenant-c", np.arange(40, 130), arrival)
+    assert (began - EPOCH) // 10**9 >= 570 and (ended - EPOCH) // 10**9 <= 590
 
 
 def test_a_component_slowing_one_callers_calls_is_a_significant_change_of_its_own(tmp_path: Path) -> None:

@@ -261,7 +261,7 @@ def _troubled(inputs: RcaInputs, w: Window, config: DetectionConfig, models: tup
     """The window's troubled requests with their weight (`blame.soft_weight`): failed, rejected, cut at max_tokens
     (weight 1), or slow, of the incident's models and of every model no other incident claims (`elsewhere`): a
     component failing a few percent of its calls shows on models too quiet to be detected on their own.
-    Columns: req, model, tenant, reason, http_status, weight, flagged (anomalous on its own)."""
+    Columns: req, model, tenant, reason, http_status, weight, flagged (anomalous on its own), arrival_ns."""
     requests = inputs.requests
     t = requests["arrival_ns"].to_numpy()
     before, during = w.before(t), w.during(t)
@@ -285,7 +285,7 @@ def _troubled(inputs: RcaInputs, w: Window, config: DetectionConfig, models: tup
     return pd.DataFrame({"req": reqs, "model": requests["model"].to_numpy(dtype=object)[reqs],
                          "tenant": requests["tenant"].to_numpy(dtype=object)[reqs], "reason": reason[reqs],
                          "http_status": requests["http_status"].to_numpy(dtype=object)[reqs],
-                         "weight": weight[reqs], "flagged": flagged[reqs]})
+                         "weight": weight[reqs], "flagged": flagged[reqs], "arrival_ns": t[reqs]})
 
 
 def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: list[Candidate],
@@ -334,7 +334,11 @@ def _context(inputs: RcaInputs, w: Window, own: dict[str, OwnAnomaly], cands: li
 
 def _arrival_span(inputs: RcaInputs, reqs: np.ndarray, weights: np.ndarray) -> tuple[int, int]:
     """When the requests `reqs` arrived: the weighted 5th and 95th percentiles of their arrival times."""
-    arrivals = inputs.requests["arrival_ns"].to_numpy()[reqs]
+    return _weighted_span(inputs.requests["arrival_ns"].to_numpy()[reqs], weights)
+
+
+def _weighted_span(arrivals: np.ndarray, weights: np.ndarray) -> tuple[int, int]:
+    """The weighted 5th and 95th percentiles of arrival times."""
     order = np.argsort(arrivals)
     cumulative = np.cumsum(weights[order]) / weights.sum()
     lo = int(arrivals[order][np.searchsorted(cumulative, 0.05)])
@@ -463,12 +467,14 @@ def _causes(ranked: _Ranked, inputs: RcaInputs, reqs: np.ndarray, models: tuple[
         for k, (score, _, coverage, c, e_f, n_f, e_p, blamed, received, passed) in enumerate(scored))
 
 
-def _split(ranked: _Ranked) -> list[np.ndarray]:
+def _split(ranked: _Ranked, pad_ns: int = int(DetectionConfig().bucket_s * 1e9)) -> list[np.ndarray]:
     """The incident's troubled requests grouped by cause: each candidate that explains at least SPLIT_SHARE
     of their weight (and SPLIT_REQUESTS), with a significant change of its own, takes the requests it explains
-    most of; the rest of the incident's models' go with the largest group whose cause reaches their model, else
-    the largest (other models' only where a cause explains them), and so does a group left with less than that
-    minimum weight (its requests mostly taken by another cause: no incident of its own). Largest group first."""
+    most of; the rest of the incident's models' go with the largest group whose cause reaches their model and was
+    at work when they arrived (the requests blamed on it arrived from a bucket, `pad_ns`, before to a bucket after:
+    `_arrival_span`), else the largest whose cause reaches their model, else the largest (other models' only where
+    a cause explains them), and so does a group left with less than that minimum weight (its requests mostly taken
+    by another cause: no incident of its own). Largest group first."""
     rows = ranked.blamed.rows
     troubled = ranked.troubled
     everything = troubled["req"].to_numpy()
@@ -485,11 +491,23 @@ def _split(ranked: _Ranked) -> list[np.ndarray]:
         return [np.union1d(mine, best["req"].to_numpy())]
     groups = {m: list(best.loc[best["target"] == m, "req"]) for m in majors}
     # Trouble no cause explains goes with the largest cause that reaches its model (one model's engines are no
-    # home for another model's leftovers, which would name that model in the engines' incident), else the largest.
+    # home for another model's leftovers, which would name that model in the engines' incident) and was at work
+    # when it arrived (a limiter flapping for 30 s explains nothing of the minutes around it), else with the
+    # largest that reaches its model, else the largest.
     reaches = {c.id: set(c.models) for c in ranked.cands if c.id in groups}
+    arrival = troubled["arrival_ns"].to_numpy()
+    position = {r: k for k, r in enumerate(troubled["req"].to_numpy())}
+    active = {}
+    for m in majors:
+        blamed = rows[rows["target"] == m].groupby("req")["weight"].sum()
+        at = arrival[[position[r] for r in blamed.index]]
+        lo, hi = _weighted_span(at, blamed.to_numpy(dtype=float))
+        active[m] = (lo - pad_ns, hi + pad_ns)
     model_of = dict(zip(troubled["req"], troubled["model"], strict=True))
     for r in np.setdiff1d(mine, best["req"].to_numpy()):
-        groups[next((m for m in majors if model_of.get(r) in reaches.get(m, ())), majors[0])].append(r)
+        home = [m for m in majors if model_of.get(r) in reaches.get(m, ())]
+        now = [m for m in home if active[m][0] <= arrival[position[r]] <= active[m][1]]
+        groups[(now or home or majors)[0]].append(r)
     weight = dict(zip(troubled["req"], troubled["weight"], strict=True))
     sized = sorted(((sum(weight[r] for r in g), g) for g in groups.values() if g), key=lambda wg: -wg[0])
     if not sized:
@@ -534,7 +552,7 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
     onsets: dict[str, int] = {}
     if not shift_ns:
         # each cause's own onset; the baseline then ends before the first of them, and the window starts there
-        for c, part_lo in _part_tops(inputs, ranked):
+        for c, part_lo in _part_tops(inputs, ranked, int(config.bucket_s * 1e9)):
             # looked for from where its own part's trouble starts: another cause's may start minutes earlier
             onset = own_onset(inputs, c, ranked.own[c.id], min(max(part_lo, lo), hi), hi, start)
             if onset is not None:
@@ -548,7 +566,7 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
     arrival = requests["arrival_ns"].to_numpy()
     weight = dict(zip(ranked.troubled["req"], ranked.troubled["weight"], strict=True))
     total = max(sum(weight.values()), 1e-9)
-    parts = _split(ranked)
+    parts = _split(ranked, int(config.bucket_s * 1e9))
     out = []
     for reqs in parts:
         mine = ranked.troubled[np.isin(ranked.troubled["req"].to_numpy(), reqs)]
@@ -558,13 +576,10 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
         onset = top.own.onset_ns if top is not None and top.own.onset_ns is not None else lo
         part = ranked
         if len(parts) > 1:  # each part's own signals over its own window, from the same baseline
-            rows = ranked.blamed.rows
-            core = rows.loc[rows["target"] == top.candidate.id, "req"].to_numpy() if top is not None else reqs
-            times = arrival[np.intersect1d(core, reqs) if len(np.intersect1d(core, reqs)) else reqs]
+            began, ended = _blamed_span(ranked, top.candidate.id if top is not None else None, reqs, arrival)
             if top is None or top.own.onset_ns is None:
-                onset = max(int(times.min()), w.lo)
-            part_window = Window(onset, min(int(times.max()) + int(config.bucket_s * 1e9), hi), w.baseline_end,
-                                 others, start)
+                onset = max(began, w.lo)
+            part_window = Window(onset, min(ended + int(config.bucket_s * 1e9), hi), w.baseline_end, others, start)
             own = {c.id: OwnAnomaly(tuple(own_signals(inputs, c, part_window)), ranked.own[c.id].onset_ns)
                    for c in ranked.cands}
             part = replace(ranked, window=part_window, own=own, inside=part_window.during(arrival))
@@ -579,14 +594,25 @@ def diagnose(inputs: RcaInputs, incident: Incident, windows: list[tuple[int, int
     return out
 
 
-def _part_tops(inputs: RcaInputs, ranked: _Ranked, most: int = 3) -> list[tuple[Candidate, int]]:
+def _blamed_span(ranked: _Ranked, cause: str | None, reqs: np.ndarray, arrival: np.ndarray) -> tuple[int, int]:
+    """When the trouble blamed on `cause` among the requests `reqs` arrived, by weight (`_weighted_span`): a
+    request it is blamed for a thousandth of (a limiter's microsecond of a slow request's latency) does not stretch
+    a 30 s flap over minutes. All of `reqs`' arrivals when none of their trouble is blamed on it."""
+    rows = ranked.blamed.rows
+    core = rows[(rows["target"] == cause) & np.isin(rows["req"].to_numpy(), reqs)].groupby("req")["weight"].sum()
+    if core.sum() > 0:
+        return _weighted_span(arrival[core.index.to_numpy()], core.to_numpy(dtype=float))
+    return int(arrival[reqs].min()), int(arrival[reqs].max())
+
+
+def _part_tops(inputs: RcaInputs, ranked: _Ranked, pad_ns: int, most: int = 3) -> list[tuple[Candidate, int]]:
     """The candidate blamed most in each part of the incident (`_split`), if its own change is significant, with
     when the requests blamed on it in that part started to arrive (`_arrival_span`): where its own onset is
     looked for."""
     rows = ranked.blamed.rows
     by_id = {c.id: c for c in ranked.cands}
     tops = []
-    for reqs in _split(ranked)[:most]:
+    for reqs in _split(ranked, pad_ns)[:most]:
         mine = rows[np.isin(rows["req"].to_numpy(), reqs)]
         mass = mine.groupby("target")["weight"].sum()
         if len(mass):
