@@ -24,12 +24,13 @@ def _fields(analysis: ItlAnalysis) -> tuple:
     return dataclasses.astuple(analysis)
 
 
-def _assert_cut_anywhere_the_same(store: Store) -> None:
+def _assert_cut_anywhere_the_same(store: Store, expect_stalls: bool) -> None:
     ranges = store.sql(query_text("itl_stall_partitions"), {"steps": 64}).fetchall()
     engines = {instance for instance, *_ in ranges}
     assert len(ranges) > 2 * len(engines), "the data must hold engines of several ranges for the test to cut them"
     whole = analyze_itl(store, partition_steps=WHOLE_ENGINE)
-    assert whole.stalls and any(len(s.victims) > 1 for s in whole.stalls)
+    if expect_stalls:  # a sample whose incident is not an ITL one (kv_transfer_congestion) may have none
+        assert whole.stalls and any(len(s.victims) > 1 for s in whole.stalls)
     for steps in (64,):
         cut = analyze_itl(store, partition_steps=steps)
         assert [(s.instance, s.step_index, s.victims, s.victim_itls_ns) for s in cut.stalls] == \
@@ -41,13 +42,13 @@ def _assert_cut_anywhere_the_same(store: Store) -> None:
 @pytest.mark.parametrize("sample", SAMPLES_PARAMS)
 def test_stalls_victims_and_attributions_do_not_depend_on_where_the_steps_are_cut(sample: str) -> None:
     with Store.open(sample_store(sample).store) as store:
-        _assert_cut_anywhere_the_same(store)
+        _assert_cut_anywhere_the_same(store, expect_stalls=sample in DEFAULT_SAMPLES)
 
 
 @pytest.mark.slow
 def test_a_generated_fleet_is_analysed_the_same_whatever_the_ranges() -> None:
     with Store.open(incident_store("prefill_storm", seed=3).store) as store:
-        _assert_cut_anywhere_the_same(store)
+        _assert_cut_anywhere_the_same(store, expect_stalls=True)
 
 
 def test_the_ranges_cover_each_engines_candidate_steps_once_without_overlap() -> None:
