@@ -217,17 +217,19 @@ def child(argv: list[str]) -> None:
 
 
 WORK = ("itl_distributions", "analyze_itl", "report")
+BACKENDS = ("local", "chdb")
 
 
 def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None,
-            work: tuple[str, ...] = WORK, max_rss_gb: float = MAX_RSS_GB) -> None:
+            work: tuple[str, ...] = WORK, max_rss_gb: float = MAX_RSS_GB,
+            backends: tuple[str, ...] = BACKENDS) -> None:
     """Each piece of work on each backend, alternately, each in a fresh process (opening the store included;
     CPU is that process's, all threads). With a window, the local store is opened whole and the report selects
     the window (what `report --since/--until` does); ClickHouse reads the window only."""
     label = "" if since is None else f" {(until - since) / 60e9:g} min window"  # type: ignore[operator]
     for what in work if since is None else ("report",):
         got = {}
-        for backend in ("local", "chdb"):
+        for backend in backends:
             done = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
                                    "-" if since is None else str(since), "-" if until is None else str(until),
                                    str(max_rss_gb)],
@@ -235,6 +237,10 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
             lines = done.stdout.strip().splitlines()
             got[backend] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
                 "failed": done.returncode, "error": done.stderr.strip().splitlines()[-1:]}
+        if len(backends) == 1:  # one backend of a run split over processes: its figures alone
+            print(f"{spans:>10} {what + label:<26} {backends[0]}: {json.dumps(got[backends[0]])} "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            continue
         lo, ch = got["local"], got["chdb"]
         if "wall" not in lo or "wall" not in ch:
             print(f"{spans:>10} {what + label:<26} not measured: local {lo}, chdb {ch}", flush=True)
@@ -246,7 +252,7 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
 
 def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True,
         hour_trace: Path | None = None, prepare_only: bool = False, items: tuple[str, ...] = WORK,
-        max_rss_gb: float = MAX_RSS_GB) -> None:
+        max_rss_gb: float = MAX_RSS_GB, backends: tuple[str, ...] = BACKENDS) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'local MB':>8} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb MB':>8} {'wall ratio':>10} {'cpu ratio':>9} {'load':>5}", flush=True)
@@ -258,7 +264,7 @@ def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: 
         if prepare_only:
             continue
         if whole:
-            measure(store, url, spans, work=items, max_rss_gb=max_rss_gb)
+            measure(store, url, spans, work=items, max_rss_gb=max_rss_gb, backends=backends)
         with Store.open(store) as opened:
             first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
         for minutes in windows:  # windows from the middle of the run
@@ -281,12 +287,15 @@ def main() -> None:
     parser.add_argument("--work-item", action="append", choices=WORK, help="what to time (repeatable; default all)")
     parser.add_argument("--max-rss-gb", type=float, default=MAX_RSS_GB,
                         help="stop a timed process whose RSS passes this (default %(default)s)")
+    parser.add_argument("--backend", action="append", choices=BACKENDS,
+                        help="time only this backend (repeatable; default both, side by side)")
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2:])
         return
     args = parser.parse_args()
     run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole, hour_trace=args.hour_trace,
-        prepare_only=args.prepare_only, items=tuple(args.work_item or WORK), max_rss_gb=args.max_rss_gb)
+        prepare_only=args.prepare_only, items=tuple(args.work_item or WORK), max_rss_gb=args.max_rss_gb,
+        backends=tuple(args.backend or BACKENDS))
 
 
 if __name__ == "__main__":

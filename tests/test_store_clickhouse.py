@@ -160,16 +160,16 @@ def test_a_window_without_spans_reads_as_an_empty_store_not_an_error() -> None:
         assert clickhouse.segments == []
 
 
-@pytest.mark.parametrize("rows_per_part", [997, 20_000])
-def test_the_spans_read_back_are_the_same_whatever_the_number_of_parts_they_are_read_in(
-        monkeypatch: pytest.MonkeyPatch, rows_per_part: int) -> None:
+@pytest.mark.parametrize("rows_per_batch", [997, 20_000])
+def test_the_spans_read_back_are_the_same_whatever_the_size_of_the_batches_they_are_streamed_in(
+        monkeypatch: pytest.MonkeyPatch, rows_per_batch: int) -> None:
     from infertrace.store.clickhouse import store as clickhouse_store
 
     _, url = sample_in_clickhouse("prefill_storm")
     query = "SELECT trace_id, span_id, name, start_ns, end_ns, \"attr.gen_ai.request.id\" FROM spans ORDER BY ALL"
     with ClickHouseStore.open(url) as clickhouse:
         expected = clickhouse.sql(query).to_arrow_table()
-    monkeypatch.setattr(clickhouse_store, "READ_BACK_ROWS", rows_per_part)
+    monkeypatch.setattr(clickhouse_store, "READ_BACK_ROWS", rows_per_batch)
     with ClickHouseStore.open(url) as clickhouse:
         assert clickhouse.sql(query).to_arrow_table().equals(expected)
     assert expected.num_rows > 1000

@@ -42,6 +42,7 @@ from infertrace.store.ingest import gc_paused
 from infertrace.store.store import Store
 
 CAUSES = ("prefill", "recompute", "host_pause")
+PARTITION_STEPS = 100_000  # candidate steps read and judged at once (`itl_stall_partitions`)
 
 
 @dataclass(frozen=True)
@@ -246,17 +247,20 @@ def _register(store: Store) -> None:
         store.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {query_text(name)}")
 
 
-def analyze_itl(store: Store, params: ItlParams | None = None) -> ItlAnalysis:
-    """ITL spikes and their causes on every engine in the store."""
+def analyze_itl(store: Store, params: ItlParams | None = None, *,
+                partition_steps: int = PARTITION_STEPS) -> ItlAnalysis:
+    """ITL spikes and their causes on every engine in the store. The stall candidates and their victims are
+    read and judged per engine, in ranges of at most `partition_steps` candidate steps (`itl_stall_partitions`):
+    what that stage holds at once is set by the range, not by the window; the result does not depend on it."""
+    if partition_steps < 1:
+        raise ValueError(f"partition_steps must be at least 1, got {partition_steps}")
     with gc_paused():  # millions of short-lived, acyclic objects: the collector's passes would cost ~10%
-        return _analyze(store, params or ItlParams())
+        return _analyze(store, params or ItlParams(), partition_steps)
 
 
-def _analyze(store: Store, p: ItlParams) -> ItlAnalysis:
+def _analyze(store: Store, p: ItlParams, partition_steps: int) -> ItlAnalysis:
     _register(store)
     decode = store.aggregate("itl_decode_steps", query_text("itl_decode_steps")).df()
-    cand = _Candidates.of(store.sql(query_text("itl_stall_candidates"),
-                                    {"max_gap_steps": p.max_gap_steps}).to_arrow_table())
     itls = _itl_distributions(store)
 
     models: dict[str, DecodeStepModel] = {}
@@ -281,17 +285,20 @@ def _analyze(store: Store, p: ItlParams) -> ItlAnalysis:
             excess = rows["duration_ns"].to_numpy() - expected
             spikes = excess >= np.maximum(p.stall_ratio * expected, p.min_excess_ns)
             unexplained += [(str(instance), int(t)) for t in times[spikes]]
+    del decode
 
-    found = _stalls(store, cand, models, local, p)
-    return _summaries(store, p, found, itls, cand.frame, models, unexplained)
+    judged = _judge_partitions(store, models, local, p, partition_steps)
+    found = _stalls(store, judged)
+    return _summaries(store, p, found, itls, judged.frame, models, unexplained)
 
 
 @dataclass(frozen=True)
 class _Candidates:
-    """`itl_stall_candidates`: the scalar columns as a frame, each step's victims as flat arrays
-    (step k's victims are rows `offsets[k]:offsets[k + 1]` of `victim_ids` and `victim_itls`)."""
+    """`itl_stall_candidates` (one range of one engine's steps): the scalar columns as a table, each step's
+    victims as flat arrays (step k's victims are rows `offsets[k]:offsets[k + 1]` of `victim_ids` and
+    `victim_itls`)."""
 
-    frame: pd.DataFrame
+    table: pa.Table
     offsets: np.ndarray
     victim_ids: pa.Array
     victim_itls: np.ndarray
@@ -302,8 +309,7 @@ class _Candidates:
         lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         itls = table["victim_itls_ns"].combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-        frame = table.drop_columns(["victims", "victim_itls_ns"]).to_pandas()
-        return cls(frame, offsets, ids.flatten(), itls)
+        return cls(table.drop_columns(["victims", "victim_itls_ns"]), offsets, ids.flatten(), itls)
 
     def victims_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions in the flat victim arrays of the given steps' victims, in step order; new offsets)."""
@@ -319,15 +325,68 @@ class _Found:
 
     stalls: tuple[Stall, ...]
     victim_stall: np.ndarray
-    victim_ids: pa.Array
+    victim_codes: np.ndarray  # per (stall, victim): the victim's position in `victim_names`
+    victim_names: list[str]  # the victims' request ids, in order of first appearance
     victim_itls: np.ndarray
     culprits: pd.DataFrame  # stall, request_id, tenant, chunk_tokens, computed_tokens, recompute, share, excess_ns
     cost_fits: list[tuple[float, float, float]]  # per stall: its engine's chunk cost fit
 
 
-def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
-            local: dict[str, tuple[np.ndarray, np.ndarray]], p: ItlParams) -> _Found:
-    frame = cand.frame.copy()
+@dataclass(frozen=True)
+class _Judged:
+    """Every stall candidate judged (`frame`: the scalar columns of `itl_stall_candidates` with decode_only_ns,
+    excess_ns, threshold_ns, prefill_stall, pause_stall, victims (how many)), and the victims of the stalls
+    only, in stall order: stall k's are rows `offsets[k]:offsets[k + 1]` of `victim_codes` (positions in
+    `victim_names`, in order of first appearance) and `victim_itls`."""
+
+    frame: pd.DataFrame
+    offsets: np.ndarray
+    victim_codes: np.ndarray
+    victim_names: list[str]
+    victim_itls: np.ndarray
+
+
+def _judge_partitions(store: Store, models: dict[str, DecodeStepModel],
+                      local: dict[str, tuple[np.ndarray, np.ndarray]], p: ItlParams, partition_steps: int) -> _Judged:
+    """`itl_stall_candidates` read one range of one engine's steps at a time, each range's candidates judged
+    and only its stalls' victims kept (as codes into one list of names): the candidates' lists of victims are
+    never held for the whole window."""
+    parts = store.sql(query_text("itl_stall_partitions"), {"steps": partition_steps}).fetchall()
+    if not parts:  # nothing to judge: one empty read for the columns
+        parts = [(None, 0, -1, 0)]
+    scalars: list[pa.Table] = []
+    judged: list[dict[str, np.ndarray]] = []
+    codes: list[np.ndarray] = []
+    itls: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    names: dict[str, int] = {}
+    for instance, first_step, last_step, _ in parts:
+        cand = _Candidates.of(store.sql(query_text("itl_stall_candidates"), {
+            "max_gap_steps": p.max_gap_steps, "instance": instance, "first_step": first_step,
+            "last_step": last_step}).to_arrow_table())
+        columns = _judge(cand, models, local, p)
+        selected = np.flatnonzero(columns["prefill_stall"] | columns["pause_stall"])
+        positions, offsets = cand.victims_of(selected)
+        encoded = pc.dictionary_encode(cand.victim_ids.take(pa.array(positions, type=pa.int64())))
+        to_global = np.array([names.setdefault(name, len(names)) for name in encoded.dictionary.to_pylist()],
+                             dtype=np.int64)
+        codes.append(to_global[encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)])
+        itls.append(cand.victim_itls[positions])
+        lengths.append(np.diff(offsets))
+        scalars.append(cand.table)
+        judged.append(columns)
+    frame = pa.concat_tables(scalars).to_pandas()
+    for column in judged[0]:
+        frame[column] = np.concatenate([j[column] for j in judged])
+    return _Judged(frame, np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64),
+                   np.concatenate(codes), list(names), np.concatenate(itls))
+
+
+def _judge(cand: _Candidates, models: dict[str, DecodeStepModel], local: dict[str, tuple[np.ndarray, np.ndarray]],
+           p: ItlParams) -> dict[str, np.ndarray]:
+    """Per candidate: its victims' decode-only step, its excess and threshold, and whether it stalls them by a
+    prefill or by a pause."""
+    frame = cand.table.to_pandas()
     n_victims = np.diff(cand.offsets)
     mixed = frame["num_decodes"].to_numpy() > 0
     num = np.where(mixed, frame["num_decodes"].to_numpy(), n_victims)
@@ -347,16 +406,18 @@ def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
     excess = duration - pause - np.where(mixed, decode_only, 0.0)
     threshold = np.maximum(p.stall_ratio * decode_only, p.min_excess_ns)
     has_victims = n_victims > 0
-    prefill_stall = has_victims & (frame["num_prefills"].to_numpy() > 0) & (excess >= threshold)
-    pause_stall = has_victims & (pause >= threshold)
-    frame["decode_only_ns"] = np.rint(decode_only).astype(np.int64)
-    frame["excess_ns"] = np.rint(np.maximum(excess, 0)).astype(np.int64)
-    frame["threshold_ns"] = np.rint(threshold).astype(np.int64)
-    frame["prefill_stall"] = prefill_stall
-    frame["pause_stall"] = pause_stall
+    return {"decode_only_ns": np.rint(decode_only).astype(np.int64),
+            "excess_ns": np.rint(np.maximum(excess, 0)).astype(np.int64),
+            "threshold_ns": np.rint(threshold).astype(np.int64),
+            "prefill_stall": has_victims & (frame["num_prefills"].to_numpy() > 0) & (excess >= threshold),
+            "pause_stall": has_victims & (pause >= threshold),
+            "victims": n_victims}
 
+
+def _stalls(store: Store, judged: _Judged) -> _Found:
+    frame = judged.frame
     # Chunks of every candidate with victims: for the stalls' culprits, and to fit chunk cost.
-    chosen = frame[has_victims & (frame["num_prefills"].to_numpy() > 0)]
+    chosen = frame[(frame["victims"].to_numpy() > 0) & (frame["num_prefills"].to_numpy() > 0)]
     chunks = store.sql(query_text("itl_stall_chunks"), {
         "instances": chosen["instance"].tolist(), "step_indexes": chosen["step_index"].astype(int).tolist()}).df()
     chunks["pairs"] = (chunks["chunk_tokens"] * chunks["computed_tokens"]
@@ -367,17 +428,19 @@ def _stalls(store: Store, cand: _Candidates, models: dict[str, DecodeStepModel],
         cost_fit[str(instance)] = _chunk_cost_fit(rows["excess_ns"].to_numpy(), rows["chunk_tokens"].to_numpy(),
                                                   rows["pairs"].to_numpy())
 
-    selected = np.flatnonzero(prefill_stall | pause_stall)
+    selected = np.flatnonzero(frame["prefill_stall"].to_numpy() | frame["pause_stall"].to_numpy())
     rows = frame.iloc[selected].reset_index(drop=True)
     rows["stall"] = np.arange(len(rows))
     culprits = _culprit_chunks(chunks, rows, cost_fit)
-    positions, offsets = cand.victims_of(selected)
-    victim_ids = cand.victim_ids.take(pa.array(positions, type=pa.int64()))
-    victim_itls = cand.victim_itls[positions]
-
-    stalls = _stall_objects(rows, culprits, victim_ids.to_pylist(), victim_itls.tolist(), offsets.tolist())
+    # The victims as Python objects once per distinct value (a request is the victim of many stalls).
+    ids = np.array(judged.victim_names, dtype=object)[judged.victim_codes].tolist()
+    values, inverse = np.unique(judged.victim_itls, return_inverse=True)
+    itls = np.array(values.tolist(), dtype=object)[inverse.reshape(-1)].tolist()
+    stalls = _stall_objects(rows, culprits, ids, itls, judged.offsets.tolist())
+    del ids, itls
     fits = [cost_fit.get(instance, (0.0, 0.0, 0.0)) for instance in rows["instance"].tolist()]
-    return _Found(stalls, np.repeat(np.arange(len(rows)), np.diff(offsets)), victim_ids, victim_itls, culprits, fits)
+    return _Found(stalls, np.repeat(np.arange(len(rows)), np.diff(judged.offsets)), judged.victim_codes,
+                  judged.victim_names, judged.victim_itls, culprits, fits)
 
 
 def _stall_objects(rows: pd.DataFrame, culprits: pd.DataFrame, ids: list[str], itls: list[int],
@@ -540,12 +603,6 @@ def _itl_distributions(store: Store) -> dict[str, tuple[np.ndarray, np.ndarray]]
     return {str(names[a]): (values[a:b], weights[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)}
 
 
-def _codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """(a code per value, in order of first appearance; the distinct values)."""
-    encoded = pc.dictionary_encode(values)
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
-
-
 def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[np.ndarray, np.ndarray]],
                cand: pd.DataFrame, models: dict[str, DecodeStepModel],
                unexplained: list[tuple[str, int]]) -> ItlAnalysis:
@@ -555,7 +612,7 @@ def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[
     inst_codes, inst_list = (pd.factorize(stall_instance) if n_stalls else (np.zeros(0, dtype=np.int64), []))
     inst_codes = np.asarray(inst_codes, dtype=np.int64)
     inst_list = list(inst_list)
-    id_codes, id_list = _codes(found.victim_ids)
+    id_codes, id_list = found.victim_codes, found.victim_names
     n_ids = max(len(id_list), 1)
     victim_stall = found.victim_stall
     n_victims = np.bincount(victim_stall, minlength=n_stalls)

@@ -125,6 +125,11 @@ class Connection(Protocol):
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table: ...
 
+    def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
+                            rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
+        """The result streamed: tables of at most about `rows_per_batch` rows, never the whole result at once."""
+        ...
+
     def insert_arrow(self, table: str, rows: pa.Table) -> None: ...
 
     def close(self) -> None: ...
@@ -166,6 +171,23 @@ class ChdbConnection:
         with _reported(self.target):
             return self._session.query(sql + settings, "ArrowTable", params=params or {})
 
+    def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
+                            rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
+        settings = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())
+        with _reported(self.target):
+            stream = self._session.send_query(sql + settings, "Arrow", params=params or {})
+        try:
+            with _reported(self.target):
+                batches = iter(stream.record_batch(rows_per_batch=rows_per_batch))
+            while True:
+                with _reported(self.target):  # ClickHouse's errors surface while fetching
+                    batch = next(batches, None)
+                if batch is None:
+                    return
+                yield pa.Table.from_batches([batch])
+        finally:
+            stream.close()
+
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
         columns = ", ".join(f"`{name}`" for name in rows.column_names)
         with _reported(self.target):
@@ -201,6 +223,20 @@ class ServerConnection:
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with _reported(self.target):
             return self._client.query_arrow(sql, parameters=params or {}, use_strings=True)
+
+    def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
+                            rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
+        # The server sends blocks (max_block_size rows, 65,409 by default); rows_per_batch does not apply.
+        with _reported(self.target):
+            stream = self._client.query_arrow_stream(sql, parameters=params or {}, use_strings=True)
+        with stream:
+            blocks = iter(stream)
+            while True:
+                with _reported(self.target):
+                    block = next(blocks, None)
+                if block is None:
+                    return
+                yield block
 
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
         with _reported(self.target):

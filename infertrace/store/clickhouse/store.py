@@ -41,8 +41,8 @@ from infertrace.store.clickhouse.rows import (
 from infertrace.store.store import Store
 
 EXPORT_BATCH_ROWS = 100_000
-# The most spans read back at once (a part: the traces whose id hashes to it): each part's rows are held in
-# memory at once, as ClickHouse's result and as Arrow. One million spans: about 1.5 GB.
+# The most spans read back at once (one batch of the streamed result; chdb cuts its stream at this many rows, a
+# server sends its blocks): each batch is held in memory at once as Arrow. One million spans: about 1.5 GB.
 READ_BACK_ROWS = 1_000_000
 
 
@@ -83,16 +83,16 @@ def window_clause(table: str, since_ns: int | None, until_ns: int | None) -> tup
     return f"WHERE TraceId IN ({extended})", params
 
 
-def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None,
-              part: tuple[int, int] = (0, 1)) -> pa.Table:
-    """The spans of a window (whole traces) in the store's columns, typed in ClickHouse (lists as JSON text:
-    `rows.duckdb_casts` finishes them). `part` (k, n): only the traces whose id hashes to k modulo n."""
-    where, params = window_clause(connection.target.table, since_ns, until_ns)
-    k, n = part
-    if n > 1:
-        where = (where + " AND" if where else "WHERE") + " cityHash64(TraceId) % {parts:UInt64} = {part:UInt64}"
-        params = {**params, "part": k, "parts": n}
-    return connection.query_arrow(from_otel_traces_sql(connection.target.table, where), params)
+def span_rows_sql(table: str, since_ns: int | None = None, until_ns: int | None = None) -> tuple[str, dict[str, Any]]:
+    """(query, parameters) of the spans of a window (whole traces) in the store's columns, typed in ClickHouse
+    (lists as JSON text: `rows.duckdb_casts` finishes them)."""
+    where, params = window_clause(table, since_ns, until_ns)
+    return from_otel_traces_sql(table, where), params
+
+
+def span_rows(connection: Connection, since_ns: int | None = None, until_ns: int | None = None) -> pa.Table:
+    """The spans of a window (whole traces) in the store's columns, as one table (`span_rows_sql`)."""
+    return connection.query_arrow(*span_rows_sql(connection.target.table, since_ns, until_ns))
 
 
 def _snapshot_attribute(name: str) -> property:
@@ -190,30 +190,34 @@ class ClickHouseStore(Store):
         return self.duckdb.from_arrow(rows)
 
     def _load_spans_raw(self) -> None:
-        """Reads the window's spans back into a table of the DuckDB connection in parts of at most
-        `READ_BACK_ROWS` spans (whole traces each), so that ClickHouse's result is never held whole in memory;
-        DuckDB's table spills to its temporary directory past its memory limit."""
+        """Reads the window's spans back, in one query whose result is streamed in batches of about
+        `READ_BACK_ROWS` spans into a table of the DuckDB connection, so that ClickHouse's result is never held
+        whole in memory; DuckDB's table spills to its temporary directory past its memory limit."""
         con = self.duckdb
-        where, params = window_clause(self.connection.target.table, self.since_ns, self.until_ns)
-        counted = self.connection.query_arrow(f"SELECT count() AS n FROM {self.connection.target.table} {where}",
-                                              params)
-        parts = max(1, -(-int(counted.column("n")[0].as_py()) // READ_BACK_ROWS))
+        sql, params = span_rows_sql(self.connection.target.table, self.since_ns, self.until_ns)
         con.execute("DROP TABLE IF EXISTS _clickhouse_spans")
-        for part in range(parts):
-            rows = span_rows(self.connection, self.since_ns, self.until_ns, part=(part, parts))
-            con.register("_clickhouse_rows", rows)
-            try:
-                into = "CREATE TABLE _clickhouse_spans AS " if part == 0 else "INSERT INTO _clickhouse_spans "
-                con.execute(into + duckdb_casts("_clickhouse_rows"))
-            finally:
-                con.unregister("_clickhouse_rows")
+        created = False
+        for rows in self.connection.query_arrow_batches(sql, params, READ_BACK_ROWS):
+            self._insert_rows(rows, create=not created)
+            created = True
             del rows
+        if not created:  # an empty window: the table typed from an empty result
+            self._insert_rows(self.connection.query_arrow(f"SELECT * FROM ({sql}) LIMIT 0", params), create=True)
         con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
         self.skipped, self.notes = [], {}
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
         (count, last), = con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
+
+    def _insert_rows(self, rows: pa.Table, create: bool) -> None:
+        con = self.duckdb
+        con.register("_clickhouse_rows", rows)
+        try:
+            into = "CREATE TABLE _clickhouse_spans AS " if create else "INSERT INTO _clickhouse_spans "
+            con.execute(into + duckdb_casts("_clickhouse_rows"))
+        finally:
+            con.unregister("_clickhouse_rows")
 
     def side_inputs_root(self) -> Path:
         return self.side_inputs if self.side_inputs is not None else self.root
