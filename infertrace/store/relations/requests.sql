@@ -39,7 +39,9 @@
 -- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
 -- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
 -- gateway_ns + queue_ns + prefill_ns = client_ttft_ns for a colocated one.
--- Matching: a trace's legs form one request when it holds at most one leg of each role (vLLM's and SGLang's
+-- Matching: legs that carry the same `pair_key` (SGLang's bootstrap_room) and declare their role form one
+-- request whatever trace each is in (SGLang's router without trace context gives each server its own trace);
+-- otherwise a trace's legs form one request when it holds at most one leg of each role (vLLM's and SGLang's
 -- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
 -- otherwise legs are matched on (trace, request id).
 WITH
@@ -63,7 +65,8 @@ per_trace AS (
 -- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
 -- prefill request with max_tokens 1, then the decode request).
 paired AS (
-    SELECT l.trace_id, l.span_id, l.request_id, l.role, l.arrival_ns, l.preemptions, l.status_code, l.outcome,
+    SELECT l.trace_id, l.span_id, l.request_id, l.role, l.pair_key, l.arrival_ns, l.preemptions, l.status_code,
+           l.outcome,
            p.declared_prefills, p.declared_decodes, p.declared_colocated,
            l.span_id = p.first_span_id AS first_leg,
            p.trace_legs = 2 AND p.declared_colocated = 2 AND p.first_output = 1
@@ -74,7 +77,8 @@ paired AS (
 keyed AS (
     SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE WHEN first_leg THEN 'prefill' ELSE 'decode' END
                            ELSE role END AS role),
-           CASE WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
+           CASE WHEN pair_key IS NOT NULL AND role IN ('prefill', 'decode') THEN 'pair/' || pair_key
+                WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
                 THEN trace_id ELSE trace_id || '/' || request_id END AS request_key
     FROM paired
 ),
@@ -83,7 +87,6 @@ keyed AS (
 counts AS (
     SELECT
         request_key,
-        any_value(trace_id) AS trace_id,
         count(*) AS legs,
         count(*) FILTER (WHERE role = 'prefill') AS prefills,
         count(*) FILTER (WHERE role = 'decode') AS decodes,
@@ -92,8 +95,10 @@ counts AS (
         sum(preemptions)::BIGINT AS all_preemptions,
         max(status_code) AS all_status_code,
         bool_or(outcome = 'error') AS any_error,
+        arg_min(trace_id, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_trace_id,
         arg_min(span_id, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_span_id,
         arg_min(role, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_role,
+        arg_min(trace_id, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_trace_id,
         arg_min(span_id, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_span_id,
         arg_min(role, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_role
     FROM keyed
@@ -108,12 +113,12 @@ out_leg AS (
                         CASE WHEN c.out_role <> 'prefill' THEN l.decode_ns END AS decode_ns,
                         CASE WHEN c.out_role <> 'prefill' THEN l.output_tokens END AS output_tokens)
     FROM counts c
-    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.out_span_id
+    JOIN request_legs l ON l.trace_id = c.out_trace_id AND l.span_id = c.out_span_id
 ),
 in_leg AS (
     SELECT c.request_key, l.* REPLACE (c.in_role AS role)
     FROM counts c
-    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.in_span_id
+    JOIN request_legs l ON l.trace_id = c.in_trace_id AND l.span_id = c.in_span_id
 ),
 calls AS MATERIALIZED (
     SELECT component, trace_id, request_id, start_ns, kv_link, kv_bytes
