@@ -134,6 +134,12 @@ def test_sglang_prefill_and_decode_legs_in_two_traces_are_one_request_paired_by_
         "disaggregated", 2, "declared", None)
     assert (paired["prefill_instance"], paired["decode_instance"]) == ("3f2a9c1e:3101", "3f2a9c1e:3202")
     assert (paired["input_tokens"], paired["output_tokens"], paired["cached_tokens"]) == (256, 3, 128)
+    # sent at once, the decode leg arrived before the prefill ended: the transfer is not measured (not negative),
+    # the decode worker's wait runs from the prefill's end, and the phases still sum to the client's TTFT
+    assert paired["kv_transfer_ns"] is None
+    assert paired["decode_queue_ns"] >= 0 and paired["first_decode_ns"] >= 0
+    assert (paired["queue_ns"] + paired["prefill_ns"] + paired["decode_queue_ns"] + paired["first_decode_ns"]
+            == paired["client_ttft_ns"])
     assert (alone["legs"], alone["serving"], alone["leg_problem"]) == (1, "disaggregated",
                                                                       "decode leg without a prefill leg")
     assert alone["decode_instance"] == "3f2a9c1e:3303" and alone["prefill_instance"] is None
