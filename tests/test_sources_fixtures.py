@@ -5,6 +5,7 @@ the source would not."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,63 @@ def test_sglang_request_stages_and_decode_loops_give_the_request_and_each_tokens
     assert [t["itl_ns"] for t in tokens] == [None, 452 * MS, 599 * MS]
     assert [t["from_prefill"] for t in tokens] == [True, False, False]
     assert {t["instance"] for t in tokens} == {"3f2a9c1e:2042"}
+
+
+def _sglang_pd_leg(role: str, trace_id: str, ids: str, scheduler_pid: int, room: int | None) -> str:
+    """The SGLang fixture's request as one server of a P/D pair exports it in its own trace (no trace context from
+    the router): its root span named `<role> Req <rid[:8]>` with `bootstrap_room` as `str(hex(room))`
+    (TraceReqContext.trace_req_start at sgl-project/sglang@b8e5a7c39773), its own trace and span ids and scheduler."""
+    text = (FIXTURES / "sglang.jsonl").read_text()
+    text = text.replace("00000000000000007c1e5a9b3d2f4e60", trace_id).replace("a1000000000000", ids)
+    batch = json.loads(text)
+    for resource_spans in batch["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                attributes = {a["key"]: a for a in span.get("attributes", [])}
+                if span["name"].startswith("Req "):
+                    span["name"] = f"{role} {span['name']}"
+                    if room is not None:
+                        span["attributes"].append({"key": "bootstrap_room", "value": {"stringValue": hex(room)}})
+                if attributes.get("thread_label", {}).get("value") == {"stringValue": "Scheduler"}:
+                    span["name"] = span["name"].replace("pid:2042", f"pid:{scheduler_pid}")
+                    attributes["pid"]["value"] = {"intValue": str(scheduler_pid)}
+    return json.dumps(batch)
+
+
+def test_sglang_prefill_and_decode_legs_in_two_traces_are_one_request_paired_by_bootstrap_room(
+        tmp_path: Path) -> None:
+    """SGLang's router sends a P/D request to a prefill and a decode server with one bootstrap_room; without trace
+    context each server's `Req` span starts its own trace. The room pairs them: one request, counted once; a decode
+    leg with another room stays a request of its own that says its prefill leg is missing."""
+    room = 0x5DEECE66D2B1A3F
+    legs = [_sglang_pd_leg("prefill", "0000000000000000" + "1" * 16, "b1000000000000", 3101, room),
+            _sglang_pd_leg("decode", "0000000000000000" + "2" * 16, "c1000000000000", 3202, room),
+            _sglang_pd_leg("decode", "0000000000000000" + "3" * 16, "d1000000000000", 3303, room + 1)]
+    path = tmp_path / "sglang_pd.jsonl"
+    path.write_text("\n".join(legs) + "\n")
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0, summary.paragraph()
+    with Store.open(tmp_path / "store") as store:
+        legs_rows = _rows(store, "SELECT trace_id, role, pair_key FROM request_legs ORDER BY trace_id")
+        rows = _rows(store, "SELECT * FROM requests ORDER BY trace_id")
+    assert [(r["role"], r["pair_key"]) for r in legs_rows] == [("prefill", hex(room)), ("decode", hex(room)),
+                                                               ("decode", hex(room + 1))]
+    assert len(rows) == 2
+    paired, alone = rows
+    assert paired["trace_id"] == "0000000000000000" + "2" * 16  # the decode leg's: the client's tokens came from it
+    assert (paired["serving"], paired["legs"], paired["leg_roles"], paired["leg_problem"]) == (
+        "disaggregated", 2, "declared", None)
+    assert (paired["prefill_instance"], paired["decode_instance"]) == ("3f2a9c1e:3101", "3f2a9c1e:3202")
+    assert (paired["input_tokens"], paired["output_tokens"], paired["cached_tokens"]) == (256, 3, 128)
+    # sent at once, the decode leg arrived before the prefill ended: the transfer is not measured (not negative),
+    # the decode worker's wait runs from the prefill's end, and the phases still sum to the client's TTFT
+    assert paired["kv_transfer_ns"] is None
+    assert paired["decode_queue_ns"] >= 0 and paired["first_decode_ns"] >= 0
+    assert (paired["queue_ns"] + paired["prefill_ns"] + paired["decode_queue_ns"] + paired["first_decode_ns"]
+            == paired["client_ttft_ns"])
+    assert (alone["legs"], alone["serving"], alone["leg_problem"]) == (1, "disaggregated",
+                                                                      "decode leg without a prefill leg")
+    assert alone["decode_instance"] == "3f2a9c1e:3303" and alone["prefill_instance"] is None
 
 
 def test_tgi_handler_spans_are_requests_and_send_generation_spans_their_tokens(tmp_path: Path) -> None:

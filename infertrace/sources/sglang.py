@@ -23,6 +23,8 @@ SGLANG = SourceProfile(
     spans=(
         SpanShape("Req <rid[:8]>", "INTERNAL", "tokenizer manager: request received to finished",
                   (("rid", "string", ""), ("module", "string", "sglang::request"),
+                   ("bootstrap_room", "string", "PD mode only: str(hex(room)), the key pairing the prefill and decode "
+                    "requests (request_legs.pair_key); the span is then named `prefill Req …` / `decode Req …`"),
                    ("gen_ai.usage.prompt_tokens, completion_tokens, cached_tokens", "int", "set at finish"),
                    ("gen_ai.request.id", "string", ""), ("gen_ai.response.model", "string", "served model name"),
                    ("gen_ai.response.finish_reasons", "string", "json.dumps of a list"),

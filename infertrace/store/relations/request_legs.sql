@@ -16,7 +16,10 @@
 --   queue_ns, ttft_ns, prefill_ns, decode_ns, e2e_ns, kv_transfer_ns,
 --   input_tokens, output_tokens, cached_tokens, system_prompt_id, system_prompt_tokens,
 --   assistant_prefill_tokens, max_tokens, preemptions, prefill_chunks, finish_reason, error_type,
---   status_code, outcome ('ok' | 'error'), timing_source, source, model_source, instance_source.
+--   status_code, outcome ('ok' | 'error'), timing_source, source, model_source, instance_source,
+--   pair_key (the key the engine gives both legs of one disaggregated request, whatever trace each is in:
+--   SGLang's `bootstrap_room` on its `prefill Req …` / `decode Req …` span; NULL for other sources and for
+--   SGLang requests that were not disaggregated).
 -- source: 'infertrace', 'vllm-v1', 'vllm-v0', 'sglang' or 'tgi'. timing_source: 'spans' when the phase times
 -- come from child spans and events (the reference engine: exact; SGLang's slices; TGI's queued and
 -- send_generation spans), 'gen_ai.latency' when they come from vLLM's seconds attributes (rounded to the ns).
@@ -51,6 +54,8 @@ pick AS MATERIALIZED (
         "attr.gen_ai.latency.time_in_model_prefill", "attr.gen_ai.latency.e2e",
         "attr.gen_ai.latency.time_in_model_inference", "attr.rid", "attr.module", "attr.code.namespace",
         "attr.thread_label", "attr.host_id", "attr.pid",
+        CASE WHEN "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %'
+             THEN map_extract_value(span_attributes, 'bootstrap_room') END AS bootstrap_room,
         CASE WHEN name = 'llm_request' THEN 'native'
              WHEN "attr.rid" IS NOT NULL AND "attr.module" = 'sglang::request' AND name LIKE '%Req %' THEN 'sglang'
              WHEN "attr.code.namespace" = 'text_generation_router::server'
@@ -132,6 +137,7 @@ engine AS (
         coalesce(s.scheduled_ns, t.scheduled_ns) AS own_scheduled_ns,
         t.first_token_ns AS own_first_token_ns,
         s.scheduler AS sglang_instance,
+        r.bootstrap_room,
         CASE
             WHEN r.form <> 'native' THEN r.form
             WHEN r."attr.infertrace.request.preemptions" IS NOT NULL OR q.scheduled_ns IS NOT NULL THEN 'infertrace'
@@ -226,6 +232,7 @@ SELECT
          WHEN p.host IS NOT NULL AND p.pid IS NOT NULL THEN 'host.name+process.pid'
          WHEN p.sglang_instance IS NOT NULL THEN 'sglang scheduler'
          WHEN p.service IS NOT NULL AND p.vllm_pid IS NOT NULL THEN 'service.name+vllm.process_id'
-         WHEN p.service IS NOT NULL THEN 'service.name' END AS instance_source
+         WHEN p.service IS NOT NULL THEN 'service.name' END AS instance_source,
+    CASE WHEN p.form = 'sglang' THEN p.bootstrap_room END AS pair_key
 FROM timed p
 LEFT JOIN kv ON kv.trace_id = p.trace_id AND kv.request_id = p.own_request_id

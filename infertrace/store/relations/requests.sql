@@ -14,9 +14,14 @@
 --   arrival_ns (at the first engine), scheduled_ns (first scheduling on the first engine), first_token_ns (the
 --   first token of the leg the client receives tokens from), finish_ns, queue_ns (prefill queue), ttft_ns
 --   (arrival at the first engine to first_token_ns), prefill_ns (a colocated request: first scheduling to
---   first token; a disaggregated one: the prefill leg's first scheduling to its end), decode_ns, e2e_ns,
+--   first token; a disaggregated one: the prefill leg's first scheduling to its end, or to the decode leg's
+--   first token when that came first), decode_ns, e2e_ns,
 --   kv_transfer_ns (disaggregated: end of the prefill leg to arrival at the decode worker, which the
---   reference engine's `kv_transfer` span covers exactly), input_tokens, output_tokens (the decode leg's: the
+--   reference engine's `kv_transfer` span covers exactly; NULL when the decode leg arrived before the prefill
+--   leg ended, as SGLang's router sends both at once: the transfer is then not separable from the decode
+--   worker's wait, which decode_queue_ns holds from the prefill's end). "The prefill's end" here is the prefill
+--   leg's end, or the decode leg's first token when that came first (a prefill server whose span outlasts the
+--   token the decode server produced from its KV: the span covers more than the prefill). input_tokens, output_tokens (the decode leg's: the
 --   prefill leg's one token is not sent to the client), cached_tokens (the prefill leg's prefix-cache hit),
 --   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, max_tokens, preemptions (over all
 --   legs), prefill_chunks (the prefill leg's), finish_reason, error_type, status_code, outcome ('error' when
@@ -26,8 +31,9 @@
 --   `kv_transfer` span; NULL without one), gateway_start_ns (start of the trace's gateway entry span; NULL
 --   without one), client_ttft_ns (gateway_start_ns to first_token_ns, else ttft_ns), gateway_ns (gateway start
 --   to arrival at the first engine: auth, rate limit, global queue, route), decode_queue_ns (arrival at the
---   decode worker to its first scheduling), first_decode_ns (that scheduling to the first token: the decode
---   worker's one-token recompute),
+--   decode worker to its first scheduling; for a decode leg sent before the prefill ended: the prefill's end to
+--   that scheduling, or 0 when it was scheduled before), first_decode_ns (the later of that scheduling and the
+--   prefill's end, to the first token: the decode worker's one-token recompute),
 --   leg_problem (NULL when the legs make one whole request; else why they do not: 'decode leg without a
 --   prefill leg', 'prefill leg without a decode leg' (and it did not fail there: a request that failed on its
 --   prefill worker never reaches a decode worker), 'several legs of one role' — such rows are kept, with
@@ -36,10 +42,12 @@
 --   which; 'inferred' when a trace held exactly two legs that declared nothing, the first generating one token
 --   and ending before the second arrived, as behind vLLM's P/D proxy; NULL when colocated).
 --   A request with only a prefill leg has no first_token_ns, ttft, decode_ns nor output_tokens.
--- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns +
--- decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
+-- The TTFT phases partition the client's TTFT exactly: gateway_ns + queue_ns + prefill_ns + kv_transfer_ns (0
+-- when NULL) + decode_queue_ns + first_decode_ns = client_ttft_ns for a disaggregated request with a gateway;
 -- gateway_ns + queue_ns + prefill_ns = client_ttft_ns for a colocated one.
--- Matching: a trace's legs form one request when it holds at most one leg of each role (vLLM's and SGLang's
+-- Matching: legs that carry the same `pair_key` (SGLang's bootstrap_room) and declare their role form one
+-- request whatever trace each is in (SGLang's router without trace context gives each server its own trace);
+-- otherwise a trace's legs form one request when it holds at most one leg of each role (vLLM's and SGLang's
 -- P/D proxies give the two legs different request ids but, with trace context propagated, one trace);
 -- otherwise legs are matched on (trace, request id).
 WITH
@@ -63,7 +71,8 @@ per_trace AS (
 -- first is a prefill leg when it generated one token and ended before the second arrived (the proxy sends the
 -- prefill request with max_tokens 1, then the decode request).
 paired AS (
-    SELECT l.trace_id, l.span_id, l.request_id, l.role, l.arrival_ns, l.preemptions, l.status_code, l.outcome,
+    SELECT l.trace_id, l.span_id, l.request_id, l.role, l.pair_key, l.arrival_ns, l.preemptions, l.status_code,
+           l.outcome,
            p.declared_prefills, p.declared_decodes, p.declared_colocated,
            l.span_id = p.first_span_id AS first_leg,
            p.trace_legs = 2 AND p.declared_colocated = 2 AND p.first_output = 1
@@ -74,7 +83,8 @@ paired AS (
 keyed AS (
     SELECT * REPLACE (CASE WHEN roles_inferred THEN CASE WHEN first_leg THEN 'prefill' ELSE 'decode' END
                            ELSE role END AS role),
-           CASE WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
+           CASE WHEN pair_key IS NOT NULL AND role IN ('prefill', 'decode') THEN 'pair/' || pair_key
+                WHEN roles_inferred OR (declared_colocated = 0 AND declared_prefills <= 1 AND declared_decodes <= 1)
                 THEN trace_id ELSE trace_id || '/' || request_id END AS request_key
     FROM paired
 ),
@@ -83,7 +93,6 @@ keyed AS (
 counts AS (
     SELECT
         request_key,
-        any_value(trace_id) AS trace_id,
         count(*) AS legs,
         count(*) FILTER (WHERE role = 'prefill') AS prefills,
         count(*) FILTER (WHERE role = 'decode') AS decodes,
@@ -92,8 +101,10 @@ counts AS (
         sum(preemptions)::BIGINT AS all_preemptions,
         max(status_code) AS all_status_code,
         bool_or(outcome = 'error') AS any_error,
+        arg_min(trace_id, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_trace_id,
         arg_min(span_id, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_span_id,
         arg_min(role, (role <> 'decode', role <> 'colocated', -arrival_ns, span_id)) AS out_role,
+        arg_min(trace_id, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_trace_id,
         arg_min(span_id, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_span_id,
         arg_min(role, (role <> 'prefill', role <> 'colocated', arrival_ns, span_id)) AS in_role
     FROM keyed
@@ -108,12 +119,12 @@ out_leg AS (
                         CASE WHEN c.out_role <> 'prefill' THEN l.decode_ns END AS decode_ns,
                         CASE WHEN c.out_role <> 'prefill' THEN l.output_tokens END AS output_tokens)
     FROM counts c
-    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.out_span_id
+    JOIN request_legs l ON l.trace_id = c.out_trace_id AND l.span_id = c.out_span_id
 ),
 in_leg AS (
     SELECT c.request_key, l.* REPLACE (c.in_role AS role)
     FROM counts c
-    JOIN request_legs l ON l.trace_id = c.trace_id AND l.span_id = c.in_span_id
+    JOIN request_legs l ON l.trace_id = c.in_trace_id AND l.span_id = c.in_span_id
 ),
 calls AS MATERIALIZED (
     SELECT component, trace_id, request_id, start_ns, kv_link, kv_bytes
@@ -157,10 +168,11 @@ SELECT
     o.finish_ns AS finish_ns,
     i.queue_ns AS queue_ns,
     o.first_token_ns - i.arrival_ns AS ttft_ns,
-    CASE WHEN j.disaggregated THEN i.finish_ns - i.scheduled_ns ELSE i.prefill_ns END AS prefill_ns,
+    CASE WHEN j.disaggregated THEN least(i.finish_ns, o.first_token_ns) - i.scheduled_ns ELSE i.prefill_ns END
+        AS prefill_ns,
     o.decode_ns AS decode_ns,
     o.finish_ns - i.arrival_ns AS e2e_ns,
-    CASE WHEN j.disaggregated THEN o.arrival_ns - i.finish_ns END AS kv_transfer_ns,
+    CASE WHEN j.disaggregated AND o.arrival_ns >= i.finish_ns THEN o.arrival_ns - i.finish_ns END AS kv_transfer_ns,
     coalesce(i.input_tokens, o.input_tokens) AS input_tokens,
     o.output_tokens AS output_tokens,
     coalesce(i.cached_tokens, o.cached_tokens) AS cached_tokens,
@@ -189,8 +201,12 @@ SELECT
     gw.gateway_start_ns,
     coalesce(o.first_token_ns - gw.gateway_start_ns, o.first_token_ns - i.arrival_ns) AS client_ttft_ns,
     i.arrival_ns - gw.gateway_start_ns AS gateway_ns,
-    CASE WHEN j.disaggregated THEN o.queue_ns END AS decode_queue_ns,
-    CASE WHEN j.disaggregated THEN o.first_token_ns - o.scheduled_ns END AS first_decode_ns,
+    CASE WHEN NOT j.disaggregated THEN NULL
+         WHEN o.arrival_ns >= i.finish_ns THEN o.queue_ns
+         ELSE greatest(o.scheduled_ns, least(i.finish_ns, o.first_token_ns)) - least(i.finish_ns, o.first_token_ns)
+    END AS decode_queue_ns,
+    CASE WHEN j.disaggregated
+         THEN o.first_token_ns - greatest(o.scheduled_ns, least(i.finish_ns, o.first_token_ns)) END AS first_decode_ns,
     j.leg_problem,
     CASE WHEN j.prefills + j.decodes = 0 THEN NULL
          WHEN j.roles_inferred THEN 'inferred' ELSE 'declared' END AS leg_roles
