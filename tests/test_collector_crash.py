@@ -118,10 +118,16 @@ def test_sigkill_during_store_compact_never_loses_or_repeats_a_span(tmp_path: Pa
         for b in range(40):  # every run finds small segments to merge
             receiver.store_json(_body(round_ * 40 + b, 20), "test")
         expected += 40 * 20
+        sidecars = set(store.rglob("*.replaces"))
         proc = subprocess.Popen([sys.executable, "-m", "infertrace.cli", "store", "compact", "--store", str(store),
                                  "--grace", "0", "--target-mib", "1"], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.0, 4.0))  # the command spends ~1 s importing before it touches the store
+        # killed mid-merge, not after a fixed sleep (a quiet machine finished before one): once the run has written
+        # a merge's sidecar (its first step), within a few milliseconds of it
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and set(store.rglob("*.replaces")) <= sidecars:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.01))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
