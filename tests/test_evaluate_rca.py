@@ -18,6 +18,7 @@ from infertrace.evaluation.rca import (
     evaluate_rca,
     hit_probabilities,
     match,
+    match_all,
     render_rca,
 )
 
@@ -131,3 +132,18 @@ def test_a_gateway_named_like_litellms_gets_the_same_rca_scores_from_evaluate_as
     assert (litellm["ac@1"], litellm["ac@3"]) == (native["ac@1"], native["ac@3"])
     assert [(s["scenario"], s["top"], s["hit@1"]) for s in litellm["scenarios"]] == \
         [(s["scenario"], s["top"], s["hit@1"]) for s in native["scenarios"]]
+
+
+def test_two_overlapping_culprits_are_matched_to_an_incident_each_when_one_would_take_both() -> None:
+    # seed 1's 093-overlapping: auth-1 (248-415 s, four models) and router-0 (349-519 s, four models, three shared)
+    # were reported as two incidents, each with its own culprit first; matched alone, auth-1 went to router-0's
+    # incident (3 of its models there, Jaccard 0.6, against 2 in its own, 0.5) and was scored second there
+    auth = {"models": ["qwen", "mixtral", "small", "tiny"], "window": {"start_ns": int(248e9), "end_ns": int(415e9)}}
+    router = {"models": ["llama", "qwen", "small", "tiny"], "window": {"start_ns": int(349e9), "end_ns": int(519e9)}}
+    routers = _diagnosis(1, 349.0, 519.0, ("llama", "qwen", "small", "tiny"), 675)
+    auths = _diagnosis(2, 242.0, 424.0, ("mixtral", "tiny"), 285)
+    assert match([routers, auths], auth) is routers  # alone, the best key is the router's incident
+    assert match_all([routers, auths], [auth, router]) == [auths, routers]
+    assert match_all([routers, auths], [router, auth]) == [routers, auths]
+    # with one incident for both, both get it (a merged incident: only one of them can be first there)
+    assert match_all([routers], [auth, router]) == [routers, routers]

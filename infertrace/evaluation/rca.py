@@ -276,25 +276,49 @@ def apart_from_confounders(cause: dict[str, Any], confounders: Iterable[dict[str
     return {**cause, "models": left} if left else cause
 
 
-def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
-    """The reported incident that is the culprit's: overlapping its window (detection may lag its end), with the
-    most similar set of models (Jaccard), then the longest overlap with the culprit's window (two parts of one
-    detected incident often share most of their models), then the most anomalous requests."""
+def _ranked_matches(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> list[
+        tuple[tuple[float, int, int], int, IncidentDiagnosis]]:
+    """The reported incidents that could be the culprit's, best first, with their keys and positions: overlapping
+    its window (detection may lag its end), by the most similar set of models (Jaccard), then the longest overlap
+    with the culprit's window (two parts of one detected incident often share most of their models), then the most
+    anomalous requests."""
     window = cause.get("window")
     models = set(cause.get("models", ()))
-    best, best_key = None, None
-    for d in diagnoses:
+    found = []
+    for k, d in enumerate(diagnoses):
         i = d.incident
         overlaps = window is None or (i.onset_ns < window["end_ns"] + MATCH_SLACK_NS and window["start_ns"] < i.end_ns)
-        if not overlaps:
-            continue
         common = len(models & set(i.models))
+        if not overlaps or not common:
+            continue
         together = 0 if window is None else max(0, min(i.end_ns, window["end_ns"])
                                                 - max(i.onset_ns, window["start_ns"]))
-        key = (common / len(models | set(i.models)), together, d.anomalous_requests)
-        if common and (best_key is None or key > best_key):
-            best, best_key = d, key
-    return best
+        found.append(((common / len(models | set(i.models)), together, d.anomalous_requests), k, d))
+    return sorted(found, key=lambda m: (m[0], -m[1]), reverse=True)
+
+
+def match(diagnoses: Iterable[IncidentDiagnosis], cause: dict[str, Any]) -> IncidentDiagnosis | None:
+    """The reported incident that is the culprit's (`_ranked_matches`' first), or None."""
+    found = _ranked_matches(diagnoses, cause)
+    return found[0][2] if found else None
+
+
+def match_all(diagnoses: list[IncidentDiagnosis], causes: list[dict[str, Any]]) -> list[IncidentDiagnosis | None]:
+    """Each culprit's incident, one culprit per incident where there are enough: the culprit-incident pairs are
+    taken best key first, each pair whose culprit and incident are both still free. Two culprits whose faults
+    overlap in time and share models can both match one incident best; the one that fits it better keeps it and
+    the other takes its own next best, so "each culprit first in its own incident" is judged on the incidents the
+    method reported for each. A culprit left without a free incident gets its best match, shared."""
+    ranked = [_ranked_matches(diagnoses, cause) for cause in causes]
+    pairs = sorted(((key, -k, c, d) for c, found in enumerate(ranked) for key, k, d in found), key=lambda p: p[:3],
+                   reverse=True)
+    chosen: list[IncidentDiagnosis | None] = [None] * len(causes)
+    taken: set[int] = set()
+    for _, minus_k, c, d in pairs:
+        if chosen[c] is None and -minus_k not in taken:
+            chosen[c] = d
+            taken.add(-minus_k)
+    return [d if d is not None else (found[0][2] if found else None) for d, found in zip(chosen, ranked, strict=True)]
 
 
 def _label(candidate: Candidate) -> str:
@@ -327,8 +351,7 @@ def evaluate_scenario(scenario_dir: Path, config: DetectionConfig | None = None)
     causes = [apart_from_confounders(as_served(c, inputs.topology), truth.get("confounders", ()))
               for c in culprits(truth)]
     results = []
-    for cause in causes:
-        found = match(report.diagnoses, cause)
+    for cause, found in zip(causes, match_all(list(report.diagnoses), causes), strict=True):
         baselines = {b: (0.0,) * K for b in (*BASELINES, *ABLATIONS)}
         shifted = {s: (0.0,) * K for s in _shift_names()}
         onset_error = None
