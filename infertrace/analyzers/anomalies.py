@@ -25,6 +25,7 @@ outages stagger) form one incident; tenant anomalies overlapping it are attached
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -240,17 +241,11 @@ def _latency_scores(values: np.ndarray, baseline: np.ndarray, config: DetectionC
 
 
 def _latency_score(value: float, baseline: list[float], config: DetectionConfig) -> float:
-    """`_latency_scores` of one value against a short baseline, with Python's sort in place of NumPy's median
+    """`_latency_scores` of one value against a short baseline, with Python's `statistics.median` in place of NumPy's
     (the same arithmetic, so the same score; NumPy's per-call cost dominates at a few dozen values)."""
-    median = _small_median(baseline)
-    scale = max(_small_median([abs(v - median) for v in baseline]) * 1.4826, config.latency_scale_floor)
+    median = statistics.median(baseline)
+    scale = max(statistics.median([abs(v - median) for v in baseline]) * 1.4826, config.latency_scale_floor)
     return (value - median) / scale
-
-
-def _small_median(values: list[float]) -> float:
-    ordered = sorted(values)
-    half = len(ordered) // 2
-    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def _trailing_scores(values: np.ndarray, n: np.ndarray, kind: str, config: DetectionConfig) -> np.ndarray:
@@ -303,7 +298,7 @@ def _small_baseline_rate(rates: list[float], n: list[float], config: DetectionCo
                          ceiling: float = RATE_CEILING) -> float:
     """`_baseline_rate` of a short baseline in Python: the same arithmetic (counts are whole numbers, so their
     sums are exact in any order), without NumPy's per-call cost."""
-    median = _small_median(rates)
+    median = statistics.median(rates)
     low = [(r, m) for r, m in zip(rates, n, strict=True) if r <= median]
     pooled = (sum(round(r * m) for r, m in low) + 1.0) / (sum(m for _, m in low) + 2.0)
     return min(max(median, pooled, config.rate_floor), ceiling)
