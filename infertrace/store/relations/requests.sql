@@ -21,8 +21,9 @@
 --   leg ended, as SGLang's router sends both at once: the transfer is then not separable from the decode
 --   worker's wait, which decode_queue_ns holds from the prefill's end). "The prefill's end" here is the prefill
 --   leg's end, or the decode leg's first token when that came first (a prefill server whose span outlasts the
---   token the decode server produced from its KV: the span covers more than the prefill). input_tokens, output_tokens (the decode leg's: the
---   prefill leg's one token is not sent to the client), cached_tokens (the prefill leg's prefix-cache hit),
+--   token the decode server produced from its KV: the span covers more than the prefill).
+--   input_tokens, output_tokens (the decode leg's: the prefill leg's one token is not sent to the client),
+--   cached_tokens (the prefill leg's prefix-cache hit),
 --   system_prompt_id, system_prompt_tokens, assistant_prefill_tokens, max_tokens, preemptions (over all
 --   legs), prefill_chunks (the prefill leg's), finish_reason, error_type, status_code, outcome ('error' when
 --   any leg failed), timing_source, source, model_source, instance_source;
@@ -168,8 +169,7 @@ SELECT
     o.finish_ns AS finish_ns,
     i.queue_ns AS queue_ns,
     o.first_token_ns - i.arrival_ns AS ttft_ns,
-    CASE WHEN j.disaggregated THEN least(i.finish_ns, o.first_token_ns) - i.scheduled_ns ELSE i.prefill_ns END
-        AS prefill_ns,
+    CASE WHEN j.disaggregated THEN e.prefill_end_ns - i.scheduled_ns ELSE i.prefill_ns END AS prefill_ns,
     o.decode_ns AS decode_ns,
     o.finish_ns - i.arrival_ns AS e2e_ns,
     CASE WHEN j.disaggregated AND o.arrival_ns >= i.finish_ns THEN o.arrival_ns - i.finish_ns END AS kv_transfer_ns,
@@ -203,15 +203,14 @@ SELECT
     i.arrival_ns - gw.gateway_start_ns AS gateway_ns,
     CASE WHEN NOT j.disaggregated THEN NULL
          WHEN o.arrival_ns >= i.finish_ns THEN o.queue_ns
-         ELSE greatest(o.scheduled_ns, least(i.finish_ns, o.first_token_ns)) - least(i.finish_ns, o.first_token_ns)
-    END AS decode_queue_ns,
-    CASE WHEN j.disaggregated
-         THEN o.first_token_ns - greatest(o.scheduled_ns, least(i.finish_ns, o.first_token_ns)) END AS first_decode_ns,
+         ELSE greatest(o.scheduled_ns, e.prefill_end_ns) - e.prefill_end_ns END AS decode_queue_ns,
+    CASE WHEN j.disaggregated THEN o.first_token_ns - greatest(o.scheduled_ns, e.prefill_end_ns) END AS first_decode_ns,
     j.leg_problem,
     CASE WHEN j.prefills + j.decodes = 0 THEN NULL
          WHEN j.roles_inferred THEN 'inferred' ELSE 'declared' END AS leg_roles
 FROM joined j
 JOIN out_leg o ON o.request_key = j.request_key
 JOIN in_leg i ON i.request_key = j.request_key
+CROSS JOIN LATERAL (SELECT least(i.finish_ns, o.first_token_ns) AS prefill_end_ns) e  -- "the prefill's end" (above)
 LEFT JOIN gateway gw ON gw.trace_id = o.trace_id
 LEFT JOIN kv ON kv.trace_id = o.trace_id AND kv.request_id = o.request_id
