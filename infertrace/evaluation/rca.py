@@ -310,14 +310,14 @@ def match_all(diagnoses: list[IncidentDiagnosis], causes: list[dict[str, Any]]) 
     the other takes its own next best, so "each culprit first in its own incident" is judged on the incidents the
     method reported for each. A culprit left without a free incident gets its best match, shared."""
     ranked = [_ranked_matches(diagnoses, cause) for cause in causes]
-    pairs = sorted(((key, -k, c, d) for c, found in enumerate(ranked) for key, k, d in found), key=lambda p: p[:3],
-                   reverse=True)
+    pairs = sorted(((key, k, c, d) for c, found in enumerate(ranked) for key, k, d in found),
+                   key=lambda p: (p[0], -p[1], p[2]), reverse=True)
     chosen: list[IncidentDiagnosis | None] = [None] * len(causes)
     taken: set[int] = set()
-    for _, minus_k, c, d in pairs:
-        if chosen[c] is None and -minus_k not in taken:
+    for _, k, c, d in pairs:
+        if chosen[c] is None and k not in taken:
             chosen[c] = d
-            taken.add(-minus_k)
+            taken.add(k)
     return [d if d is not None else (found[0][2] if found else None) for d, found in zip(chosen, ranked, strict=True)]
 
 
