@@ -285,7 +285,7 @@ def _analyze(store: Store, p: ItlParams, partition_steps: int) -> ItlAnalysis:
             excess = rows["duration_ns"].to_numpy() - expected
             spikes = excess >= np.maximum(p.stall_ratio * expected, p.min_excess_ns)
             unexplained += [(str(instance), int(t)) for t in times[spikes]]
-    del decode
+    del decode  # not needed past here: freed before the stall candidates are read, range by range
 
     judged = _judge_partitions(store, models, local, p, partition_steps)
     found = _stalls(store, judged)

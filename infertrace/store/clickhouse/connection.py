@@ -137,6 +137,7 @@ class Connection(Protocol):
 
 # Settings for reading exact values back: ClickHouse's default float parser may miss the last bit.
 READ_SETTINGS: Final = {"precise_float_parsing": 1}
+_SETTINGS_CLAUSE: Final = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())  # chdb: per query
 
 
 # chdb runs one embedded server per process, on one data directory: connections to it share its session.
@@ -167,15 +168,13 @@ class ChdbConnection:
             self._session.query(sql)
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        settings = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())
         with _reported(self.target):
-            return self._session.query(sql + settings, "ArrowTable", params=params or {})
+            return self._session.query(sql + _SETTINGS_CLAUSE, "ArrowTable", params=params or {})
 
     def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
                             rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
-        settings = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())
         with _reported(self.target):
-            stream = self._session.send_query(sql + settings, "Arrow", params=params or {})
+            stream = self._session.send_query(sql + _SETTINGS_CLAUSE, "Arrow", params=params or {})
         try:
             with _reported(self.target):
                 batches = iter(stream.record_batch(rows_per_batch=rows_per_batch))
