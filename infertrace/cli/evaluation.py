@@ -141,18 +141,25 @@ def evaluate(
     backend: Annotated[str, typer.Option(
         help="local (each scenario's store) or chdb (its spans written to ClickHouse's otel_traces in "
              "<bank>/clickhouse, as the Collector's exporter writes them, and analysed there)")] = "local",
+    jobs: Annotated[int, typer.Option(
+        help="Scenarios scored in parallel (processes); the same scores in the same order as one at a time. "
+             "--backend chdb scores one at a time")] = 1,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Score the analyzers against the bank's ground truth, one section per analysis (infertrace.evaluation).
     Each scenario's traces are ingested into <scenario>/store the first time.
 
     Example:
       infertrace evaluate bank/ --format json
+      infertrace evaluate rca-large/ --section rca --jobs 2
       infertrace evaluate bank/ --backend chdb --section itl --section rca
     """
     import json
 
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from infertrace.cli.replay import whatif_section
-    from infertrace.evaluation import EVALUATORS
+    from infertrace.evaluation import EVALUATORS, ScenarioPool
 
     evaluators = {**EVALUATORS, "whatif": whatif_section()}
     check_choice("--format", fmt, ("table", "json"))
@@ -160,15 +167,24 @@ def evaluate(
     if unknown:
         raise fail(f"--section: unknown {unknown}; known: {', '.join(evaluators)}")
     check_choice("--backend", backend, ("local", "chdb"))
+    if jobs < 1:
+        raise fail(f"--jobs must be ≥ 1, got {jobs}")
+    if jobs > 1 and backend == "chdb":
+        raise fail(f"--jobs {jobs} with --backend chdb: chdb's data directory ({bank / 'clickhouse'}) can be open in "
+                   "one process only, so its scenarios are scored one at a time; give --jobs 1")
     from infertrace.evaluation import clickhouse_backend
 
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         results = {}
-        with clickhouse_backend(bank / "clickhouse") if backend == "chdb" else contextlib.nullcontext():
+        with (clickhouse_backend(bank / "clickhouse") if backend == "chdb" else contextlib.nullcontext(),
+              Progress(*columns, console=err, transient=True, disable=not progress) as bar):
             for name, (run, _) in evaluators.items():
                 if not section or name in section:
-                    with err.status(f"Evaluating {name} on {bank} …"):
-                        results[name] = run(bank)
+                    task = bar.add_task(f"{name} scenarios", total=None)
+                    pool = ScenarioPool(jobs, lambda done, total, task=task: bar.update(task, completed=done,
+                                                                                        total=total))
+                    results[name] = run(bank, pool)
     except FileNotFoundError as e:
         raise fail(str(e)) from None
     if fmt == "json":

@@ -14,6 +14,7 @@ import typer
 
 from infertrace.cli.analysis import STORE_HELP
 from infertrace.cli.console import err, fail
+from infertrace.evaluation import Evaluator
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_phase_times, measured_steps
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
@@ -189,8 +190,8 @@ def replay(
             raise fail(f"--json {json_out}: {e}") from None
 
 
-def whatif_section() -> tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]:
+def whatif_section() -> tuple[Evaluator, Callable[[dict[str, Any]], str]]:
     """`infertrace evaluate`'s whatif section: the evaluator with the reference engine as its replayer."""
     from infertrace.evaluation.whatif import evaluate_whatif, render_whatif
 
-    return (lambda bank: evaluate_whatif(bank, replay_distribution, calibrate_from_capture)), render_whatif
+    return (lambda bank, pool: evaluate_whatif(bank, replay_distribution, calibrate_from_capture, pool)), render_whatif

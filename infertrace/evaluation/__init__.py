@@ -1,7 +1,8 @@
 """Scoring analyzers against the ground truth of a scenario bank (`infertrace scenarios generate`).
 
 `EVALUATORS` maps a section name of `infertrace evaluate` to the function that scores that analysis over a
-bank directory; each returns a JSON-ready dict and has a `render_*` companion for the table format.
+bank directory; each returns a JSON-ready dict and has a `render_*` companion for the table format. A section
+scores its scenarios through a `ScenarioPool`: one after another, or in parallel processes, with the same result.
 """
 
 from __future__ import annotations
@@ -9,16 +10,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from infertrace.store.store import Store
 
 TRUTH_FILE = "ground_truth.json"
 STORE_DIR = "store"
 INGESTED_MARKER = "INGESTED"
+
+T = TypeVar("T")
 
 
 def scenario_dirs(bank: str | Path) -> list[Path]:
@@ -93,10 +99,55 @@ def _in_clickhouse(store_dir: Path, chdb: Path) -> Store:
     return mirrored_store(store_dir, f"chdb://{chdb}?database={database}")
 
 
-def _itl(bank: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ScenarioPool:
+    """How a section scores its scenarios, each on its own: in this process one after another (`jobs` 1) or in
+    `jobs` processes, the results in the scenarios' order either way, so that the section adds them up as it would
+    one after another. `on_progress(done, total)` is called as scenarios finish (and once before, with 0 done)."""
+
+    jobs: int = 1
+    on_progress: Callable[[int, int], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be ≥ 1, got {self.jobs}")
+
+    def map(self, score: Callable[[Path], T], scenarios: list[Path]) -> list[T]:
+        """`[score(s) for s in scenarios]`; in parallel, `score` must be a module's function (or a partial of one)
+        and what it returns picklable. The first scenario that fails stops the rest and raises its error here."""
+        total = len(scenarios)
+        self._progress(0, total)
+        if self.jobs == 1 or total < 2:
+            results = []
+            for scenario in scenarios:
+                results.append(score(scenario))
+                self._progress(len(results), total)
+            return results
+        if _CHDB_DIR.get() is not None:
+            raise ValueError("chdb's data directory can be open in one process only: with the ClickHouse backend, "
+                             "score scenarios with jobs=1")
+        # spawned, not forked: a forked child would inherit DuckDB's threads and locks mid-use
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(self.jobs, total), mp_context=context) as pool:
+            futures = [pool.submit(score, scenario) for scenario in scenarios]
+            try:
+                for done, future in enumerate(as_completed(futures), 1):
+                    future.result()
+                    self._progress(done, total)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            return [future.result() for future in futures]
+
+    def _progress(self, done: int, total: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(done, total)
+
+
+def _itl(bank: Path, pool: ScenarioPool) -> dict[str, Any]:
     from infertrace.evaluation.itl import evaluate_itl
 
-    return evaluate_itl(bank)
+    return evaluate_itl(bank, pool)
 
 
 def _render_itl(section: dict[str, Any]) -> str:
@@ -105,10 +156,10 @@ def _render_itl(section: dict[str, Any]) -> str:
     return render_itl(section)
 
 
-def _rca(bank: Path) -> dict[str, Any]:
+def _rca(bank: Path, pool: ScenarioPool) -> dict[str, Any]:
     from infertrace.evaluation.rca import evaluate_rca_section
 
-    return evaluate_rca_section(bank)
+    return evaluate_rca_section(bank, pool)
 
 
 def _render_rca(section: dict[str, Any]) -> str:
@@ -117,10 +168,10 @@ def _render_rca(section: dict[str, Any]) -> str:
     return render_rca(section)
 
 
-def _pd(bank: Path) -> dict[str, Any]:
+def _pd(bank: Path, pool: ScenarioPool) -> dict[str, Any]:
     from infertrace.evaluation.pd import evaluate_pd
 
-    return evaluate_pd(bank)
+    return evaluate_pd(bank, pool)
 
 
 def _render_pd(section: dict[str, Any]) -> str:
@@ -129,8 +180,10 @@ def _render_pd(section: dict[str, Any]) -> str:
     return render_pd(section)
 
 
+Evaluator = Callable[[Path, ScenarioPool], dict[str, Any]]
+
 # Section name → (evaluator over a bank directory, table renderer of its result).
-EVALUATORS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
+EVALUATORS: dict[str, tuple[Evaluator, Callable[[dict[str, Any]], str]]] = {
     "itl": (_itl, _render_itl),
     "rca": (_rca, _render_rca),
     "pd": (_pd, _render_pd),

@@ -40,7 +40,7 @@ from infertrace.analyzers.itl_requests import (
     RequestStall,
     attribute_store_requests,
 )
-from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
+from infertrace.evaluation import ScenarioPool, load_truth, open_scenario_store, scenario_dirs
 
 
 class _Counts:
@@ -115,7 +115,7 @@ def score_steps(truth: dict[str, Any], analysis: ItlAnalysis, policies: dict[str
             for cause in t["causes"]:
                 labels[cause][0] += 1
                 labels[cause][1] += key in pred_steps and cause in pred_steps[key].causes
-    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false, "labels": labels}
+    return {"per_policy": per_policy, "negative_spikes": spikes, "negative_false": false, "labels": dict(labels)}
 
 
 def score_requests(truth: dict[str, Any], attribution: RequestOnlyAttribution,
@@ -246,8 +246,21 @@ def iteration_timing(truth: dict[str, Any], attr: Any, window_ns: int = 5_000_00
     return {"stalls": len(steps), "found": len(errors), "errors_ns": errors}
 
 
-def evaluate_itl(bank: str | Path) -> dict[str, Any]:
-    """Scores every method the bank's inputs allow over every scenario of the bank."""
+def _score_scenario(scenario: Path) -> dict[str, Any]:
+    """One scenario's counts: per method its inputs allow (in `COMBINATIONS`' order), and the iteration logs'
+    timing (None without them)."""
+    truth = load_truth(scenario)
+    with open_scenario_store(scenario) as store:
+        results = _attributions(store)
+        policies = dict(store.sql("SELECT DISTINCT instance, policy FROM steps").fetchall())
+    methods = {method: score_steps(truth, results[method], policies) if method == "steps"
+               else score_requests(truth, results[method], policies) for method in COMBINATIONS if method in results}
+    timing = iteration_timing(truth, results["_iterations"]) if "_iterations" in results else None
+    return {"scenario": scenario.name, "family": _family_key(truth), "methods": methods, "iteration_timing": timing}
+
+
+def evaluate_itl(bank: str | Path, pool: ScenarioPool | None = None) -> dict[str, Any]:
+    """Scores every method the bank's inputs allow over every scenario of the bank (its scenarios through `pool`)."""
     started = time.perf_counter()
     methods = tuple(COMBINATIONS)
     overall = {m: _Counts() for m in methods}
@@ -262,19 +275,11 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
     family_timing: dict[str, dict[str, Any]] = defaultdict(lambda: {"stalls": 0, "found": 0, "errors_ns": []})
     scenarios = []
     families: dict[str, int] = defaultdict(int)
-    for scenario in scenario_dirs(bank):
-        truth = load_truth(scenario)
-        family = _family_key(truth)
+    for scored in (pool or ScenarioPool()).map(_score_scenario, scenario_dirs(bank)):
+        family = scored["family"]
         families[family] += 1
-        with open_scenario_store(scenario) as store:
-            results = _attributions(store)
-            policies = dict(store.sql("SELECT DISTINCT instance, policy FROM steps").fetchall())
-        for method in methods:
-            if method not in results:
-                continue
+        for method, result in scored["methods"].items():
             ran[method] += 1
-            result = (score_steps(truth, results[method], policies) if method == "steps"
-                      else score_requests(truth, results[method], policies))
             for policy, counts in result["per_policy"].items():
                 for target in (overall[method], per_family[family][method], per_policy[policy][method]):
                     target.add(counts.tp, counts.fp, counts.fn, counts.named_ok)
@@ -288,13 +293,12 @@ def evaluate_itl(bank: str | Path) -> dict[str, Any]:
                 for cause, (n, same) in result["labels"].items():
                     labels[cause][0] += n
                     labels[cause][1] += same
-        if "_iterations" in results:
-            found = iteration_timing(truth, results["_iterations"])
+        if (found := scored["iteration_timing"]) is not None:
             for target in (timing, family_timing[family]):
                 target["stalls"] += found["stalls"]
                 target["found"] += found["found"]
                 target["errors_ns"] += found["errors_ns"]
-        scenarios.append(scenario.name)
+        scenarios.append(scored["scenario"])
 
     def rate(method: str) -> float | None:
         false, spikes = negative[method]

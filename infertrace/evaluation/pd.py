@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from infertrace.analyzers.blame import ENGINE_QUEUEING
 from infertrace.analyzers.pools import POOL_KINDS
-from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
+from infertrace.evaluation import ScenarioPool, load_truth, open_scenario_store, scenario_dirs
 
 if TYPE_CHECKING:
     from infertrace.analyzers.rca import RcaReport
+    from infertrace.evaluation.rca import ScenarioResult
 
 TOLERANCE = 0.15
 NAIVE = ("gpu_prefill_alone", "flops_ratio", "unbatched_fifo")
@@ -135,17 +136,19 @@ def _pools_named(report: RcaReport, truth: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
-def _rca(bank: str | Path) -> dict[str, Any]:
-    from infertrace.evaluation.rca import BASELINES, accuracy, evaluate_scenario
+def _rca_scored(scenario: Path, truth: dict[str, Any]) -> tuple[list[ScenarioResult], list[dict[str, Any]]]:
+    """A P/D root-cause scenario's culprits scored as the `rca` section scores them, and the pools named for them."""
+    from infertrace.evaluation.rca import evaluate_scenario
 
-    results, pools = [], []
-    for scenario in scenario_dirs(bank):
-        truth = load_truth(scenario)
-        if truth.get("family") in PD_RCA_FAMILIES and "rca" in truth.get("tasks", ()):
-            scored, _, report = evaluate_scenario(scenario)
-            results += scored
-            if report is not None:
-                pools += _pools_named(report, truth)
+    if truth.get("family") not in PD_RCA_FAMILIES or "rca" not in truth.get("tasks", ()):
+        return [], []
+    scored, _, report = evaluate_scenario(scenario)
+    return scored, [] if report is None else _pools_named(report, truth)
+
+
+def _rca(results: list[ScenarioResult], pools: list[dict[str, Any]]) -> dict[str, Any]:
+    from infertrace.evaluation.rca import BASELINES, accuracy
+
     families = sorted({r.family for r in results})
 
     def scores(family: str | None) -> dict[str, Any]:
@@ -169,17 +172,27 @@ def _scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                                   for r in rows])} for name in NAIVE}}
 
 
-def evaluate_pd(bank: str | Path) -> dict[str, Any]:
-    rows = []
-    for scenario in scenario_dirs(bank):
-        truth = load_truth(scenario)
-        if "pd" in truth.get("tasks", ()):
-            rows.append(_scenario(scenario, truth))
+def _score_scenario(scenario: Path) -> tuple[
+        dict[str, Any] | None, list[ScenarioResult], list[dict[str, Any]]]:
+    """One scenario's part of the section: its recommendation row (None without the pd task), its P/D culprits
+    scored, the pools named for them."""
+    truth = load_truth(scenario)
+    row = _scenario(scenario, truth) if "pd" in truth.get("tasks", ()) else None
+    return (row, *_rca_scored(scenario, truth))
+
+
+def evaluate_pd(bank: str | Path, pool: ScenarioPool | None = None) -> dict[str, Any]:
+    """Both parts over a scenario bank directory (its scenarios through `pool`)."""
+    rows, results, pools = [], [], []
+    for row, scored, named in (pool or ScenarioPool()).map(_score_scenario, scenario_dirs(bank)):
+        rows += [] if row is None else [row]
+        results += scored
+        pools += named
     return {**_scores(rows), "tolerance": TOLERANCE,
             "per_variant": {v: _scores([r for r in rows if r["variant"] == v]) for v in VARIANTS
                             if any(r["variant"] == v for r in rows)},
             "not_analysed": [f"{r['scenario']}: {r['why']}" for r in rows if r["why"]],
-            "scenarios": rows, "rca": _rca(bank)}
+            "scenarios": rows, "rca": _rca(results, pools)}
 
 
 def _median_abs(errors: list[float | None]) -> float | None:

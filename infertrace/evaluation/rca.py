@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ import pandas as pd
 from infertrace.analyzers.anomalies import DetectionConfig
 from infertrace.analyzers.rca import Candidate, IncidentDiagnosis, RcaInputs, RcaReport, analyze_inputs, diagnose
 from infertrace.analyzers.topology import Topology
-from infertrace.evaluation import load_truth, open_scenario_store, scenario_dirs
+from infertrace.evaluation import ScenarioPool, load_truth, open_scenario_store, scenario_dirs
 
 K = 5
 SHIFTS_S = (-60, 60)
@@ -428,17 +429,21 @@ def _analyzer_key(cause: Any) -> tuple[float, ...]:
     return (cause.score, cause.ochiai, cause.own.score)
 
 
+def _score_scenario(scenario_dir: Path, config: DetectionConfig | None) -> tuple[
+        list[ScenarioResult], LiftResult | None]:
+    found, lift, _ = evaluate_scenario(scenario_dir, config)
+    return found, lift
+
+
 def evaluate_rca(bank: str | Path, config: DetectionConfig | None = None,
-                 on_scenario: Callable[[str], None] | None = None) -> RcaEvaluation:
-    """Root-cause ranking and attribute lift scored over a scenario bank directory."""
+                 pool: ScenarioPool | None = None) -> RcaEvaluation:
+    """Root-cause ranking and attribute lift scored over a scenario bank directory (its scenarios through `pool`)."""
     results, lifts = [], []
-    for path in scenario_dirs(Path(bank)):
-        found, lift, _ = evaluate_scenario(path, config)
+    scenarios = scenario_dirs(Path(bank))
+    for found, lift in (pool or ScenarioPool()).map(partial(_score_scenario, config=config), scenarios):
         results += found
         if lift is not None:
             lifts.append(lift)
-        if on_scenario is not None:
-            on_scenario(path.name)
     return RcaEvaluation(tuple(results), tuple(lifts))
 
 
@@ -487,6 +492,6 @@ def render_rca(section: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_rca_section(bank: str | Path) -> dict[str, Any]:
+def evaluate_rca_section(bank: str | Path, pool: ScenarioPool | None = None) -> dict[str, Any]:
     """`evaluate_rca` as the JSON-ready `rca` section of `infertrace evaluate`."""
-    return evaluate_rca(bank).to_json()
+    return evaluate_rca(bank, pool=pool).to_json()

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from infertrace.evaluation import open_ingested_store
+from infertrace.evaluation import ScenarioPool, open_ingested_store
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, read_capture
 from infertrace.replay.compare import relative_error, variant_caveat
 from infertrace.replay.deployment import Deployment, apply_settings, parse_setting
@@ -112,12 +113,15 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
             "calibration": calibration, "uncalibrated_baseline_error": uncalibrated, "notes": list(capture.notes)}
 
 
-def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None = None) -> dict[str, Any]:
+def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None = None,
+                    pool: ScenarioPool | None = None) -> dict[str, Any]:
+    """Every what-if scenario of the bank (through `pool`: in parallel, `replay` and `calibrate` must be module
+    functions)."""
     dirs = whatif_dirs(bank)
     if not dirs:
         return {"scenarios": 0, "note": f"{bank} holds no what-if scenario (infertrace scenarios whatif writes "
                                           "them): nothing was evaluated"}
-    rows = [evaluate_scenario(d, replay, calibrate) for d in dirs]
+    rows = (pool or ScenarioPool()).map(partial(evaluate_scenario, replay=replay, calibrate=calibrate), dirs)
 
     def worst(key: str, metric: str) -> float | None:
         values = [abs(e) for r in rows if r[key] and (e := r[key][metric]) is not None]
