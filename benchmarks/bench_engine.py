@@ -18,7 +18,6 @@ runs, and prints each mode's medians for both, their ratio, and whether the two 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -39,9 +38,7 @@ MODES = ("engine", "untraced", "traced", "traced-in-process")
 
 def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | None = None) -> dict[str, Any]:
     """One run of `mode` in this (fresh) process; with `tree`, of the engine code in that checkout."""
-    if tree is not None:  # ahead of this checkout, and of the import hook of an editable install of it
-        sys.path.insert(0, str(tree))
-        sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+    side_by_side.use_tree(tree)
     import reference_engine
     from reference_engine.engine.config import EngineConfig
     from reference_engine.engine.llm_engine import LLMEngine
@@ -81,10 +78,7 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
 
 
 def main() -> None:
-    parser = side_by_side.parser(__doc__, MODES, repeat=5)
-    parser.add_argument("--baseline", type=Path, help="another checkout to time against this one, interleaved")
-    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = side_by_side.parser(__doc__, MODES, repeat=5).parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.duration, args.out, args.tree)))
         return
