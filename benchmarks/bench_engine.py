@@ -11,15 +11,13 @@ Every run is a fresh process; the modes (and BLIS) are interleaved, each repetit
 medians are reported. "sim" is the simulation alone (workload read, sink closed: the file complete); "process" is
 the whole process, Python's start-up and reading the trace included, which is what BLIS's figure is.
 
-`--baseline DIR` runs the modes every checkout has (engine, untraced, traced-in-process; not the child-process
-writer, which older checkouts lack) on the code in DIR (e.g. `git archive main | tar -x -C DIR`) and on this
-checkout, as contenders of the same interleaved fresh-process runs, and prints each mode's medians for both, their
-ratio, and whether the two checkouts wrote byte-identical traces.
+`--baseline DIR` adds every mode of the engine code in DIR (e.g. `git archive 48c09ec | tar -x -C DIR`; a checkout
+with the child-process writer, `simulate.open_sink(..., background=True)`) as contenders of the same interleaved
+runs, and prints each mode's medians for both, their ratio, and whether the two wrote byte-identical traces.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -36,14 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import side_by_side
 
 MODES = ("engine", "untraced", "traced", "traced-in-process")
-BASELINE_MODES = ("engine", "untraced", "traced-in-process")  # what any checkout can run
 
 
 def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | None = None) -> dict[str, Any]:
     """One run of `mode` in this (fresh) process; with `tree`, of the engine code in that checkout."""
-    if tree is not None:  # ahead of this checkout, and of the import hook of an editable install of it
-        sys.path.insert(0, str(tree))
-        sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+    side_by_side.use_tree(tree)
     import reference_engine
     from reference_engine.engine.config import EngineConfig
     from reference_engine.engine.llm_engine import LLMEngine
@@ -56,6 +51,7 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
     start, cpu = time.perf_counter(), time.process_time()
     result: dict[str, Any] = {"mode": mode, "requests": len(requests),
                               "engine_code": str(Path(reference_engine.__file__).resolve().parent)}
+    sink = None
     if mode == "engine":
         engine = LLMEngine(config)
         ended = engine.run(requests)
@@ -70,71 +66,29 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
         summary = simulate(config, requests, sink)
         result["simulated_s"] = summary.simulated_s
         result["output_tokens"] = summary.output_tokens
-        if sink is not None:
-            result["spans"] = sink.spans_written  # type: ignore[attr-defined]
-            result["bytes"] = out.stat().st_size
-            result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
-    result["sim_wall_s"] = time.perf_counter() - start
+    result["sim_wall_s"] = time.perf_counter() - start  # the sink is closed: the trace file is complete
     result["sim_cpu_s"] = time.process_time() - cpu
+    if sink is not None:  # checked after the clock stops
+        result["spans"] = sink.spans_written  # type: ignore[attr-defined]
+        result["bytes"] = out.stat().st_size
+        result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     result["child_cpu_s"] = sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime",
                                                                                                   "ru_stime"))
     return result
 
 
-def compare(args: argparse.Namespace) -> None:
-    """`--baseline DIR`: the modes of both checkouts as contenders of one interleaved run."""
-    trees = {"this": None, "baseline": args.baseline.resolve()}
-    contenders = [f"{name} {mode}" for mode in BASELINE_MODES for name in trees]
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        def run(contender: str) -> dict[str, Any]:
-            name, mode = contender.split(" ", 1)
-            tree = trees[name]
-            return side_by_side.fresh_process(__file__, [
-                "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration),
-                "--out", str(Path(tmp) / f"{name}.jsonl"), *(["--tree", str(tree)] if tree else [])])
-
-        runs = side_by_side.interleaved(contenders, args.repeat, run)
-
-    def median(contender: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[contender])
-
-    print(f"medians of {args.repeat} fresh processes per contender, interleaved; load average before "
-          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f}")
-    print("| mode | baseline sim CPU s | this checkout sim CPU s | ratio | baseline sim wall s | this sim wall s "
-          "| ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for mode in BASELINE_MODES:
-        a, b = median(f"baseline {mode}", "sim_cpu_s"), median(f"this {mode}", "sim_cpu_s")
-        wa, wb = median(f"baseline {mode}", "sim_wall_s"), median(f"this {mode}", "sim_wall_s")
-        print(f"| {mode} | {a:.2f} | {b:.2f} | {b / a:.3f} | {wa:.2f} | {wb:.2f} | {wb / wa:.3f} |")
-    base, mine = runs["baseline traced-in-process"][-1], runs["this traced-in-process"][-1]
-    if not Path(base["engine_code"]).is_relative_to(trees["baseline"]):
-        raise SystemExit(f"--baseline {args.baseline}: its runs imported the engine from {base['engine_code']}, "
-                         "not from that checkout")
-    print(f"engine code: {base['engine_code']} against {mine['engine_code']}; traces "
-          f"{'byte-identical' if base['sha256'] == mine['sha256'] else 'DIFFERENT'} "
-          f"({mine['bytes']} bytes, sha256 {mine['sha256'][:16]}…)")
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1) + "\n")
-
-
 def main() -> None:
-    parser = side_by_side.parser(__doc__, MODES, repeat=5)
-    parser.add_argument("--baseline", type=Path, help="another checkout to time against this one, interleaved")
-    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = side_by_side.parser(__doc__, MODES, repeat=5).parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.duration, args.out, args.tree)))
         return
-    if args.baseline is not None:
-        compare(args)
-        return
 
-    contenders: list[str] = list(MODES) + (["blis"] if args.blis else [])
+    trees: dict[str, Path | None] = {"": None}
+    if args.baseline is not None:
+        trees["baseline "] = args.baseline.resolve()
+    contenders = [f"{name}{mode}" for name in trees for mode in MODES] + (["blis"] if args.blis else [])
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "trace.jsonl"
         if args.blis:
             from benchmarks import blis
             from reference_engine.workload import azure_requests
@@ -146,8 +100,13 @@ def main() -> None:
                 result = blis.run(args.blis, header, data)
                 result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
                 return result
-            return side_by_side.fresh_process(__file__, ["--worker", contender, "--workload", str(args.workload),
-                                                         "--duration", str(args.duration), "--out", str(out)])
+            name, mode = ("baseline ", contender.removeprefix("baseline ")) if contender.startswith("baseline ") \
+                else ("", contender)
+            tree = trees[name]
+            out = Path(tmp) / f"{name.strip() or 'this'}-{mode}.jsonl"
+            return side_by_side.fresh_process(__file__, [
+                "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration), "--out",
+                str(out), *(["--tree", str(tree)] if tree else [])])
 
         runs = side_by_side.interleaved(contenders, args.repeat, run)
 
@@ -157,14 +116,16 @@ def main() -> None:
     simulated = median("traced", "simulated_s")
     print(f"workload {args.workload.name}: {runs['traced'][0]['requests']} requests, {simulated:.0f} simulated s; "
           f"medians of {args.repeat} fresh processes per contender, interleaved; load average before "
-          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f}")
+          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after {os.getloadavg()[0]:.1f} "
+          f"(during the runs {min(r['load_average'] for c in runs.values() for r in c):.1f}–"
+          f"{max(r['load_average'] for c in runs.values() for r in c):.1f})")
     blis_speed = median("blis", "simulated_s") / median("blis", "process_wall_s") if args.blis else None
     blis_cpu_speed = median("blis", "simulated_s") / median("blis", "process_cpu_s") if args.blis else None
     print("| run | sim wall s | simulated s / sim wall s | process wall s | simulated s / process wall s "
           "| sim CPU s (+ writer process) | process CPU s, all processes |"
           + (" vs BLIS: sim wall / process wall / process CPU |" if blis_speed else ""))
     print("|---|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
-    for contender in MODES:
+    for contender in [c for c in contenders if c != "blis"]:
         sim, proc = median(contender, "sim_wall_s"), median(contender, "process_wall_s")
         cpu, child = median(contender, "sim_cpu_s"), median(contender, "child_cpu_s")
         proc_cpu = median(contender, "process_cpu_s")
@@ -177,12 +138,33 @@ def main() -> None:
     if blis_speed:
         wall, cpu = median("blis", "process_wall_s"), median("blis", "process_cpu_s")
         print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | {cpu:.2f} | 1 |")
-    traced, untraced = median("traced", "sim_wall_s"), median("untraced", "sim_wall_s")
-    in_process = median("traced-in-process", "sim_wall_s")
-    spans, size = runs["traced"][0]["spans"], runs["traced"][0]["bytes"]
-    print(f"tracing cost: {traced / untraced:.2f}× the untraced sim wall time with the writer process, "
-          f"{in_process / untraced:.2f}× with the writer in-process; {spans} spans, {size / 1e6:.1f} MB, "
-          f"{size / runs['traced'][0]['output_tokens']:.1f} bytes per generated token")
+    for name in trees:
+        traced, untraced = median(f"{name}traced", "sim_wall_s"), median(f"{name}untraced", "sim_wall_s")
+        traced_cpu, untraced_cpu = median(f"{name}traced", "sim_cpu_s"), median(f"{name}untraced", "sim_cpu_s")
+        in_process = median(f"{name}traced-in-process", "sim_wall_s")
+        first = runs[f"{name}traced"][0]
+        print(f"{name or 'this checkout '}tracing cost: {traced / untraced:.2f}× the untraced sim wall time with the "
+              f"writer process ({traced_cpu / untraced_cpu:.2f}× the simulator's own CPU time), "
+              f"{in_process / untraced:.2f}× with the writer in-process; {first['spans']} spans, "
+              f"{first['bytes'] / 1e6:.1f} MB, {first['bytes'] / first['output_tokens']:.1f} bytes per generated token")
+    if args.baseline is not None:
+        print("| mode | baseline sim CPU s (+ writer) | this sim CPU s (+ writer) | ratio, all CPU "
+              "| baseline sim wall s | this sim wall s | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for mode in MODES:
+            a, b = median(f"baseline {mode}", "sim_cpu_s"), median(mode, "sim_cpu_s")
+            ca, cb = median(f"baseline {mode}", "child_cpu_s"), median(mode, "child_cpu_s")
+            wa, wb = median(f"baseline {mode}", "sim_wall_s"), median(mode, "sim_wall_s")
+            print(f"| {mode} | {a:.2f} + {ca:.2f} | {b:.2f} + {cb:.2f} | {(b + cb) / (a + ca):.3f} | {wa:.2f} | "
+                  f"{wb:.2f} | {wb / wa:.3f} |")
+        for mode in ("traced", "traced-in-process"):
+            base, mine = runs[f"baseline {mode}"][-1], runs[mode][-1]
+            if not Path(base["engine_code"]).is_relative_to(trees["baseline "]):  # type: ignore[arg-type]
+                raise SystemExit(f"--baseline {args.baseline}: its runs imported the engine from "
+                                 f"{base['engine_code']}, not from that checkout")
+            print(f"{mode}: engine code {base['engine_code']} against {mine['engine_code']}; traces "
+                  f"{'byte-identical' if base['sha256'] == mine['sha256'] else 'DIFFERENT'} "
+                  f"({mine['bytes']} bytes, sha256 {mine['sha256'][:16]}…)")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1) + "\n")
 

@@ -4,19 +4,26 @@ file as `infertrace simulate --fleet` writes it (spans built and written by a ch
 wall time grows with N. With `--blis PATH`, BLIS runs the same requests on N instances (round-robin) side by side.
 
     .venv/bin/python benchmarks/bench_replicas.py [--replicas 1,2,4,8,16] [--duration 3600] [--repeat 3] [--blis PATH]
+        [--baseline DIR]
 
 Every run is a fresh process; for each N the contenders are interleaved, each repetition in a rotated order, and
 the medians are reported. "sim" is the simulation alone (after the requests are read; sink closed: the file
 complete); "process" is the whole process, Python's start-up and reading the trace included, which is what BLIS's
 figure is.
 The scaling exponent is the least-squares slope of log(sim wall time) against log(N).
+
+`--baseline DIR` adds both modes of the engine code in DIR (e.g. `git archive 48c09ec | tar -x -C DIR`) as contenders
+of the same interleaved runs, and prints their CPU time against this checkout's and whether the traces are
+byte-identical.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -27,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import blis, side_by_side
+from benchmarks import side_by_side
 
 MODES = ("traced", "untraced")
 
@@ -48,8 +55,11 @@ def _requests(replicas: int, workload: Path, duration: float) -> tuple[Any, list
     return spec, fleet_requests(spec, duration, seed=0)
 
 
-def worker(mode: str, replicas: int, workload: Path, duration: float, out: Path) -> dict[str, Any]:
-    """One run of `mode` with N replicas in this (fresh) process."""
+def worker(mode: str, replicas: int, workload: Path, duration: float, out: Path,
+           tree: Path | None = None) -> dict[str, Any]:
+    """One run of `mode` with N replicas in this (fresh) process; with `tree`, of the engine code in that checkout."""
+    side_by_side.use_tree(tree)
+    import reference_engine
     from reference_engine.fleet.fleet import Fleet
     from reference_engine.simulate import open_sink
 
@@ -57,14 +67,18 @@ def worker(mode: str, replicas: int, workload: Path, duration: float, out: Path)
     start, cpu = time.perf_counter(), time.process_time()
     sink = open_sink(out, None) if mode == "traced" else None
     summary = Fleet(spec, sink, seed=0).run(requests)
-    result: dict[str, Any] = {"mode": mode, "replicas": replicas, "requests": summary.requests,
-                              "simulated_s": summary.simulated_s}
     if sink is not None:
         sink.close()
+    result: dict[str, Any] = {"mode": mode, "replicas": replicas, "requests": summary.requests,
+                              "simulated_s": summary.simulated_s, "sim_wall_s": time.perf_counter() - start,
+                              "sim_cpu_s": time.process_time() - cpu, "child_cpu_s": sum(
+                                  getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime",
+                                                                                                   "ru_stime")),
+                              "engine_code": str(Path(reference_engine.__file__).resolve().parent)}
+    if sink is not None:  # checked after the clock stops
         result["spans"] = sink.spans_written  # type: ignore[attr-defined]
         result["bytes"] = out.stat().st_size
-    result["sim_wall_s"] = time.perf_counter() - start
-    result["sim_cpu_s"] = time.process_time() - cpu
+        result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     return result
 
 
@@ -80,15 +94,18 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2,4,8,16", help="comma-separated replica counts N")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, int(args.replicas), args.workload, args.duration, args.out)))
+        print(json.dumps(worker(args.worker, int(args.replicas), args.workload, args.duration, args.out, args.tree)))
         return
 
     counts = [int(n) for n in args.replicas.split(",")]
-    contenders = list(MODES) + (["blis"] if args.blis else [])
+    if args.blis:
+        from benchmarks import blis  # here: a worker imports the engine only after choosing its checkout
+    baseline = args.baseline.resolve() if args.baseline else None
+    contenders = (list(MODES) + ([f"baseline {mode}" for mode in MODES] if baseline else [])
+                  + (["blis"] if args.blis else []))
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "trace.jsonl"
         blis_traces: dict[int, tuple[Path, Path]] = {}
         for n in counts:
             if args.blis:
@@ -99,9 +116,11 @@ def main() -> None:
                     result = blis.run(args.blis, *blis_traces[n], instances=n)
                     result["process_wall_s"], result["process_cpu_s"] = result["wall_s"], result["cpu_s"]
                     return result
+                mode = contender.removeprefix("baseline ")
+                tree = ["--tree", str(baseline)] if contender != mode else []
                 return side_by_side.fresh_process(__file__, [
-                    "--worker", contender, "--replicas", str(n), "--workload", str(args.workload), "--duration",
-                    str(args.duration), "--out", str(out)])
+                    "--worker", mode, "--replicas", str(n), "--workload", str(args.workload), "--duration",
+                    str(args.duration), "--out", str(Path(tmp) / f"{contender.replace(' ', '-')}.jsonl"), *tree])
 
             runs[n] = side_by_side.interleaved(contenders, args.repeat, run, label=f"N={n} ")
 
@@ -131,6 +150,30 @@ def main() -> None:
                     f"{simulated / traced_proc / speed:.2f} / "
                     f"{simulated / median(n, 'traced', 'process_cpu_s') / cpu_speed:.2f} |")
         print(row)
+    print("CPU s, medians: | N | traced: simulator + writer child | traced: all processes | untraced: simulator "
+          "| untraced: all processes |" + (" BLIS: all threads |" if args.blis else ""))
+    for n in counts:
+        print(f"| {n} | {median(n, 'traced', 'sim_cpu_s'):.2f} + {median(n, 'traced', 'child_cpu_s'):.2f} | "
+              f"{median(n, 'traced', 'process_cpu_s'):.2f} | {median(n, 'untraced', 'sim_cpu_s'):.2f} | "
+              f"{median(n, 'untraced', 'process_cpu_s'):.2f} |"
+              + (f" {median(n, 'blis', 'process_cpu_s'):.2f} |" if args.blis else ""))
+    loads = [r["load_average"] for by_contender in runs.values() for c in by_contender.values() for r in c]
+    print(f"load average during the runs: {min(loads):.1f}–{max(loads):.1f}")
+    if baseline:
+        print("| N | baseline traced: sim wall s / sim CPU s + writer | this: sim wall s / sim CPU s + writer "
+              "| ratio, all CPU | baseline untraced: sim CPU s | this | traces |")
+        print("|---|---|---|---|---|---|---|")
+        for n in counts:
+            base, mine = runs[n]["baseline traced"][-1], runs[n]["traced"][-1]
+            if not Path(base["engine_code"]).is_relative_to(baseline):
+                raise SystemExit(f"--baseline {baseline}: its runs imported the engine from {base['engine_code']}")
+            cpu = {c: median(n, c, "process_cpu_s") for c in ("baseline traced", "traced")}
+            print(f"| {n} | {median(n, 'baseline traced', 'sim_wall_s'):.2f} / "
+                  f"{median(n, 'baseline traced', 'sim_cpu_s'):.2f} + {median(n, 'baseline traced', 'child_cpu_s'):.2f}"
+                  f" | {median(n, 'traced', 'sim_wall_s'):.2f} / {median(n, 'traced', 'sim_cpu_s'):.2f} + "
+                  f"{median(n, 'traced', 'child_cpu_s'):.2f} | {cpu['traced'] / cpu['baseline traced']:.3f} | "
+                  f"{median(n, 'baseline untraced', 'sim_cpu_s'):.2f} | {median(n, 'untraced', 'sim_cpu_s'):.2f} | "
+                  f"{'byte-identical' if base['sha256'] == mine['sha256'] else 'DIFFERENT'} |")
     if len(counts) > 1:
         line = (f"wall time ∝ N^k over N = {', '.join(map(str, counts))}: traced k = "
                 f"{slope(counts, [median(n, 'traced', 'sim_wall_s') for n in counts]):.2f}, untraced k = "

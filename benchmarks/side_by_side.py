@@ -26,9 +26,19 @@ def parser(doc: str, modes: Sequence[str], repeat: int) -> argparse.ArgumentPars
     p.add_argument("--repeat", type=int, default=repeat, help="interleaved repetitions; medians are reported")
     p.add_argument("--blis", type=Path, help="a BLIS binary, in the directory of its defaults.yaml")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--baseline", type=Path, help="another checkout to time against this one, interleaved")
     p.add_argument("--worker", choices=modes, help=argparse.SUPPRESS)
+    p.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return p
+
+
+def use_tree(tree: Path | None) -> None:
+    """In a worker: import the engine code of the checkout `tree` (`--baseline`), ahead of this checkout's and of
+    the import hook of an editable install of it."""
+    if tree is not None:
+        sys.path.insert(0, str(tree))
+        sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 
 
 def _cpu_of_children() -> float:

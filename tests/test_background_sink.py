@@ -72,6 +72,46 @@ def test_kv_tier_and_expert_offload_attributes_reach_spans_built_in_the_child(tm
         assert f'"key":"{attribute}"'.encode() in outputs[1], attribute
 
 
+class _RecordsOnly:
+    """An OTLP JSON writer reached only through `export`: a tracer hands it `SpanRecord`s, not encoded spans."""
+
+    def __init__(self, path: Path) -> None:
+        self.writer = OtlpJsonLinesWriter(path)
+
+    def export(self, resource: dict[str, object], spans: list[SpanRecord], scope: str | None = None) -> None:
+        self.writer.export(resource, spans, scope)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+ENCODED_ENGINES = {
+    "chunked prefills and preemptions": (
+        EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=512, num_kv_blocks=1200),
+        [sc.STEP_PREEMPTED_REQUEST_IDS, sc.STEP_PREFILL_SAMPLES_TOKEN, sc.EVENT_PREFILL_CHUNK, sc.SYSTEM_PROMPT_ID]),
+    **FIDELITY_ENGINES,
+}
+
+
+@pytest.mark.parametrize("engine", list(ENCODED_ENGINES))
+def test_spans_encoded_straight_from_the_facts_are_the_bytes_the_span_record_encoder_writes(tmp_path: Path,
+                                                                                          engine: str) -> None:
+    """A tracer writing to an OTLP JSON file encodes steps and request phases without building `SpanRecord`s;
+    the same engine traced through records (what any other sink gets) writes the same bytes."""
+    config, names = ENCODED_ENGINES[engine]
+    workload = SyntheticWorkload(rate=6.0 if engine != "offloaded experts" else 0.5, prompt_mean=800.0,
+                                 output_mean=200.0, system_prompt_fraction=0.7, assistant_prefill_fraction=0.2)
+    requests = synthetic_requests(workload, 60.0, seed=3, start_ns=T0)
+    outputs = []
+    for path, sink in ((tmp_path / "encoded.jsonl", OtlpJsonLinesWriter(tmp_path / "encoded.jsonl")),
+                       (tmp_path / "records.jsonl", _RecordsOnly(tmp_path / "records.jsonl"))):
+        simulate(config, requests, sink, seed=3)
+        outputs.append(path.read_bytes())
+    assert outputs[0] == outputs[1]
+    for name in names:
+        assert f'"{name}"'.encode() in outputs[0], name
+
+
 @pytest.mark.parametrize("fleet", ["two_models.toml", "disaggregated.toml"])
 def test_a_fleet_traced_in_a_child_writes_the_same_bytes(tmp_path: Path, fleet: str) -> None:
     """Gateway spans (sent whole) and engine facts (spans built in the child) keep their order."""

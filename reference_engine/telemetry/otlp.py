@@ -67,7 +67,8 @@ def _double(value: float) -> str:
     return repr(value)
 
 
-def _array(values: Sequence[Any]) -> str:
+def encode_array(values: Sequence[Any]) -> str:
+    """An attribute's array value (`arrayValue`) of ints, strings, bools or floats."""
     if not values:
         return '{"arrayValue":{}}'
     first = type(values[0])
@@ -99,7 +100,7 @@ def _any_value(value: Any) -> str:
     if kind is float:
         return '{"doubleValue":' + _double(value) + "}"
     if kind is list or kind is tuple:
-        return _array(value)
+        return encode_array(value)
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return _any_value(value.tolist())
     raise TypeError(f"cannot encode attribute value of type {kind.__name__}")
@@ -141,7 +142,7 @@ def _float(value: float) -> str:
 # one test over all of them tells (a join, a sum). The other converts each string and float through its encoder
 # (escaping, refusing NaN and infinities). Other values (lists, bools) go through their encoder in both. One `%`
 # per span instead of string operations per attribute.
-_ENCODERS: dict[type, Any] = {str: _string, bool: _bool, float: _float, list: _array, tuple: _array}
+_ENCODERS: dict[type, Any] = {str: _string, bool: _bool, float: _float, list: encode_array, tuple: encode_array}
 _Shape = tuple[tuple[str, ...], tuple[type, ...]]
 
 
@@ -222,11 +223,49 @@ def encode_span(span: SpanRecord) -> str:
         encode_attributes(span.attributes), events, status)
 
 
+def attributes_format(keys: Sequence[str], kinds: Sequence[type]) -> str:
+    """Attributes of one shape (ints and arrays only) as a %-format: each int a `%d`, each array a `%s` to be given
+    as `encode_array(values)`. For a producer of many spans of a few fixed shapes (engine steps), which then builds
+    neither attribute dicts nor `SpanRecord`s; `encode_attributes` writes the same bytes from a dict."""
+    if not set(kinds) <= {int, list}:
+        raise ValueError(f"attributes_format takes ints and arrays only, not {sorted(k.__name__ for k in kinds)}")
+    if not keys:
+        return ""
+    shape = (tuple(keys), tuple(kinds))
+    return (_templates.get(shape) or _template(shape)).fast
+
+
+def span_format(name: str, kind: int = SPAN_KIND_INTERNAL, parent: bool = False, events: bool = False) -> str:
+    """A span without links or status as a %-format of its trace id, span id, parent span id (with `parent`), start
+    and end (ns), attributes (encoded) and events (with `events`: encoded, `event_format`, comma-separated): the
+    bytes `encode_span` writes for such a span."""
+    return ('{"traceId":"%%032x","spanId":"%%016x"%s,"name":%s,"kind":%d,"startTimeUnixNano":"%%d",'
+            '"endTimeUnixNano":"%%d","attributes":[%%s]%s,"status":{}}') % (
+        ',"parentSpanId":"%016x"' if parent else "", _name(name).replace("%", "%%"), kind,
+        ',"events":[%s]' if events else "")
+
+
+def event_format(name: str, keys: Sequence[str]) -> str:
+    """An event whose attributes are the ints `keys` as a %-format of its time (ns) and their values."""
+    return ('{"timeUnixNano":"%%d","name":%s,"attributes":[' % _name(name).replace("%", "%%")
+            + attributes_format(keys, [int] * len(keys)) + "]}")
+
+
+def string_attribute(key: str, value: str) -> str:
+    """One string attribute, encoded."""
+    return _key_prefix(key) + _string(value) + "}"
+
+
 def encode_traces_data(resource: Attributes, spans: Sequence[SpanRecord], scope: str, version: str) -> str:
     """One `TracesData` object, as one line of the Collector's file exporter."""
+    return encoded_traces_data(resource, list(map(encode_span, spans)), scope, version)
+
+
+def encoded_traces_data(resource: Attributes, spans: Sequence[str], scope: str, version: str) -> str:
+    """`encode_traces_data` of spans already encoded (`encode_span`)."""
     return (f'{{"resourceSpans":[{{"resource":{{"attributes":[{encode_attributes(resource)}]}},'
             f'"scopeSpans":[{{"scope":{{"name":{json.dumps(scope)},"version":{json.dumps(version)}}},'
-            f'"spans":[{",".join(map(encode_span, spans))}]}}]}}]}}')
+            f'"spans":[{",".join(spans)}]}}]}}]}}')
 
 
 class OtlpJsonLinesWriter:
@@ -248,9 +287,13 @@ class OtlpJsonLinesWriter:
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
 
     def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
+        self.export_encoded(resource, list(map(encode_span, spans)), scope)
+
+    def export_encoded(self, resource: Attributes, spans: Sequence[str], scope: str | None = None) -> None:
+        """`export` of spans already encoded (`encode_span`): what an `EngineTracer` hands a sink that has this."""
         if spans:
-            self._file.write(encode_traces_data(resource, spans, scope or self.scope,
-                                                self.version if scope is None else ""))
+            self._file.write(encoded_traces_data(resource, spans, scope or self.scope,
+                                                 self.version if scope is None else ""))
             self._file.write("\n")
             self.spans_written += len(spans)
 

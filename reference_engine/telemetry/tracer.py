@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infertrace import semconv as sc
 from reference_engine.engine.config import EngineConfig
@@ -21,6 +21,12 @@ from reference_engine.telemetry.otlp import (
     Attributes,
     SpanRecord,
     SpanSink,
+    attributes_format,
+    encode_array,
+    encode_span,
+    event_format,
+    span_format,
+    string_attribute,
 )
 
 if TYPE_CHECKING:
@@ -145,12 +151,59 @@ def request_facts(seq: Sequence) -> RequestFacts:
         seq.first_token_ns, seq.finish_ns))
 
 
+# An engine_step span's attributes, in groups that are there or not together, each of one shape (ints, arrays):
+# `step_attribute_values` gives their values, None for a group a step leaves out.
+_STEP_GROUPS: tuple[tuple[tuple[str, type], ...], ...] = (
+    ((sc.STEP_INDEX, int), (sc.STEP_COUNT, int), (sc.STEP_DURATIONS_NS, list), (sc.STEP_PREFILL_TOKENS, int),
+     (sc.STEP_DECODE_TOKENS, int), (sc.STEP_DECODE_REQUEST_IDS, list), (sc.STEP_DECODE_CONTEXT_TOKENS, int),
+     (sc.STEP_RUNNING, int), (sc.STEP_WAITING, int), (sc.STEP_KV_USED_BLOCKS, int), (sc.STEP_KV_TOTAL_BLOCKS, int)),
+    ((sc.STEP_PREFILL_REQUEST_IDS, list), (sc.STEP_PREFILL_CHUNK_TOKENS, list),
+     (sc.STEP_PREFILL_COMPUTED_TOKENS, list), (sc.STEP_PREFILL_SAMPLES_TOKEN, list)),
+    ((sc.STEP_PREEMPTED_REQUEST_IDS, list),),
+    ((sc.STEP_PAUSE_NS, int),),
+    ((sc.STEP_OFFLOAD_HOST_LINK_BYTES, int), (sc.STEP_OFFLOAD_TRANSFER_NS, int),
+     (sc.STEP_OFFLOAD_HOST_COMPUTE_NS, int), (sc.STEP_OFFLOAD_STREAMED_MICROBATCHES, int),
+     (sc.STEP_OFFLOAD_HOST_MICROBATCHES, int)),
+    ((sc.STEP_KV_LOAD_HOST_TOKENS, int), (sc.STEP_KV_LOAD_REMOTE_TOKENS, int), (sc.STEP_KV_LOAD_NS, int)),
+)
+
+
+def step_attribute_values(step: StepFacts, array: Any = list) -> tuple[tuple[Any, ...] | None, ...]:
+    """The values of an engine_step span's attribute groups (`_STEP_GROUPS`), None for a group left out; each array
+    as `array(values)` (`encode_array`: ready for the groups' formats)."""
+    prefills = step.prefills
+    return (
+        (step.index, len(step.durations), array(step.durations), sum([chunk for _, chunk, _, _ in prefills]),
+         len(step.decode_ids), array(step.decode_ids), step.decode_context_tokens, step.running, step.waiting,
+         step.kv_used_blocks, step.kv_total_blocks),
+        tuple([array(list(column)) for column in zip(*prefills, strict=True)]) if prefills else None,
+        (array(step.preempted_ids),) if step.preempted_ids else None,
+        (step.pause_ns,) if step.pause_ns else None,
+        step.offload,
+        step.kv_load,
+    )
+
+
+_STEP_KEYS = tuple(tuple(key for key, _ in group) for group in _STEP_GROUPS)
+_STEP_FORMATS = tuple(attributes_format(keys, [kind for _, kind in group])
+                      for keys, group in zip(_STEP_KEYS, _STEP_GROUPS, strict=True))
+_STEP_SPAN = span_format(sc.SPAN_STEP)
+_QUEUE_SPAN, _DECODE_SPAN = span_format(sc.SPAN_QUEUE, parent=True), span_format(sc.SPAN_DECODE, parent=True)
+_PREFILL_SPAN = span_format(sc.SPAN_PREFILL, parent=True, events=True)
+_KV_HIT_KEYS = (sc.PREFILL_KV_DEVICE_TOKENS, sc.PREFILL_KV_HOST_TOKENS, sc.PREFILL_KV_REMOTE_TOKENS,
+                sc.PREFILL_KV_EVICTED_TOKENS, sc.PREFILL_KV_EVICTED_REUSE_BLOCKS)
+_PREFILL_ATTRIBUTES = attributes_format((sc.PREFILL_CHUNKS,), (int,))
+_PREFILL_KV_HIT_ATTRIBUTES = attributes_format((sc.PREFILL_CHUNKS, *_KV_HIT_KEYS), (int,) * 6)
+_CHUNK_KEYS = (sc.CHUNK_TOKENS, sc.CHUNK_CACHED_TOKENS, sc.CHUNK_STEP_INDEX)
+_CHUNK_EVENT = event_format(sc.EVENT_PREFILL_CHUNK, _CHUNK_KEYS)
+
+
 @dataclass(slots=True)
 class _PrefillEpisode:
     start_ns: int
     end_ns: int = 0
-    chunks: list[tuple[str, int, Attributes]] = field(default_factory=list)
-    kv_hit: Attributes | None = None  # where its cached prefix came from (engines with KV tiers)
+    chunks: list[tuple[int, int, int, int]] = field(default_factory=list)  # time ns, tokens, cached tokens, step
+    kv_hit: tuple[int, int, int, int, int] | None = None  # where its cached prefix came from (engines with KV tiers)
 
 
 class EngineTracer:
@@ -162,7 +215,10 @@ class EngineTracer:
         self.resource = resource
         self.batch_size = batch_size
         self._rng = random.Random(seed)
-        self._pending: list[SpanRecord] = []
+        # A sink that writes OTLP JSON (`export_encoded`) gets spans encoded as they are made, steps straight from
+        # their facts; any other gets `SpanRecord`s.
+        self._encoded = hasattr(sink, "export_encoded")
+        self._pending: list[SpanRecord | str] = []
         self._episodes: dict[str, list[_PrefillEpisode]] = {}
         self._preemptions: dict[str, list[int]] = {}
         self._model = resource.get(sc.ENGINE_MODEL, "")
@@ -177,6 +233,9 @@ class EngineTracer:
         return self._rng.getrandbits(bits) or 1
 
     def _emit(self, span: SpanRecord) -> None:
+        self._push(encode_span(span) if self._encoded else span)
+
+    def _push(self, span: SpanRecord | str) -> None:
         self._pending.append(span)
         if len(self._pending) >= self.batch_size:
             self.flush()
@@ -185,7 +244,10 @@ class EngineTracer:
         if self._remote_flush is not None:
             self._remote_flush()
         elif self._pending:
-            self.sink.export(self.resource, self._pending)
+            if self._encoded:
+                self.sink.export_encoded(self.resource, self._pending)  # type: ignore[attr-defined]
+            else:
+                self.sink.export(self.resource, self._pending)  # type: ignore[arg-type]
             self._pending = []
 
     def on_step(self, report: StepReport) -> None:
@@ -208,46 +270,22 @@ class EngineTracer:
             if not episodes or episodes[-1].end_ns:
                 episodes.append(_PrefillEpisode(start_ns))
                 if hits is not None and rid in hits:
-                    device, host, remote, evicted, reuse = hits[rid]
-                    episodes[-1].kv_hit = {
-                        sc.PREFILL_KV_DEVICE_TOKENS: device, sc.PREFILL_KV_HOST_TOKENS: host,
-                        sc.PREFILL_KV_REMOTE_TOKENS: remote, sc.PREFILL_KV_EVICTED_TOKENS: evicted,
-                        sc.PREFILL_KV_EVICTED_REUSE_BLOCKS: reuse}
-            episodes[-1].chunks.append((sc.EVENT_PREFILL_CHUNK, end_ns, {
-                sc.CHUNK_TOKENS: chunk, sc.CHUNK_CACHED_TOKENS: before, sc.CHUNK_STEP_INDEX: step.index}))
+                    episodes[-1].kv_hit = hits[rid]
+            episodes[-1].chunks.append((end_ns, chunk, before, step.index))
             if done:
                 episodes[-1].end_ns = end_ns
-        attributes: Attributes = {
-            sc.STEP_INDEX: step.index,
-            sc.STEP_COUNT: len(step.durations),
-            sc.STEP_DURATIONS_NS: step.durations,
-            sc.STEP_PREFILL_TOKENS: sum([chunk for _, chunk, _, _ in step.prefills]),
-            sc.STEP_DECODE_TOKENS: len(step.decode_ids),
-            sc.STEP_DECODE_REQUEST_IDS: step.decode_ids,
-            sc.STEP_DECODE_CONTEXT_TOKENS: step.decode_context_tokens,
-            sc.STEP_RUNNING: step.running,
-            sc.STEP_WAITING: step.waiting,
-            sc.STEP_KV_USED_BLOCKS: step.kv_used_blocks,
-            sc.STEP_KV_TOTAL_BLOCKS: step.kv_total_blocks,
-        }
-        if step.prefills:
-            ids, chunks, computed, samples = map(list, zip(*step.prefills, strict=True))
-            attributes[sc.STEP_PREFILL_REQUEST_IDS] = ids
-            attributes[sc.STEP_PREFILL_CHUNK_TOKENS] = chunks
-            attributes[sc.STEP_PREFILL_COMPUTED_TOKENS] = computed
-            attributes[sc.STEP_PREFILL_SAMPLES_TOKEN] = samples
-        if step.preempted_ids:
-            attributes[sc.STEP_PREEMPTED_REQUEST_IDS] = step.preempted_ids
-        if step.pause_ns:
-            attributes[sc.STEP_PAUSE_NS] = step.pause_ns
-        if step.offload is not None:
-            (attributes[sc.STEP_OFFLOAD_HOST_LINK_BYTES], attributes[sc.STEP_OFFLOAD_TRANSFER_NS],
-             attributes[sc.STEP_OFFLOAD_HOST_COMPUTE_NS], attributes[sc.STEP_OFFLOAD_STREAMED_MICROBATCHES],
-             attributes[sc.STEP_OFFLOAD_HOST_MICROBATCHES]) = step.offload
-        if step.kv_load is not None:
-            (attributes[sc.STEP_KV_LOAD_HOST_TOKENS], attributes[sc.STEP_KV_LOAD_REMOTE_TOKENS],
-             attributes[sc.STEP_KV_LOAD_NS]) = step.kv_load
-        self._emit(SpanRecord(self._id(128), self._id(64), 0, sc.SPAN_STEP, start_ns, end_ns, attributes))
+        trace_id, span_id = self._id(128), self._id(64)
+        if self._encoded:  # straight to JSON, group by group: no attribute dict, no SpanRecord
+            groups = step_attribute_values(step, encode_array)
+            attributes = ",".join([fmt % group for fmt, group in zip(_STEP_FORMATS, groups, strict=True)
+                                   if group is not None])
+            self._push(_STEP_SPAN % (trace_id, span_id, start_ns, end_ns, attributes))
+            return
+        record: Attributes = {}
+        for keys, group in zip(_STEP_KEYS, step_attribute_values(step), strict=True):
+            if group is not None:
+                record.update(zip(keys, group, strict=True))
+        self._emit(SpanRecord(trace_id, span_id, 0, sc.SPAN_STEP, start_ns, end_ns, record))
 
     # ------------------------------------------------------------------------------------ requests
     def add_request(self, req: RequestFacts) -> None:
@@ -258,8 +296,25 @@ class EngineTracer:
         request_span = self._id(64)
         end_ns = req.finish_ns if req.finish_ns is not None else req.arrival_ns
 
+        encoded = self._encoded
+        rid_attribute = string_attribute(sc.REQUEST_ID, rid) if encoded else ""
+
         def child(name: str, start: int, end: int, **extra: object) -> SpanRecord:
             return SpanRecord(trace_id, self._id(64), request_span, name, start, end, {sc.REQUEST_ID: rid, **extra})
+
+        def prefill(episode: _PrefillEpisode) -> SpanRecord | str:
+            end = episode.end_ns or end_ns
+            hit = episode.kv_hit
+            if encoded:
+                attributes = rid_attribute + "," + (_PREFILL_ATTRIBUTES % len(episode.chunks) if hit is None else
+                                                    _PREFILL_KV_HIT_ATTRIBUTES % (len(episode.chunks), *hit))
+                return _PREFILL_SPAN % (trace_id, self._id(64), request_span, episode.start_ns, end, attributes,
+                                        ",".join([_CHUNK_EVENT % chunk for chunk in episode.chunks]))
+            span = child(sc.SPAN_PREFILL, episode.start_ns, end,
+                         **{sc.PREFILL_CHUNKS: len(episode.chunks), **dict(zip(_KV_HIT_KEYS, hit or (), strict=False))})
+            span.events = [(sc.EVENT_PREFILL_CHUNK, t, dict(zip(_CHUNK_KEYS, values, strict=True)))
+                           for t, *values in episode.chunks]
+            return span
 
         attributes: Attributes = {
             sc.OPERATION_NAME: "text_completion",
@@ -280,7 +335,7 @@ class EngineTracer:
             attributes[sc.SYSTEM_PROMPT_ID] = req.system_prompt_id
             attributes[sc.SYSTEM_PROMPT_TOKENS] = req.system_prompt_tokens
         events = [(sc.EVENT_PREEMPTED, t, {}) for t in preemptions]
-        spans: list[SpanRecord] = []
+        spans: list[SpanRecord | str] = []
         if req.error is not None:
             attributes[sc.RESPONSE_FINISH_REASONS] = ["error"]
             attributes[sc.ERROR_TYPE] = req.error
@@ -294,14 +349,12 @@ class EngineTracer:
             attributes[sc.LATENCY_TIME_IN_MODEL_DECODE] = (finish - first) / 1e9
             attributes[sc.LATENCY_E2E] = (finish - arrival) / 1e9
             events.append((sc.EVENT_FIRST_TOKEN, first, {}))
-            spans.append(child(sc.SPAN_QUEUE, arrival, scheduled))
-            for episode in episodes:
-                span = child(sc.SPAN_PREFILL, episode.start_ns, episode.end_ns or end_ns,
-                             **{sc.PREFILL_CHUNKS: len(episode.chunks), **(episode.kv_hit or {})})
-                span.events = episode.chunks
-                spans.append(span)
+            spans.append(_QUEUE_SPAN % (trace_id, self._id(64), request_span, arrival, scheduled, rid_attribute)
+                         if encoded else child(sc.SPAN_QUEUE, arrival, scheduled))
+            spans += map(prefill, episodes)
             if req.output_tokens > 1:
-                spans.append(child(sc.SPAN_DECODE, first, finish))
+                spans.append(_DECODE_SPAN % (trace_id, self._id(64), request_span, first, finish, rid_attribute)
+                             if encoded else child(sc.SPAN_DECODE, first, finish))
         if len(events) > 1:
             events.sort(key=lambda e: e[1])
         root = SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns, attributes,
@@ -310,7 +363,7 @@ class EngineTracer:
             root.status_code, root.status_message = STATUS_ERROR, req.error
         self._emit(root)
         for span in spans:
-            self._emit(span)
+            self._push(span)
 
     def close(self) -> None:
         self.flush()
