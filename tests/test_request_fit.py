@@ -77,6 +77,27 @@ def test_an_inferred_prefix_is_also_given_to_the_earlier_request_that_computed_i
     assert _with_sources([requests[3]], {"a2": ("p", 1024)}) == {"a2": ("p", 1024)}  # no earlier request: stays
 
 
+def test_an_inferred_prefix_needs_two_requests_and_a_lone_length_joins_its_tenants_shared_one() -> None:
+    """A prefix-cache hit reuses what another request computed: a length inferred for one request alone (a request
+    measured in a step the replay formed otherwise reads as its whole prompt cached) is not a shared prefix. Such a
+    request is given its tenant's shared prefix where its prompt holds it and its own length is within the
+    inference's resolution above it, else no hit."""
+    from reference_engine.compute.request_fit import _shared
+
+    requests = [ReplayRequest("a0", 0, "a", 2500, 10, 10), ReplayRequest("a1", 1, "a", 2600, 10, 10),
+                ReplayRequest("a2", 2, "a", 2357, 10, 10), ReplayRequest("a3", 3, "a", 700, 10, 10),
+                ReplayRequest("a4", 4, "a", 1900, 10, 10), ReplayRequest("b0", 5, "b", 2357, 10, 10)]
+    hits = {"a0": ("p-a-2048", 2048), "a1": ("p-a-2048", 2048), "a2": ("p-a-2356", 2356),
+            "a3": ("p-a-640", 640), "a4": ("p-a-1792", 1792), "b0": ("p-b-2356", 2356)}
+    out = _shared(requests, hits)
+    assert out["a0"] == out["a1"] == ("p-a-2048", 2048)
+    assert out["a2"] == ("p-a-2048", 2048)  # its whole prompt, alone: the tenant's shared prefix
+    assert "a3" not in out  # 640 alone, far below 2048: no evidence of a shared prefix it could have hit
+    assert "a4" not in out  # its prompt (1900 tokens) cannot hold the 2048-token prefix
+    assert "b0" not in out  # the only hit of its tenant
+    assert _shared(requests[:2], {"a0": ("p-a-2048", 2048)}) == {}
+
+
 def _measured_times(requests: list[ReplayRequest], deployment: Deployment) -> tuple[dict[str, tuple[int, int]],
                                                                                     StepRecorder]:
     """Each request's (prefill ns, decode ns) as vLLM's span reports them: its replayed steps under the

@@ -165,10 +165,40 @@ def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecord
         cached = total - _computed_tokens(run, own, recorder, seconds, model, prefill_ns / 1e9)
         if cached < BLOCK:
             continue
-        quantum = max(BLOCK, 2 ** (int(math.log2(cached)) - 2))
+        quantum = _quantum(int(cached))
         tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
         if tokens >= BLOCK:
             out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
+    return out
+
+
+def _quantum(tokens: int) -> int:
+    """The resolution of an inferred prefix length: a quarter of its power of two (a 2048-token prefix ± 256)."""
+    return max(BLOCK, 2 ** (int(math.log2(max(tokens, 1))) - 2))
+
+
+def _shared(requests: Sequence[CapturedRequest], hits: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The hits that name a prefix some other request hit too. A prefix-cache hit reuses what an earlier request
+    computed, and what a capture's requests share is a tenant's system prompt: a length inferred for one request
+    alone is no evidence of one (a request measured in a step the replay formed otherwise reads as its whole prompt
+    cached). So a length is kept where two or more of the tenant's requests were inferred it; a request whose length
+    no other shares is given the longest kept one of its tenant that its prompt holds and that is at most a quantum
+    above its own (it hit that prompt, and its step read the rest faster than replayed), else no hit."""
+    tenant = {r.request_id: r.tenant for r in requests}
+    prompt = {r.request_id: r.input_tokens - r.assistant_prefill_tokens - 1 for r in requests}
+    hit_by: dict[tuple[str, int], list[str]] = {}  # (tenant, tokens) -> the requests inferred that length
+    for rid, (_, tokens) in hits.items():
+        hit_by.setdefault((tenant[rid], tokens), []).append(rid)
+    shared = {key: hits[rids[0]] for key, rids in hit_by.items() if len(rids) >= 2}
+    out: dict[str, tuple[str, int]] = {}
+    for rid, (prefix, tokens) in hits.items():
+        if (tenant[rid], tokens) in shared:
+            out[rid] = (prefix, tokens)
+            continue
+        reach = min(prompt[rid], tokens + _quantum(tokens))
+        held = [n for t, n in shared if t == tenant[rid] and n <= reach]
+        if held:
+            out[rid] = shared[tenant[rid], max(held)]
     return out
 
 
@@ -228,7 +258,7 @@ def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deploymen
             # replayed with theirs (a request replayed alone where it was measured sharing a step looks slower)
             recorder, seconds = _replayed(current, deployment, cost, seed)
             hits.update(_inferred_prefixes(current, recorder, seconds, _cost_model(deployment, cost), measured))
-            prefixes = _with_sources(requests, hits)
+            prefixes = _with_sources(requests, _shared(requests, hits))
             current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
                                shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
                        for r in requests]
