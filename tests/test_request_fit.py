@@ -128,29 +128,39 @@ def test_a_capture_never_compute_bound_keeps_the_datasheets_compute_efficiency()
     measured, _ = _measured_times(requests, deployment)
     fit = fit_request_times(requests, replace(deployment, cost={}), measured, iterations=2)
     assert fit.compute_bound_passes == 0 and fit.largest_pass_tokens <= 128
+    # what the times do say: the engine's efficiency is at least the floor under which a pass would have been slower
+    assert 0 < fit.compute_floor < HIDDEN["compute_efficiency"]
     assert fit.cost["compute_efficiency"] == pytest.approx(CostParams().compute_efficiency, rel=0.01)
     assert fit.median_error["all"] < 0.02
 
 
 def test_a_variant_with_longer_passes_than_any_compute_bound_one_of_the_capture_is_not_trustworthy() -> None:
     from infertrace.replay.capture import Capture, Distribution
-    from infertrace.replay.compare import variant_caveat
+    from infertrace.replay.compare import compute_floor_variant, variant_caveat
 
     ttft = np.array([10 * MS, 20 * MS])
     d = Distribution.from_arrays(ttft, np.zeros(0, np.int64), ttft * 10, 20, 10**9, None, None, 0)
     base = Deployment("mixtral-8x7b", tensor_parallel=2, policy="decode_first", chunked_prefill=True,
                       max_num_batched_tokens=512)
     capture = Capture("mixtral-8x7b", None, None, (ReplayRequest("r", 0, "t", 100, 10, 10),), base, d, {}, False,
-                      "flags", linear_passes=(0, 512))
+                      "flags", linear_passes=(0, 512, 0.37))
     caveat = variant_caveat(capture, replace(base, policy="prefill_first", chunked_prefill=False,
                                              max_num_batched_tokens=16384), True)
     assert caveat is not None and caveat.startswith("not trustworthy: no step of the capture ran its linear layers "
                                                     "compute-bound (at most 512 tokens")
+    assert "(≥ 0.37)" in caveat
+    # the variant at the lowest compute efficiency the capture allows: the other end of what it can say
+    unchunked = replace(base, policy="prefill_first", chunked_prefill=False, max_num_batched_tokens=16384,
+                        cost={"compute_efficiency": 0.7, "memory_efficiency": 0.8})
+    floor = compute_floor_variant(capture, unchunked)
+    assert floor is not None and floor.cost == {"compute_efficiency": 0.37, "memory_efficiency": 0.8}
+    assert compute_floor_variant(capture, replace(base, max_num_seqs=64)) is None
     assert variant_caveat(capture, replace(base, prefill_microbatch=256), True) is None  # passes no longer
     assert variant_caveat(capture, replace(base, max_num_seqs=64), True) is None
     # a capture with compute-bound passes constrains the compute efficiency
-    assert variant_caveat(replace(capture, linear_passes=(12, 512)), replace(base, max_num_batched_tokens=8192),
+    assert variant_caveat(replace(capture, linear_passes=(12, 512, 0.3)), replace(base, max_num_batched_tokens=8192),
                           True) is None
+    assert compute_floor_variant(replace(capture, linear_passes=(12, 512, 0.3)), unchunked) is None
     assert variant_caveat(replace(capture, linear_passes=None), replace(base, max_num_batched_tokens=8192),
                           True) is None
 

@@ -64,6 +64,7 @@ class RequestFit:
     prefixes: dict[str, tuple[str, int]]  # request id -> inferred shared prefix (id, tokens)
     compute_bound_passes: int = 0  # linear-layer passes of the last replay that were compute-bound under the fit
     largest_pass_tokens: int = 0  # the most tokens one linear-layer pass of the last replay carried
+    compute_floor: float = 0.0  # under it the replay's most demanding pass would have been compute-bound
 
 
 def _runs(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]]
@@ -223,21 +224,25 @@ def _with_sources(requests: Sequence[CapturedRequest],
     return out
 
 
-def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int]:
-    """(linear-layer passes that were compute-bound, the most tokens of one pass) over the recorded steps: where
-    none was compute-bound, the measured times bound the compute efficiency from below only, and a variant with
-    longer passes (no chunking, a larger budget) depends on what the fit could not see."""
+def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int, float]:
+    """(linear-layer passes that were compute-bound, the most tokens of one pass, the compute efficiency under which
+    the most demanding pass would have been) over the recorded steps: where none was compute-bound, the measured
+    times bound the compute efficiency from below only, by that floor (a lower one would have made that pass slower
+    than measured), and a variant with longer passes (no chunking, a larger budget) depends on what the fit could
+    not see."""
     m, w = model.model, model.model.bytes_per_weight
     bound = largest = 0
+    ratio = 0.0  # compute time / weight-read time of the most demanding pass
     for chunks, decodes, _ctx, sampled in recorder.steps:
         tokens = decodes + sum(n for n, _ in chunks)
         for count, n, share in model._microbatches(tokens, sampled):
             largest = max(largest, n)
-            flops = 2 * n * m.active_block_params + 2 * share * m.head_params
-            params = (m.num_layers * m.attention_params_per_layer + m.head_params
-                      + model._experts_touched(n) * m.num_layers * m.expert_params_per_layer)
-            bound += count * (flops / model._flop_rate > w * params / model._byte_rate)
-    return bound, largest
+            compute = (2 * n * m.active_block_params + 2 * share * m.head_params) / model._flop_rate
+            reads = w * (m.num_layers * m.attention_params_per_layer + m.head_params
+                         + model._experts_touched(n) * m.num_layers * m.expert_params_per_layer) / model._byte_rate
+            bound += count * (compute > reads)
+            ratio = max(ratio, compute / reads)
+    return bound, largest, model.params.compute_efficiency * ratio
 
 
 def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
@@ -264,7 +269,7 @@ def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deploymen
                        for r in requests]
     recorder, seconds = _replayed(current, deployment, cost, seed)
     runs, measured_s, phases = _runs(recorder, measured)
-    compute_bound, largest = linear_passes(recorder, _cost_model(deployment, cost))
+    compute_bound, largest, floor = linear_passes(recorder, _cost_model(deployment, cost))
     return RequestFit(cost, _errors(runs @ seconds, measured_s, phases), len(measured_s), len(recorder.steps),
-                      prefixes, compute_bound, largest)
+                      prefixes, compute_bound, largest, floor)
 
