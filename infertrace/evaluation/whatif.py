@@ -186,6 +186,11 @@ def render_whatif(section: dict[str, Any]) -> str:
              "  per knob: " + ", ".join(f"{k} {v['prediction_ok']}/{v['scenarios']}"
                                         + (f" ({v['flagged']} flagged not trustworthy)" if v.get("flagged") else "")
                                         for k, v in sorted(section["per_knob"].items()))]
+    inside, past = section.get("compute_bracketed") or (0, 0)
+    if past:
+        lines.append(f"  past the capture's compute evidence: {past} variant(s), the actual run within the bracket "
+                     f"(replayed at the capture's compute-efficiency floor … at the fit's, each end ± the tolerance) "
+                     f"in {inside}/{past}")
     for r in section["per_scenario"]:
         if not (r["prediction_ok"] and r["baseline_ok"]):
             lines.append(f"  missed: {r['scenario']} ({' '.join(r['settings'])}): baseline "
