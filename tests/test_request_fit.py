@@ -3,6 +3,7 @@ telemetry has only each request's times (vLLM's `llm_request` spans), and the re
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -199,4 +200,10 @@ def test_prefix_hits_of_requests_that_shared_a_prefill_step_are_inferred() -> No
     fit = fit_request_times(blind, replace(deployment, cost={}), measured)
     inferred = {rid for rid in fit.prefixes if rid in hits}
     assert len(inferred & shared) >= 0.9 * len(shared), (len(inferred & shared), len(shared))
-    assert len(inferred) >= 0.9 * len(hits)
+    # every inferred prefix is one that two or more requests were inferred (a hit reuses what another computed); a
+    # hit whose step the replay formed otherwise, so that no other request shows its length, goes without (here 88
+    # of 106 hits are inferred and 17 requests without one are given one; 102 and 30 when any length was kept)
+    groups = Counter(prefix for prefix, _ in fit.prefixes.values())
+    assert groups and min(groups.values()) >= 2
+    assert len(inferred) >= 0.8 * len(hits)
+    assert len(set(fit.prefixes) - hits) <= 0.2 * len(fit.prefixes)
