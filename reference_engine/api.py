@@ -223,17 +223,19 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
 def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
                                   measured: dict[str, tuple[int | None, int | None]], seed: int = 0
                                   ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple[str, int]],
-                                             tuple[int, int]]:
+                                             tuple[int, int, float]]:
     """Fit the cost model to per-request timings alone (`measured`: request id -> (prefill ns, decode ns), e.g. vLLM's
     `llm_request` spans), the steps rebuilt by replaying the captured requests on the deployment
     (`reference_engine.compute.request_fit`); returns (CostParams fields, median relative error per phase and
     overall, measured phases fitted, request id -> (shared prefix id, tokens) inferred from prefills faster than
     their whole prompt, (linear-layer passes of the capture compute-bound under the fit, the most tokens of one
-    pass)). Parameters the timings leave unconstrained take the roofline's datasheet values (a MAP prior)."""
+    pass, the compute efficiency under which its most demanding pass would have been compute-bound)). Parameters
+    the timings leave unconstrained take the roofline's datasheet values (a MAP prior)."""
     from reference_engine.compute.request_fit import fit_request_times
 
     fit = fit_request_times(requests, deployment, measured, seed=seed)
-    return fit.cost, fit.median_error, fit.phases, fit.prefixes, (fit.compute_bound_passes, fit.largest_pass_tokens)
+    return fit.cost, fit.median_error, fit.phases, fit.prefixes, (fit.compute_bound_passes, fit.largest_pass_tokens,
+                                                                   fit.compute_floor)
 
 
 BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json", "splitwise-a100": "splitwise_a100_llama2_70b.json",

@@ -67,7 +67,7 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
                 if r.request_id in prefixes else r for r in capture.requests))
         if passes[0] == 0:
             what += (f"; no pass was compute-bound (at most {passes[1]} tokens): the times bound the compute "
-                     "efficiency from below only, the datasheet's prior sets it")
+                     f"efficiency from below only (≥ {passes[2]:.2f}), the datasheet's prior sets it")
     sentence = (f"cost model fitted to {what} of {d.model}: median error "
                 + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
     calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))
@@ -76,11 +76,19 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
 
 def what_if(capture: Capture, variants: list[tuple[str, Deployment]], calibrated: bool, seed: int = 0) -> WhatIf:
     """The baseline replay and each variant's, compared with the capture."""
-    from infertrace.replay.compare import build, variant_caveat
+    from infertrace.replay.compare import build, compute_floor_variant, variant_caveat
+
+    def caveat(d: Deployment) -> str | None:
+        said = variant_caveat(capture, d, calibrated)
+        if said is None or not calibrated or (floor := compute_floor_variant(capture, d)) is None:
+            return said
+        low = replay_distribution(capture.requests, floor, seed)
+        return (f"{said}. At that floor (the slowest the capture allows) it predicts TTFT p99 "
+                f"{low.ttft_p99_ms or float('nan'):.1f} ms, ITL p99 {low.itl_p99_ms or float('nan'):.1f} ms")
 
     baseline = run_variant("baseline", capture.requests, capture.deployment, seed)
-    return build(capture, baseline, [run_variant(n, capture.requests, d, seed, variant_caveat(capture, d, calibrated))
-                                     for n, d in variants], calibrated)
+    return build(capture, baseline, [run_variant(n, capture.requests, d, seed, caveat(d)) for n, d in variants],
+                 calibrated)
 
 
 def _cost_params(path: Path) -> dict[str, float]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from infertrace.evaluation import ScenarioPool, open_ingested_store
 from infertrace.replay.capture import Capture, Distribution, ReplayRequest, read_capture
-from infertrace.replay.compare import relative_error, variant_caveat
+from infertrace.replay.compare import compute_floor_variant, relative_error, variant_caveat
 from infertrace.replay.deployment import Deployment, apply_settings, parse_setting
 from infertrace.store.store import Store
 
@@ -101,6 +101,8 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
     baseline_ok = _within(baseline, capture.observed, dict.fromkeys(METRICS, baseline_tolerance), compared)
     variant_ok = _within(predicted, actual, {m: p50 if "p50" in m else p99 for m in METRICS})
     caveat = variant_caveat(capture, variant, calibration is not None)
+    floor = compute_floor_variant(capture, variant) if calibration is not None else None
+    at_floor = replay(capture.requests, floor) if floor is not None else None
     return {"scenario": scenario.name, "knob": spec["knob"], "model": model, "settings": spec["settings"],
             "capture_telemetry": telemetry, "baseline_compared_on": list(compared),
             "tolerance": {"baseline": baseline_tolerance, "p50": p50, "p99": p99},
@@ -109,8 +111,20 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
             "predicted": {m: getattr(predicted, m) for m in METRICS},
             "baseline_error": _errors(baseline, capture.observed), "prediction_error": _errors(predicted, actual),
             "baseline_ok": baseline_ok, "prediction_ok": variant_ok, "untrustworthy": caveat,
+            # a variant past what the capture measured of the compute efficiency, replayed at the lowest it allows:
+            # with the fitted prediction, the bracket the capture can give (`bracketed`: actual within it, its ends
+            # widened by the metric's tolerance, per metric)
+            "floor_prediction_error": _errors(at_floor, actual) if at_floor is not None else None,
+            "bracketed": {m: _between(getattr(actual, m), getattr(predicted, m), getattr(at_floor, m),
+                                      p50 if "p50" in m else p99) for m in METRICS} if at_floor is not None else None,
             "calibrated": calibration is not None,
             "calibration": calibration, "uncalibrated_baseline_error": uncalibrated, "notes": list(capture.notes)}
+
+
+def _between(value: float | None, one: float | None, other: float | None, tolerance: float) -> bool | None:
+    if value is None or one is None or other is None:
+        return None
+    return min(one, other) * (1 - tolerance) <= value <= max(one, other) * (1 + tolerance)
 
 
 def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None = None,
@@ -142,6 +156,9 @@ def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None =
             "prediction_ok": sum(r["prediction_ok"] for r in rows),
             # variants the replay itself says it cannot predict (`Variant.untrustworthy`), met or not
             "flagged_untrustworthy": sum(r.get("untrustworthy") is not None for r in rows),
+            # of those past the capture's compute evidence: the actual run between the floor's and the fit's replay
+            "compute_bracketed": [sum(all(v is not False for v in r["bracketed"].values()) for r in rows
+                                      if r.get("bracketed")), sum(bool(r.get("bracketed")) for r in rows)],
             "worst_baseline_error": {m: worst("baseline_error", m) for m in METRICS},
             "worst_prediction_error": {m: worst("prediction_error", m) for m in METRICS},
             "criteria": {**(rows[0]["tolerance"] if all(r["tolerance"] == rows[0]["tolerance"] for r in rows)
@@ -173,11 +190,19 @@ def render_whatif(section: dict[str, Any]) -> str:
              "  per knob: " + ", ".join(f"{k} {v['prediction_ok']}/{v['scenarios']}"
                                         + (f" ({v['flagged']} flagged not trustworthy)" if v.get("flagged") else "")
                                         for k, v in sorted(section["per_knob"].items()))]
+    inside, past = section.get("compute_bracketed") or (0, 0)
+    if past:
+        lines.append(f"  past the capture's compute evidence: {past} variant(s), the actual run within the bracket "
+                     f"(replayed at the capture's compute-efficiency floor … at the fit's, each end ± the tolerance) "
+                     f"in {inside}/{past}")
     for r in section["per_scenario"]:
         if not (r["prediction_ok"] and r["baseline_ok"]):
             lines.append(f"  missed: {r['scenario']} ({' '.join(r['settings'])}): baseline "
                          + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["baseline_error"].items())
                          + "; prediction "
                          + ", ".join(f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["prediction_error"].items())
-                         + (" — the replay says: " + r["untrustworthy"] if r.get("untrustworthy") else ""))
+                         + (" — the replay says: " + r["untrustworthy"] if r.get("untrustworthy") else "")
+                         + ("; at the capture's compute floor: " + ", ".join(
+                             f"{m.removesuffix('_ms')} {_pct(e)}" for m, e in r["floor_prediction_error"].items())
+                            if r.get("floor_prediction_error") else ""))
     return "\n".join(lines)

@@ -125,8 +125,9 @@ class Capture:
     config_source: str  # "spans" (the engines' resources) or "flags"
     notes: tuple[str, ...] = field(default_factory=tuple)
     # from a calibration to request timings: (linear-layer passes that were compute-bound under the fit, the most
-    # tokens one pass carried) over the capture's replayed steps; None: not calibrated that way
-    linear_passes: tuple[int, int] | None = None
+    # tokens one pass carried, the compute efficiency under which the most demanding pass would have been) over the
+    # capture's replayed steps; None: not calibrated that way
+    linear_passes: tuple[int, int, float] | None = None
 
 
 def router_policy(routes: list[tuple[int, str, str | None]], replicas: int) -> str:

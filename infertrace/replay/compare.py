@@ -3,7 +3,7 @@ rendered as a table and as a JSON document."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from infertrace.replay.capture import QUANTILES, Capture, Distribution
@@ -78,16 +78,31 @@ def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> s
             base.decode_hardware or base.hardware):
         return (f"not trustworthy: other hardware from request timings of {base.hardware}: the fitted efficiencies "
                 "are this hardware's; calibrate on the other (infertrace calibrate --table)")
-    if capture.linear_passes is not None and capture.linear_passes[0] == 0:
-        largest = capture.linear_passes[1]
-        limit = min(variant.max_num_batched_tokens, variant.prefill_microbatch or variant.max_num_batched_tokens)
-        if limit > largest:
-            return (f"not trustworthy: no step of the capture ran its linear layers compute-bound (at most {largest} "
-                    f"tokens a pass, each paced by its weight reads), so the measured times bound the compute "
-                    f"efficiency from below only and the fit took the datasheet's; passes of up to {limit} tokens "
-                    f"may be compute-bound. Step spans, or a capture with longer passes (a larger chunk budget), "
-                    f"would measure it")
+    if (floor := compute_floor_variant(capture, variant)) is not None:
+        assert capture.linear_passes is not None
+        return (f"not trustworthy: no step of the capture ran its linear layers compute-bound (at most "
+                f"{capture.linear_passes[1]} tokens a pass, each paced by its weight reads), so the measured times "
+                f"bound the compute efficiency from below only (≥ {floor.cost['compute_efficiency']:.2f}) and the fit "
+                f"took the datasheet's ({variant.cost.get('compute_efficiency', 0.0):.2f}); passes of up to "
+                f"{_pass_limit(variant)} tokens may be compute-bound. Step spans, or a capture with longer passes (a "
+                f"larger chunk budget), would measure it")
     return None
+
+
+def _pass_limit(variant: Deployment) -> int:
+    return min(variant.max_num_batched_tokens, variant.prefill_microbatch or variant.max_num_batched_tokens)
+
+
+def compute_floor_variant(capture: Capture, variant: Deployment) -> Deployment | None:
+    """The variant at the lowest compute efficiency the capture allows, where the variant runs longer linear-layer
+    passes than any of a capture none of whose passes was compute-bound (so its numbers rest on a compute efficiency
+    the capture bounds from below only): replayed beside the fitted one, the two bracket what the capture can say of
+    it (the floor is the slowest it allows). None where the capture constrains what the variant runs."""
+    if capture.has_step_spans or capture.linear_passes is None or capture.linear_passes[0] > 0:
+        return None
+    if _pass_limit(variant) <= capture.linear_passes[1] or capture.linear_passes[2] <= 0:
+        return None
+    return replace(variant, cost={**variant.cost, "compute_efficiency": capture.linear_passes[2]})
 
 
 def relative_error(predicted: float | None, observed: float | None) -> float | None:

@@ -64,6 +64,7 @@ class RequestFit:
     prefixes: dict[str, tuple[str, int]]  # request id -> inferred shared prefix (id, tokens)
     compute_bound_passes: int = 0  # linear-layer passes of the last replay that were compute-bound under the fit
     largest_pass_tokens: int = 0  # the most tokens one linear-layer pass of the last replay carried
+    compute_floor: float = 0.0  # under it the replay's most demanding pass would have been compute-bound
 
 
 def _runs(recorder: StepRecorder, measured: Mapping[str, tuple[int | None, int | None]]
@@ -165,10 +166,40 @@ def _inferred_prefixes(requests: Sequence[CapturedRequest], recorder: StepRecord
         cached = total - _computed_tokens(run, own, recorder, seconds, model, prefill_ns / 1e9)
         if cached < BLOCK:
             continue
-        quantum = max(BLOCK, 2 ** (int(math.log2(cached)) - 2))
+        quantum = _quantum(int(cached))
         tokens = min(int(round(cached / quantum) * quantum), r.input_tokens - r.assistant_prefill_tokens - 1)
         if tokens >= BLOCK:
             out[r.request_id] = (f"inferred-prefix-{r.tenant}-{tokens}", tokens)
+    return out
+
+
+def _quantum(tokens: int) -> int:
+    """The resolution of an inferred prefix length: a quarter of its power of two (a 2048-token prefix ± 256)."""
+    return max(BLOCK, 2 ** (int(math.log2(max(tokens, 1))) - 2))
+
+
+def _shared(requests: Sequence[CapturedRequest], hits: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The hits that name a prefix some other request hit too. A prefix-cache hit reuses what an earlier request
+    computed, and what a capture's requests share is a tenant's system prompt: a length inferred for one request
+    alone is no evidence of one (a request measured in a step the replay formed otherwise reads as its whole prompt
+    cached). So a length is kept where two or more of the tenant's requests were inferred it; a request whose length
+    no other shares is given the longest kept one of its tenant that its prompt holds and that is at most a quantum
+    above its own (it hit that prompt, and its step read the rest faster than replayed), else no hit."""
+    tenant = {r.request_id: r.tenant for r in requests}
+    prompt = {r.request_id: r.input_tokens - r.assistant_prefill_tokens - 1 for r in requests}
+    hit_by: dict[tuple[str, int], list[str]] = {}  # (tenant, tokens) -> the requests inferred that length
+    for rid, (_, tokens) in hits.items():
+        hit_by.setdefault((tenant[rid], tokens), []).append(rid)
+    shared = {key: hits[rids[0]] for key, rids in hit_by.items() if len(rids) >= 2}
+    out: dict[str, tuple[str, int]] = {}
+    for rid, (prefix, tokens) in hits.items():
+        if (tenant[rid], tokens) in shared:
+            out[rid] = (prefix, tokens)
+            continue
+        reach = min(prompt[rid], tokens + _quantum(tokens))
+        held = [n for t, n in shared if t == tenant[rid] and n <= reach]
+        if held:
+            out[rid] = shared[tenant[rid], max(held)]
     return out
 
 
@@ -193,21 +224,25 @@ def _with_sources(requests: Sequence[CapturedRequest],
     return out
 
 
-def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int]:
-    """(linear-layer passes that were compute-bound, the most tokens of one pass) over the recorded steps: where
-    none was compute-bound, the measured times bound the compute efficiency from below only, and a variant with
-    longer passes (no chunking, a larger budget) depends on what the fit could not see."""
+def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int, float]:
+    """(linear-layer passes that were compute-bound, the most tokens of one pass, the compute efficiency under which
+    the most demanding pass would have been) over the recorded steps: where none was compute-bound, the measured
+    times bound the compute efficiency from below only, by that floor (a lower one would have made that pass slower
+    than measured), and a variant with longer passes (no chunking, a larger budget) depends on what the fit could
+    not see."""
     m, w = model.model, model.model.bytes_per_weight
     bound = largest = 0
+    ratio = 0.0  # compute time / weight-read time of the most demanding pass
     for chunks, decodes, _ctx, sampled in recorder.steps:
         tokens = decodes + sum(n for n, _ in chunks)
         for count, n, share in model._microbatches(tokens, sampled):
             largest = max(largest, n)
-            flops = 2 * n * m.active_block_params + 2 * share * m.head_params
-            params = (m.num_layers * m.attention_params_per_layer + m.head_params
-                      + model._experts_touched(n) * m.num_layers * m.expert_params_per_layer)
-            bound += count * (flops / model._flop_rate > w * params / model._byte_rate)
-    return bound, largest
+            compute = (2 * n * m.active_block_params + 2 * share * m.head_params) / model._flop_rate
+            reads = w * (m.num_layers * m.attention_params_per_layer + m.head_params
+                         + model._experts_touched(n) * m.num_layers * m.expert_params_per_layer) / model._byte_rate
+            bound += count * (compute > reads)
+            ratio = max(ratio, compute / reads)
+    return bound, largest, model.params.compute_efficiency * ratio
 
 
 def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
@@ -228,13 +263,13 @@ def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deploymen
             # replayed with theirs (a request replayed alone where it was measured sharing a step looks slower)
             recorder, seconds = _replayed(current, deployment, cost, seed)
             hits.update(_inferred_prefixes(current, recorder, seconds, _cost_model(deployment, cost), measured))
-            prefixes = _with_sources(requests, hits)
+            prefixes = _with_sources(requests, _shared(requests, hits))
             current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
                                shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
                        for r in requests]
     recorder, seconds = _replayed(current, deployment, cost, seed)
     runs, measured_s, phases = _runs(recorder, measured)
-    compute_bound, largest = linear_passes(recorder, _cost_model(deployment, cost))
+    compute_bound, largest, floor = linear_passes(recorder, _cost_model(deployment, cost))
     return RequestFit(cost, _errors(runs @ seconds, measured_s, phases), len(measured_s), len(recorder.steps),
-                      prefixes, compute_bound, largest)
+                      prefixes, compute_bound, largest, floor)
 
