@@ -24,10 +24,13 @@ def store() -> Store:
         yield opened
 
 
-@settings(max_examples=200, deadline=None)
+_CON = duckdb.connect()
+
+
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=60))
 def test_a_weighted_quantile_is_duckdbs_quantile_cont_of_the_expanded_values_to_the_last_bit(values: list[int]) -> None:
-    con = duckdb.connect()
+    con = _CON
     expected = con.execute("SELECT quantile_cont(v, [0.5, 0.95, 0.99]) FROM (SELECT unnest($v::BIGINT[]) AS v)",
                            {"v": values}).fetchall()[0][0]
     distinct, counts = np.unique(np.array(values, dtype=np.int64), return_counts=True)
