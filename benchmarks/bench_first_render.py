@@ -10,7 +10,9 @@ materialises); every page's first render and
 snapshot (derived relations, then every analysis); every page's first render and `report` reading the
 materialised results. Each first render is a fresh process (AppTest, the page opened first, nothing cached),
 so no page profits from another's work; the same process then reruns the page (its results cached, as after a
-click). Prints a table and the load average at each step.
+click). Prints a table and the load average at each step. `--skip-live` leaves out the renders without
+materialised results (to compare two versions of the materialisation side by side: run it with each on
+PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -84,6 +86,19 @@ def _page(store: Path, page: str, request_id: str | None, live: bool) -> tuple[f
     return float(wall), float(cpu), float(rerun)
 
 
+def _materialize(store: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Materialises the store's snapshot: each step's wall seconds (as `materialize` returns them) and CPU
+    seconds (this process's, all threads)."""
+    from infertrace.results import materialize
+    from infertrace.store.store import Store
+
+    marks: list[tuple[str, float]] = []  # each step's name and the CPU seconds when it started
+    with Store.open(store) as opened:
+        spent = materialize(opened, on_progress=lambda step: marks.append((step, time.process_time())))
+    ends = [c for _, c in marks[1:]] + [time.process_time()]
+    return spent, {step: end - c for (step, c), end in zip(marks, ends, strict=True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=Path, help="OTLP JSON lines of the 4-model hour")
@@ -91,6 +106,9 @@ def main() -> None:
     parser.add_argument("--render", help=argparse.SUPPRESS)
     parser.add_argument("--request-id", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--skip-live", action="store_true",
+                        help="leave out the first renders without materialised results (INFERTRACE_RESULTS=live): "
+                             "only ingest, materialisation and the first renders after it")
     args = parser.parse_args()
     if args.render:
         print(*render_once(args.store, args.render, args.request_id))
@@ -98,7 +116,6 @@ def main() -> None:
     if args.traces is None:
         parser.error("--traces is required")
 
-    from infertrace.results import materialize
     from infertrace.store.store import Store
 
     work = Path(tempfile.mkdtemp(prefix="bench-first-render-"))
@@ -116,16 +133,16 @@ def main() -> None:
         with Store.open(store) as opened:
             request_id = opened.sql("SELECT request_id FROM requests ORDER BY ttft_ns DESC LIMIT 1").fetchall()[0][0]
         results: dict[str, dict[str, float]] = {"before": {}, "after": {}}
-        for phase in ("before", "after"):
+        for phase in ("after",) if args.skip_live else ("before", "after"):
             if phase == "after":
                 load = _load()
                 started, cpu = time.perf_counter(), time.process_time()
-                with Store.open(store) as opened:
-                    spent = materialize(opened)
+                spent, spent_cpu = _materialize(store)
                 materialize_s, materialize_cpu = time.perf_counter() - started, time.process_time() - cpu
                 rows.append({"step": "materialise", "seconds": round(materialize_s, 2),
                              "cpu": round(materialize_cpu, 2), "load": load,
-                             "detail": {k: round(v, 2) for k, v in spent.items()}})
+                             "detail": {k: round(v, 2) for k, v in spent.items()},
+                             "detail_cpu": {k: round(v, 2) for k, v in spent_cpu.items()}})
             for page in PAGES:
                 load = _load()
                 seconds, cpu, rerun = _page(store, page, request_id if page.endswith("request.py") else None,
@@ -148,6 +165,8 @@ def main() -> None:
         for row in rows:
             print(f"{row['step']:52} {row['seconds']:>8} {row['cpu']:>8} {row['load']:>5}")
         print(f"materialisation / ingest: {materialize_s / ingest_s:.0%} wall, {materialize_cpu / ingest_cpu:.0%} CPU")
+        print("materialisation steps (wall s):", {k: round(v, 2) for k, v in spent.items()})
+        print("materialisation steps (CPU s):", {k: round(v, 2) for k, v in spent_cpu.items()})
         if args.json:
             args.json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
     finally:

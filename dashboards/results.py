@@ -5,13 +5,13 @@ ingest` or `collect` wrote them for this snapshot, and computed (and written) ot
 relation views read the materialised relations when they exist.
 
 A snapshot is the names of the store's segments: when a collector or `infertrace ingest` adds a segment, the
-snapshot changes and the results are recomputed; until then every page and rerun reuses them. All results
-are read through one store reader per snapshot (`reader`), whose connection keeps the relations the
-analyzers materialize: the `tokens` relation of an hour of a busy fleet takes tens of seconds to compute,
-once, not once per page. A lock serializes the reader's use (a DuckDB connection is not shared between
-threads). Analyzer results are frozen dataclasses, shared as they are (`st.cache_resource`: no copy per
-rerun); runbook tables are copied (`st.cache_data`). Nothing here computes a statistic: it calls the
-analyzers and the runbook and returns their results.
+snapshot changes and the results are recomputed; until then every page and rerun reuses them. All results are
+read through one store reader per snapshot (`reader`), whose connection keeps the relations the analyzers
+materialize (on a store without materialised relations, the `requests` or `step_membership` of an hour of a
+busy fleet take seconds to compute: once, not once per page). A lock serializes the reader's use (a DuckDB
+connection is not shared between threads). Analyzer results are frozen dataclasses, shared as they are
+(`st.cache_resource`: no copy per rerun); runbook tables are copied (`st.cache_data`). Nothing here computes a
+statistic: it calls the analyzers and the runbook and returns their results.
 """
 
 from __future__ import annotations

@@ -37,11 +37,16 @@ def query_text(name: str) -> str:
 
 def materialize_once(store: Store, names: tuple[str, ...]) -> None:
     """Computes the named derived relations into temporary tables of the store's connection, unless they
-    already are: several analyzers over one snapshot then read each relation once."""
+    already are, or are read from the snapshot's materialised Parquet (`infertrace.results.relations.attach`:
+    scanning those files is as cheap as the copy would be): several analyzers over one snapshot then read each
+    relation once."""
     from infertrace.store.store import READS
 
     done = {row[0] for row in store.con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    done |= {f"{row[0]}_m" for row in store.con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND sql LIKE '%AS SELECT * FROM read_parquet(%'"
+    ).fetchall()}
     wanted = dict.fromkeys(r for n in names for r in (*READS.get(n, ()), n))  # what they read first
     missing = tuple(n for n in wanted if f"{n}_m" not in done)
     if missing:

@@ -2,8 +2,9 @@
 429 rates at the gateway, each checked against configurable SLO targets.
 
 TTFT and E2E are as the client sees them: from the start of the request's gateway span (arrival at the
-engine when the trace has none) to its first / last token in the `requests` relation; ITL comes from the
-`tokens` relation (every token after a request's first), errors and 429s from the gateway's calls in
+engine when the trace has none) to its first / last token in the `requests` relation; ITL is every token's
+after a request's first (the `tokens` relation's itl_ns), read from `token_runs` and `steps` without a row per
+token (each later token of a decode run waited one step of its span), errors and 429s from the gateway's calls in
 `component_calls` (a request rejected at the gateway never reaches an engine). A window and model/tenant
 filters select requests by arrival; a request's tokens go with it.
 
@@ -13,6 +14,7 @@ at least `critical_ratio` times the target, else `warning`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -170,10 +172,30 @@ FROM r GROUP BY ALL
 UNION ALL
 SELECT r.model, 'e2e', count(r.e2e_ns), quantile_cont(r.e2e_ns, [0.5, 0.95, 0.99]){bucket_col}
 FROM r GROUP BY ALL
-UNION ALL
-SELECT r.model, 'itl', count(t.itl_ns), quantile_cont(t.itl_ns, [0.5, 0.95, 0.99]){bucket_col}
-FROM r JOIN tokens t ON t.request_id = r.request_id AND t.itl_ns IS NOT NULL
+"""
+
+# The selected requests' ITLs (the `tokens` relation's non-NULL itl_ns of their tokens), each distinct value with
+# how many tokens had it: a run's first token from `token_runs`, and each later token of a decode run from its
+# step (all decoding requests of a span waited the same step), so no row per token is made.
+_ITLS = _SELECTED + """,
+runs AS (
+    SELECT r.model{bucket_col}, t.trace_id, t.span_id, t.role, t.tokens, t.first_itl_ns
+    FROM r JOIN token_runs t ON t.request_id = r.request_id
+),
+members AS (
+    SELECT model{bucket}, trace_id, span_id, count(*) AS members
+    FROM runs WHERE role = 'decode' AND tokens > 1 GROUP BY ALL
+)
+SELECT model{bucket}, itl_ns, sum(n)::BIGINT AS n
+FROM (
+    SELECT model{bucket}, first_itl_ns AS itl_ns, 1 AS n FROM runs WHERE first_itl_ns IS NOT NULL
+    UNION ALL
+    SELECT m.model{bucket}, s.duration_ns, m.members
+    FROM members m JOIN steps s ON s.trace_id = m.trace_id AND s.span_id = m.span_id
+    WHERE s.run_position > 0 AND s.duration_ns IS NOT NULL
+)
 GROUP BY ALL
+ORDER BY ALL
 """
 
 _GATEWAY = """
@@ -188,6 +210,54 @@ GROUP BY ALL
 """
 
 _EXTENT = _SELECTED + "SELECT min(r.arrival_ns), max(r.finish_ns), count(*) FROM r"
+
+
+def _itl_percentiles(store: Store, params: dict[str, Any], *, bucketed: bool) -> list[tuple[Any, ...]]:
+    """Rows as `_PERCENTILES` gives them for the ITL: (model, 'itl', tokens, [p50, p95, p99][, bucket]), per model
+    (and bucket of the requests' arrival), from the ITLs weighted by how many tokens had each."""
+    bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket" if bucketed else ""
+    table = store.sql(_ITLS.format(bucket_col=bucket_col, bucket=", bucket" if bucketed else ""),
+                      params=params).to_arrow_table()
+    if table.num_rows == 0:
+        return []
+    keys = list(zip(table["model"].to_pylist(), table["bucket"].to_pylist() if bucketed else [None] * table.num_rows,
+                    strict=True))
+    values = table["itl_ns"].to_numpy()
+    weights = table["n"].to_numpy()
+    out = []
+    start = 0
+    for end in [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]:
+        model, bucket = keys[start]
+        n = int(weights[start:end].sum())
+        q = weighted_quantile_cont(store.con, values[start:end], weights[start:end], QUANTILES)
+        out.append((model, "itl", n, q, bucket) if bucketed else (model, "itl", n, q))
+        start = end
+    return out
+
+
+def weighted_quantile_cont(con: Any, values: Any, weights: Any, quantiles: tuple[float, ...]) -> list[float]:
+    """DuckDB's `quantile_cont` of the multiset holding each of the ascending, distinct int64 `values` `weights`
+    times, without a row per item: the values at positions floor and ceil of (n - 1)·q are found from the
+    cumulative weights, and DuckDB (connection `con`) interpolates between them, so the result is its own to the
+    last bit (`quantile_cont` of the two values at the fraction is that interpolation)."""
+    import numpy as np
+
+    cumulative = np.cumsum(weights)
+    total = int(cumulative[-1])
+    out: list[float] = []
+    between: dict[int, tuple[int, int, float]] = {}  # quantile's place → (low value, high value, fraction)
+    for i, q in enumerate(quantiles):
+        position = (total - 1) * q
+        low, high = math.floor(position), math.ceil(position)
+        lo = int(values[int(np.searchsorted(cumulative, low, side="right"))])
+        out.append(float(lo))
+        if low != high:
+            hi = int(values[int(np.searchsorted(cumulative, high, side="right"))])
+            between[i] = (lo, hi, position - low)
+    for i, (lo, hi, fraction) in between.items():
+        out[i] = con.execute("SELECT quantile_cont(v, $fraction) FROM (SELECT unnest($v::BIGINT[]) AS v)",
+                             {"v": [lo, hi], "fraction": fraction}).fetchall()[0][0]
+    return out
 
 
 def _ms(ns: Any) -> float | None:
@@ -214,14 +284,14 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
     """Percentiles per model and per time bucket for the selected requests, checked against `targets`."""
     from infertrace.analyzers import materialize_once
 
-    materialize_once(store, ("requests", "tokens", "component_calls"))  # read twice each below
+    materialize_once(store, ("requests", "token_runs", "component_calls"))  # read twice each below
     params = {"since": since_ns, "until": until_ns, "model": model, "tenant": tenant}
     start, end, _count = store.sql(_EXTENT, params=params).fetchall()[0]
     if bucket_ns is None:
         bucket_ns = bucket_width_ns((end - start) if start is not None else 0)
     overall: dict[tuple[str, str], Percentiles] = {}
-    for row_model, metric, n, q in store.sql(
-            _PERCENTILES.format(bucket_col=""), params=params).fetchall():
+    rows = store.sql(_PERCENTILES.format(bucket_col=""), params=params).fetchall()
+    for row_model, metric, n, q in rows + _itl_percentiles(store, params, bucketed=False):
         qs = list(q) if q is not None else [None, None, None]
         overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
     gateway = {row[0]: row[1:] for row in store.sql(_GATEWAY, params=params).fetchall()}
@@ -256,7 +326,8 @@ def _buckets(store: Store, params: dict[str, Any], bucket_ns: int, start: int,
         "FROM r GROUP BY ALL"
     bound = {**params, "origin": start, "width": bucket_ns}
     values: dict[tuple[str, int], dict[str, float | None]] = {}
-    for row_model, metric, _n, q, bucket in store.sql(sql, params=bound).fetchall():
+    rows = store.sql(sql, params=bound).fetchall()
+    for row_model, metric, _n, q, bucket in rows + _itl_percentiles(store, bound, bucketed=True):
         cell = values.setdefault((row_model, int(bucket)), {})
         for quantile, v in zip(QUANTILES, q or [None] * 3, strict=True):
             cell[f"{metric}_p{round(quantile * 100)}_ms"] = _ms(v)

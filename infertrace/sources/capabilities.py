@@ -105,7 +105,7 @@ def quarantine_summary(store: Store, top: int = 3) -> Quarantine:
 
 
 def store_coverage(store: Store) -> StoreCoverage:
-    materialize_once(store, ("requests", "tokens", "component_calls"))
+    materialize_once(store, ("requests", "token_runs", "component_calls"))
     counts: dict[str, dict[str | None, int]] = {}
     for what, key, n in store.sql(query_text("store_coverage")).fetchall():
         counts.setdefault(what, {})[key] = int(n)

@@ -42,7 +42,8 @@ from infertrace.store.side_inputs import (
 from infertrace.store.values import merge_counts
 
 # Derived relations, in dependency order; each is `relations/<name>.sql`.
-RELATIONS: tuple[str, ...] = ("request_legs", "steps", "step_membership", "tokens", "component_calls", "requests")
+RELATIONS: tuple[str, ...] = ("request_legs", "steps", "step_membership", "token_runs", "tokens", "component_calls",
+                              "requests")
 # The costly relations each one reads (materialized first, so that it reads them instead of recomputing them)
 READS: dict[str, tuple[str, ...]] = {"component_calls": ("request_legs",),
                                      "requests": ("request_legs", "component_calls")}

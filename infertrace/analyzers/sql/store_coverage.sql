@@ -5,6 +5,7 @@
 -- Answers: can this store attribute ITL spikes (step spans or per-token times), rank shared components (gateway
 -- spans), split TTFT into gateway, queue and prefill, measure the prefix cache? The report and the dashboard say
 -- from this what they could not analyse and why.
+-- Tokens are counted from `token_runs` (as many as `tokens` has rows, without expanding them).
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
 --   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls'), key (the source, the fallback used, the tokens'
@@ -25,7 +26,7 @@ SELECT 'hardware', NULL, count(hardware) FROM requests
 UNION ALL
 SELECT 'step_spans', NULL, count(*) FROM spans WHERE name = 'engine_step'
 UNION ALL
-SELECT 'tokens', CASE WHEN step_index IS NULL THEN 'spans' ELSE 'steps' END, count(*) FROM tokens GROUP BY ALL
+SELECT 'tokens', CASE WHEN role = 'span' THEN 'spans' ELSE 'steps' END, sum(tokens) FROM token_runs GROUP BY ALL
 UNION ALL
 SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
 UNION ALL
