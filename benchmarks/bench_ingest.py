@@ -20,6 +20,9 @@ own order (rotated per round):
 - `ingest`: `ingest_paths` as `infertrace ingest` runs it, on the whole file;
 - `pyarrow.json.read_json alone`: Arrow's JSON reader reading the same whole file into one table with the
   OTLP schema ingest parses with (`columnar.OTLP_SCHEMA`), on its threads, nothing flattened or written;
+- `pyarrow.json.read_json alone, schema inferred`: the same, with the schema Arrow infers from the file (only
+  the fields the file sets; a second reference, not what ingest can run: inference crashes the process on a
+  line nested 100,000 deep, which the OTLP schema ignores);
 - `--arrow-blocks`: also Arrow's reader on the blocks ingest reads, read the same way (`parse_block`);
 - `--duckdb-parse`: also ingest with DuckDB's `json_transform` in place of Arrow's reader (a measurement of
   what a faster parse would give; not type-safe, so not what ingest runs);
@@ -141,6 +144,12 @@ elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with t
     from infertrace.store.columnar import OTLP_SCHEMA
     table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(4 << 20, longest + 1), use_threads=True),
                          parse_options=pj.ParseOptions(explicit_schema=OTLP_SCHEMA, unexpected_field_behavior="ignore"))
+    scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
+    spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
+elif kind == "read_json_inferred":  # Arrow's JSON reader alone on the whole file, inferring the schema itself
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+    table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(4 << 20, longest + 1), use_threads=True))
     scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
     spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 elif kind == "arrow-blocks":  # Arrow's JSON reader alone, on the blocks ingest reads
@@ -343,7 +352,8 @@ def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0)
 
 
 ARROW = "pyarrow.json.read_json alone, whole file"
-NAMES = {"read_json": ARROW, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
+INFERRED = "pyarrow.json.read_json alone, schema inferred"
+NAMES = {"read_json": ARROW, "read_json_inferred": INFERRED, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
          "duckdb-parse": "ingest, DuckDB's json_transform as the parse"}
 
 
@@ -394,7 +404,8 @@ def main() -> None:
     load_at_start = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
-    contenders = [("columnar", ROOT), ("read_json", ROOT)] + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
+    contenders = [("columnar", ROOT), ("read_json", ROOT), ("read_json_inferred", ROOT)] \
+        + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
         + ([("duckdb-parse", ROOT)] if args.duckdb_parse else []) \
         + ([("columnar", args.before)] if args.before else [])
     for i in range(args.rounds):
@@ -421,22 +432,26 @@ def main() -> None:
               f"{r['cpu_seconds']:.1f} | {r['peak_rss_mb']:.0f} | {r['load_average']:.1f} |")
     print(f"\nMedians over {args.rounds} rounds (ratio: Arrow's reader alone's time ÷ this one's, i.e. throughput "
           "relative to it, taken within each round):")
-    print("| contender | wall s | CPU s | spans/s | peak RSS MB (max) | ratio to read_json, wall | ratio, CPU |")
-    print("|---|---|---|---|---|---|---|")
+    print("| contender | wall s | CPU s | spans/s | peak RSS MB (max) | ratio to read_json, wall | ratio, CPU "
+          "| ratio to read_json with the inferred schema, CPU |")
+    print("|---|---|---|---|---|---|---|---|")
     summary: dict[str, dict[str, float]] = {}
     for name in rounds[0]:
         runs = [this[name] for this in rounds]
         wall = [this[ARROW]["seconds"] / this[name]["seconds"] for this in rounds]
         cpu = [this[ARROW]["cpu_seconds"] / this[name]["cpu_seconds"] for this in rounds]
+        inferred = [this[INFERRED]["cpu_seconds"] / this[name]["cpu_seconds"] for this in rounds]
         summary[name] = {"seconds": statistics.median(r["seconds"] for r in runs),
                          "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
                          "spans_per_s": statistics.median(r["spans_per_s"] for r in runs),
                          "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-                         "ratio_wall": statistics.median(wall), "ratio_cpu": statistics.median(cpu)}
+                         "ratio_wall": statistics.median(wall), "ratio_cpu": statistics.median(cpu),
+                         "ratio_cpu_inferred": statistics.median(inferred)}
         m = summary[name]
         print(f"| {name} | {m['seconds']:.1f} | {m['cpu_seconds']:.1f} | {m['spans_per_s']:,.0f} | "
               f"{m['peak_rss_mb']:.0f} | {m['ratio_wall']:.2f}× ({', '.join(f'{x:.2f}' for x in wall)}) | "
-              f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) |")
+              f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) | "
+              f"{m['ratio_cpu_inferred']:.2f}× ({', '.join(f'{x:.2f}' for x in inferred)}) |")
     if not args.skip_baselines:
         ratio = results[f"ingest, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"]["spans_per_s"]
         print(f"ratio ingest / pandas (same input, {on}): {ratio:.1f}×")

@@ -132,7 +132,9 @@ class BlockParser:
             return None
         if self._set is None or self._narrow is not None:
             lines = table.column("resourceSpans")
-            paths = (self._set or set()) | _set_paths(lines.combine_chunks(), lines.type, ("resourceSpans",))
+            paths = set(self._set or ())
+            for chunk in lines.chunks:
+                paths |= _set_paths(chunk, lines.type, ("resourceSpans",))
             if refused and paths == self._set:
                 self._narrow = None
             else:
@@ -144,7 +146,8 @@ class BlockParser:
 
 def _set_paths(values: pa.Array, type_: pa.DataType, path: tuple[str, ...]) -> set[tuple[str, ...]]:
     """The paths of the struct fields under `path` (of type `type_`, the type of `values`) that at least one of
-    `values` sets; every field under a type of no values counts as set."""
+    `values` may set (a child's values are read whole, without its parent's nulls: zero-copy, and never fewer
+    than the set ones); every field under a type of no values counts as set."""
     paths: set[tuple[str, ...]] = set()
     if pa.types.is_struct(type_):
         for i, f in enumerate(type_):
@@ -153,7 +156,7 @@ def _set_paths(values: pa.Array, type_: pa.DataType, path: tuple[str, ...]) -> s
                 paths.add((*path, f.name))
                 paths |= _set_paths(child, f.type, (*path, f.name))
     elif pa.types.is_list(type_):
-        paths |= _set_paths(values.flatten(), type_.value_type, path)
+        paths |= _set_paths(values.values, type_.value_type, path)
     return paths
 
 
