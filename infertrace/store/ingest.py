@@ -7,9 +7,10 @@ longer than `max_line_bytes` is never held whole: it is skipped and quarantined 
 bytes. A file that ends mid-stream (a truncated .gz) keeps every complete line read before the break; the
 unreadable tail is quarantined.
 
-A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block that path cannot take
-whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad line or
-span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
+A block is parsed by Arrow's C++ JSON reader into columns (`columnar`; after the first block, with the OTLP
+schema less the fields no earlier block set, which gives the same table for less work); a block that path
+cannot take whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad
+line or span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
 the parsing itself on many small objects).
 """
 
