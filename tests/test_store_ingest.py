@@ -625,6 +625,23 @@ def test_fields_the_first_block_never_set_are_read_in_full_in_the_next_one() -> 
     _same_parse(first, [_line([span])[:-1] + ', "x": ' + "[" * deep + "]" * deep + "}"])
 
 
+def test_fields_ingest_does_not_read_keep_the_narrow_read_and_give_the_full_schemas_table() -> None:
+    from infertrace.store.columnar import BlockParser, parse_block
+
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "x", "startTimeUnixNano": "1" * 19,
+            "endTimeUnixNano": "2" * 19, "attributes": [{"key": "k", "value": {"intValue": "26"}}]}
+    plain, flagged = _block([_line([span])]), _block([_line([{**span, "flags": 256, "traceState": "a=1"}])])
+    parser = BlockParser()
+    parser.parse(*plain)
+    parser.parse(*flagged)  # refused narrowly: read in full, and the narrow schema declares the unread fields
+    assert parser._narrow is not None and "flags" in str(parser._narrow.explicit_schema)
+    got = parser.parse(*flagged)
+    want = parse_block(*flagged)
+    assert got is not None and want is not None and got.equals(want)
+    assert "flags" not in str(got.schema)
+    _same_parse([_line([span])], [_line([{**span, "flags": "256"}])])  # of another type: read in full
+
+
 def test_ingest_in_many_blocks_stores_what_the_record_path_stores(trace_file: Path, tmp_path: Path) -> None:
     import pyarrow as pa
 

@@ -111,11 +111,14 @@ class BlockParser:
     field it does not declare (`unexpected_field_behavior="error"`), so when it succeeds no line of the block
     has a field it left out, and its table cast to the full schema is the one the full schema gives. A block it
     refuses (a new field, a value of another type, a field the full schema ignores) is read again with the full
-    schema, and the fields it sets are added to the narrow schema; when they add none, the narrow read is
-    dropped for the rest of the ingest (it would be refused again)."""
+    schema, and the fields it sets are added to the narrow schema. When they add none, the narrow schema also
+    declares the OTLP fields ingest does not read (`_UNREAD`: the Collector writes `flags` on every span), which
+    the cast drops again; when a block is refused after that, the narrow read is dropped for the rest of the
+    ingest (it would be refused again)."""
 
     def __init__(self) -> None:
         self._set: set[tuple[str, ...]] | None = None  # the fields set so far, as paths of field names
+        self._unread = False  # whether the narrow schema declares `_UNREAD`
         self._narrow: pj.ParseOptions | None = None
 
     def parse(self, data: bytes, longest_line: int) -> pa.Table | None:
@@ -135,13 +138,27 @@ class BlockParser:
             paths = set(self._set or ())
             for chunk in lines.chunks:
                 paths |= _set_paths(chunk, lines.type, ("resourceSpans",))
-            if refused and paths == self._set:
+            if refused and paths == self._set and self._unread:
                 self._narrow = None
-            else:
-                self._set = paths
-                narrow = pa.schema([("resourceSpans", _narrowed(lines.type, paths, ("resourceSpans",)))])
-                self._narrow = pj.ParseOptions(explicit_schema=narrow, unexpected_field_behavior="error")
+                return table
+            self._unread |= refused and paths == self._set
+            self._set = paths
+            narrow = _narrowed(lines.type, paths, ("resourceSpans",), _UNREAD if self._unread else {})
+            self._narrow = pj.ParseOptions(explicit_schema=pa.schema([("resourceSpans", narrow)]),
+                                           unexpected_field_behavior="error")
         return table
+
+
+_SPAN_PATH = ("resourceSpans", "scopeSpans", "spans")
+_UNREAD: dict[tuple[str, ...], list[tuple[str, pa.DataType]]] = {  # by the path of their struct
+    ("resourceSpans",): [("schemaUrl", pa.string())],
+    ("resourceSpans", "resource"): [("droppedAttributesCount", pa.int64())],
+    ("resourceSpans", "scopeSpans"): [("schemaUrl", pa.string())],
+    ("resourceSpans", "scopeSpans", "scope"): [("droppedAttributesCount", pa.int64())],
+    _SPAN_PATH: [("traceState", pa.string()), ("flags", pa.int64()), ("droppedAttributesCount", pa.int64()),
+                 ("droppedEventsCount", pa.int64()), ("droppedLinksCount", pa.int64())],
+    (*_SPAN_PATH, "events"): [("droppedAttributesCount", pa.int64())],
+}
 
 
 def _set_paths(values: pa.Array, type_: pa.DataType, path: tuple[str, ...]) -> set[tuple[str, ...]]:
@@ -160,13 +177,14 @@ def _set_paths(values: pa.Array, type_: pa.DataType, path: tuple[str, ...]) -> s
     return paths
 
 
-def _narrowed(type_: pa.DataType, paths: set[tuple[str, ...]], path: tuple[str, ...]) -> pa.DataType:
-    """`type_` (at `path`) with only the struct fields in `paths`."""
+def _narrowed(type_: pa.DataType, paths: set[tuple[str, ...]], path: tuple[str, ...],
+              unread: dict[tuple[str, ...], list[tuple[str, pa.DataType]]]) -> pa.DataType:
+    """`type_` (at `path`) with only the struct fields in `paths`, and the `unread` ones of its structs."""
     if pa.types.is_struct(type_):
-        return pa.struct([pa.field(f.name, _narrowed(f.type, paths, (*path, f.name))) for f in type_
-                          if (*path, f.name) in paths])
+        return pa.struct([pa.field(f.name, _narrowed(f.type, paths, (*path, f.name), unread)) for f in type_
+                          if (*path, f.name) in paths] + [pa.field(*f) for f in unread.get(path, [])])
     if pa.types.is_list(type_):
-        return pa.list_(_narrowed(type_.value_type, paths, path))
+        return pa.list_(_narrowed(type_.value_type, paths, path, unread))
     return type_
 
 
