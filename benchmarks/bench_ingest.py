@@ -20,14 +20,18 @@ own order (rotated per round):
 - `ingest`: `ingest_paths` as `infertrace ingest` runs it, on the whole file;
 - `pyarrow.json.read_json alone`: Arrow's JSON reader reading the same whole file into one table with the
   OTLP schema ingest parses with (`columnar.OTLP_SCHEMA`), on its threads, nothing flattened or written;
+- `pyarrow.json.read_json alone, schema inferred`: the same, with the schema Arrow infers from the file (only
+  the fields the file sets; a second reference, not what ingest can run: inference crashes the process on a
+  line nested 100,000 deep, which the OTLP schema ignores);
 - `--arrow-blocks`: also Arrow's reader on the blocks ingest reads, read the same way (`parse_block`);
 - `--duckdb-parse`: also ingest with DuckDB's `json_transform` in place of Arrow's reader (a measurement of
   what a faster parse would give; not type-safe, so not what ingest runs);
 - `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
-(as ingest runs it) and on the calling thread, DuckDB's `json_transform` into the same nested columns (from
-the block's lines as an Arrow string array, exported to Arrow or only counted), DuckDB's parse alone, and
+with the full OTLP schema, as ingest reads them (`columnar.BlockParser`: after the first block, the schema less
+the fields no earlier block set), and on the calling thread, DuckDB's `json_transform` into the same nested
+columns (from the block's lines as an Arrow string array, exported to Arrow or only counted), DuckDB's parse alone, and
 DuckDB parsing, unnesting the spans and writing Parquet in one plan (no attribute pivot); CPU time per round,
 the order rotated per round. It also shows what each reader makes of a few lines the record path rejects.
 
@@ -143,6 +147,12 @@ elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with t
                          parse_options=pj.ParseOptions(explicit_schema=OTLP_SCHEMA, unexpected_field_behavior="ignore"))
     scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
     spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
+elif kind == "read_json_inferred":  # Arrow's JSON reader alone on the whole file, inferring the schema itself
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+    table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(4 << 20, longest + 1), use_threads=True))
+    scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
+    spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 elif kind == "arrow-blocks":  # Arrow's JSON reader alone, on the blocks ingest reads
     import pyarrow.compute as pc
     from infertrace.store.columnar import parse_block
@@ -245,7 +255,7 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
     import duckdb
     import pyarrow.json as pj
 
-    from infertrace.store.columnar import _PARSE, OTLP_SCHEMA, parse_block
+    from infertrace.store.columnar import _PARSE, OTLP_SCHEMA, BlockParser, parse_block
     from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines
 
     reads = []
@@ -284,8 +294,16 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
                 con.unregister("lines")
         return parse
 
+    parsers: list[BlockParser] = []
+
+    def narrowed(read: Any) -> None:
+        if read is reads[0]:  # each pass over the blocks starts a fresh ingest: its first block in full
+            parsers[:] = [BlockParser()]
+        parsers[0].parse(read.data, read.longest)
+
     contenders: dict[str, Callable[[Any], None]] = {
-        "Arrow read_json on its threads, as ingest parses": lambda read: parse_block(read.data, read.longest),
+        "Arrow read_json on its threads, the full OTLP schema": lambda read: parse_block(read.data, read.longest),
+        "Arrow read_json, narrowed after the first block, as ingest parses": narrowed,
         "Arrow read_json on the calling thread": lambda read: arrow(read, False),
         "DuckDB json_transform → Arrow": on_duckdb("SELECT json_transform(line, $s) AS t FROM lines", "arrow"),
         "DuckDB json_transform, not exported": on_duckdb("SELECT count(json_transform(line, $s)) FROM lines", ""),
@@ -343,7 +361,8 @@ def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0)
 
 
 ARROW = "pyarrow.json.read_json alone, whole file"
-NAMES = {"read_json": ARROW, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
+INFERRED = "pyarrow.json.read_json alone, schema inferred"
+NAMES = {"read_json": ARROW, "read_json_inferred": INFERRED, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
          "duckdb-parse": "ingest, DuckDB's json_transform as the parse"}
 
 
@@ -394,7 +413,8 @@ def main() -> None:
     load_at_start = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
-    contenders = [("columnar", ROOT), ("read_json", ROOT)] + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
+    contenders = [("columnar", ROOT), ("read_json", ROOT), ("read_json_inferred", ROOT)] \
+        + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
         + ([("duckdb-parse", ROOT)] if args.duckdb_parse else []) \
         + ([("columnar", args.before)] if args.before else [])
     for i in range(args.rounds):
@@ -421,22 +441,26 @@ def main() -> None:
               f"{r['cpu_seconds']:.1f} | {r['peak_rss_mb']:.0f} | {r['load_average']:.1f} |")
     print(f"\nMedians over {args.rounds} rounds (ratio: Arrow's reader alone's time ÷ this one's, i.e. throughput "
           "relative to it, taken within each round):")
-    print("| contender | wall s | CPU s | spans/s | peak RSS MB (max) | ratio to read_json, wall | ratio, CPU |")
-    print("|---|---|---|---|---|---|---|")
+    print("| contender | wall s | CPU s | spans/s | peak RSS MB (max) | ratio to read_json, wall | ratio, CPU "
+          "| ratio to read_json with the inferred schema, CPU |")
+    print("|---|---|---|---|---|---|---|---|")
     summary: dict[str, dict[str, float]] = {}
     for name in rounds[0]:
         runs = [this[name] for this in rounds]
         wall = [this[ARROW]["seconds"] / this[name]["seconds"] for this in rounds]
         cpu = [this[ARROW]["cpu_seconds"] / this[name]["cpu_seconds"] for this in rounds]
+        inferred = [this[INFERRED]["cpu_seconds"] / this[name]["cpu_seconds"] for this in rounds]
         summary[name] = {"seconds": statistics.median(r["seconds"] for r in runs),
                          "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
                          "spans_per_s": statistics.median(r["spans_per_s"] for r in runs),
                          "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-                         "ratio_wall": statistics.median(wall), "ratio_cpu": statistics.median(cpu)}
+                         "ratio_wall": statistics.median(wall), "ratio_cpu": statistics.median(cpu),
+                         "ratio_cpu_inferred": statistics.median(inferred)}
         m = summary[name]
         print(f"| {name} | {m['seconds']:.1f} | {m['cpu_seconds']:.1f} | {m['spans_per_s']:,.0f} | "
               f"{m['peak_rss_mb']:.0f} | {m['ratio_wall']:.2f}× ({', '.join(f'{x:.2f}' for x in wall)}) | "
-              f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) |")
+              f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) | "
+              f"{m['ratio_cpu_inferred']:.2f}× ({', '.join(f'{x:.2f}' for x in inferred)}) |")
     if not args.skip_baselines:
         ratio = results[f"ingest, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"]["spans_per_s"]
         print(f"ratio ingest / pandas (same input, {on}): {ratio:.1f}×")

@@ -571,3 +571,85 @@ def test_integers_arrow_would_read_as_hex_are_left_to_the_record_path(where: str
         span["startTimeUnixNano"] = text
     line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
     assert decode_block((line + "\n").encode(), len(line) + 1) is None
+
+
+# ------------------------------------------------------------------ the narrow read of later blocks
+def _block(lines: list[str]) -> tuple[bytes, int]:
+    return "".join(line + "\n" for line in lines).encode(), max(map(len, lines)) + 1
+
+
+def _line(spans: list[dict[str, Any]]) -> str:
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "s"}}]}, "scopeSpans": [{"spans": spans}]}]},
+        allow_nan=True)
+
+
+def _same_parse(first: list[str], second: list[str]) -> None:
+    """A block read after another (narrowly, or again in full) gives what reading it alone in full gives."""
+    from infertrace.store.columnar import BlockParser, parse_block
+
+    parser = BlockParser()
+    parser.parse(*_block(first))
+    got, want = parser.parse(*_block(second)), parse_block(*_block(second))
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got is not None and got.schema == want.schema and got.equals(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(_valid_span, min_size=1, max_size=4), second=st.lists(_valid_span, min_size=1, max_size=4),
+       data=st.data())
+def test_a_block_read_with_the_previous_blocks_fields_gives_the_table_of_the_full_schema(
+        first: list[dict[str, Any]], second: list[dict[str, Any]], data: st.DataObject) -> None:
+    if data.draw(st.booleans()):  # a value of any JSON type where the second block's first span has a field
+        field = data.draw(st.sampled_from(["traceId", "kind", "startTimeUnixNano", "attributes", "status", "events",
+                                           "name", "flags", "links"]))
+        second[0][field] = data.draw(_json)
+    _same_parse([_line([s]) for s in first], [_line([s]) for s in second])
+
+
+def test_fields_the_first_block_never_set_are_read_in_full_in_the_next_one() -> None:
+    from infertrace.store.columnar import BlockParser
+
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "x", "startTimeUnixNano": "1" * 19,
+            "endTimeUnixNano": "2" * 19, "attributes": [{"key": "k", "value": {"intValue": "26"}}]}
+    first = [_line([span])]
+    parser = BlockParser()
+    parser.parse(*_block(first))
+    narrow = parser._narrow
+    assert narrow is not None and "doubleValue" not in str(narrow.explicit_schema)  # the narrow read leaves it out
+    for value in ({"doubleValue": 2.5}, {"doubleValue": "1e3"}, {"boolValue": 1}, {"arrayValue": {"values": [
+            {"intValue": "3"}]}}, {"kvlistValue": {"values": []}}):
+        _same_parse(first, [_line([{**span, "attributes": [{"key": "k", "value": value}]}])])
+    deep = 100_000  # nesting Arrow's schema inference crashes on; the full schema ignores the field
+    _same_parse(first, [_line([span])[:-1] + ', "x": ' + "[" * deep + "]" * deep + "}"])
+
+
+def test_fields_ingest_does_not_read_keep_the_narrow_read_and_give_the_full_schemas_table() -> None:
+    from infertrace.store.columnar import BlockParser, parse_block
+
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "x", "startTimeUnixNano": "1" * 19,
+            "endTimeUnixNano": "2" * 19, "attributes": [{"key": "k", "value": {"intValue": "26"}}]}
+    plain, flagged = _block([_line([span])]), _block([_line([{**span, "flags": 256, "traceState": "a=1"}])])
+    parser = BlockParser()
+    parser.parse(*plain)
+    parser.parse(*flagged)  # refused narrowly: read in full, and the narrow schema declares the unread fields
+    assert parser._narrow is not None and "flags" in str(parser._narrow.explicit_schema)
+    got = parser.parse(*flagged)
+    want = parse_block(*flagged)
+    assert got is not None and want is not None and got.equals(want)
+    assert "flags" not in str(got.schema)
+    _same_parse([_line([span])], [_line([{**span, "flags": "256"}])])  # of another type: read in full
+
+
+def test_ingest_in_many_blocks_stores_what_the_record_path_stores(trace_file: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    def stored(store: Path) -> pa.Table:
+        tables = [pq.read_table(p) for p in list_segments(store)]
+        return pa.concat_tables(tables).sort_by([("trace_id", "ascending"), ("span_id", "ascending")])
+
+    fast = ingest_paths(tmp_path / "fast", [trace_file], block_bytes=50_000)  # later blocks read narrowly
+    slow = ingest_paths(tmp_path / "slow", [trace_file], block_bytes=50_000, columnar=False)
+    assert fast.spans_read == slow.spans_read == len(_official_spans(trace_file)) and not fast.skipped
+    assert stored(tmp_path / "fast").equals(stored(tmp_path / "slow"))

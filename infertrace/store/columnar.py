@@ -81,6 +81,9 @@ def decode_block(data: bytes, longest_line: int) -> tuple[pa.Table, Notes] | Non
     return None if parsed is None else spans_table(parsed)
 
 
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError)
+
+
 def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
     """The first half of `decode_block`: Arrow's JSON reader (C++, on its own threads, without the GIL)
     → one row per line with the nested OTLP columns; None when Arrow cannot read the block as OTLP, or when a
@@ -89,10 +92,100 @@ def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
     if not _every_line_an_object(data):
         return None
     try:
-        options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
-        return pj.read_json(io.BytesIO(data), read_options=options, parse_options=_PARSE)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError):
+        return _read(data, longest_line, _PARSE)
+    except _ARROW_ERRORS:
         return None
+
+
+def _read(data: bytes, longest_line: int, parse: pj.ParseOptions) -> pa.Table:
+    options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
+    return pj.read_json(io.BytesIO(data), read_options=options, parse_options=parse)
+
+
+class BlockParser:
+    """`parse_block` for the blocks of one ingest, in order: after the first block, a block is first read with
+    the OTLP schema less the fields that no value of an earlier block set.
+
+    Nearly all of Arrow's cost is building the nested columns, much of it for fields nothing sets (every
+    attribute value is a struct of seven AnyValue fields, of which it sets one). The narrow read refuses any
+    field it does not declare (`unexpected_field_behavior="error"`), so when it succeeds no line of the block
+    has a field it left out, and its table cast to the full schema is the one the full schema gives. A block it
+    refuses (a new field, a value of another type, a field the full schema ignores) is read again with the full
+    schema, and the fields it sets are added to the narrow schema. When they add none, the narrow schema also
+    declares the OTLP fields ingest does not read (`_UNREAD`: the Collector writes `flags` on every span), which
+    the cast drops again; when a block is refused after that, the narrow read is dropped for the rest of the
+    ingest (it would be refused again)."""
+
+    def __init__(self) -> None:
+        self._set: set[tuple[str, ...]] | None = None  # the fields set so far, as paths of field names
+        self._unread = False  # whether the narrow schema declares `_UNREAD`
+        self._narrow: pj.ParseOptions | None = None
+
+    def parse(self, data: bytes, longest_line: int) -> pa.Table | None:
+        if not _every_line_an_object(data):
+            return None
+        refused = False
+        if self._narrow is not None:
+            try:
+                return _read(data, longest_line, self._narrow).cast(OTLP_SCHEMA)
+            except _ARROW_ERRORS:
+                refused = True
+        table = parse_block(data, longest_line)
+        if table is None:
+            return None
+        if self._set is None or self._narrow is not None:
+            lines = table.column("resourceSpans")
+            paths = set(self._set or ())
+            for chunk in lines.chunks:
+                paths |= _set_paths(chunk, lines.type, ("resourceSpans",))
+            if refused and paths == self._set and self._unread:
+                self._narrow = None
+                return table
+            self._unread |= refused and paths == self._set
+            self._set = paths
+            narrow = _narrowed(lines.type, paths, ("resourceSpans",), _UNREAD if self._unread else {})
+            self._narrow = pj.ParseOptions(explicit_schema=pa.schema([("resourceSpans", narrow)]),
+                                           unexpected_field_behavior="error")
+        return table
+
+
+_SPAN_PATH = ("resourceSpans", "scopeSpans", "spans")
+_UNREAD: dict[tuple[str, ...], list[tuple[str, pa.DataType]]] = {  # by the path of their struct
+    ("resourceSpans",): [("schemaUrl", pa.string())],
+    ("resourceSpans", "resource"): [("droppedAttributesCount", pa.int64())],
+    ("resourceSpans", "scopeSpans"): [("schemaUrl", pa.string())],
+    ("resourceSpans", "scopeSpans", "scope"): [("droppedAttributesCount", pa.int64())],
+    _SPAN_PATH: [("traceState", pa.string()), ("flags", pa.int64()), ("droppedAttributesCount", pa.int64()),
+                 ("droppedEventsCount", pa.int64()), ("droppedLinksCount", pa.int64())],
+    (*_SPAN_PATH, "events"): [("droppedAttributesCount", pa.int64())],
+}
+
+
+def _set_paths(values: pa.Array, type_: pa.DataType, path: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The paths of the struct fields under `path` (of type `type_`, the type of `values`) that at least one of
+    `values` may set (a child's values are read whole, without its parent's nulls: zero-copy, and never fewer
+    than the set ones); every field under a type of no values counts as set."""
+    paths: set[tuple[str, ...]] = set()
+    if pa.types.is_struct(type_):
+        for i, f in enumerate(type_):
+            child = values.field(i)
+            if not len(values) or child.null_count < len(child):
+                paths.add((*path, f.name))
+                paths |= _set_paths(child, f.type, (*path, f.name))
+    elif pa.types.is_list(type_):
+        paths |= _set_paths(values.values, type_.value_type, path)
+    return paths
+
+
+def _narrowed(type_: pa.DataType, paths: set[tuple[str, ...]], path: tuple[str, ...],
+              unread: dict[tuple[str, ...], list[tuple[str, pa.DataType]]]) -> pa.DataType:
+    """`type_` (at `path`) with only the struct fields in `paths`, and the `unread` ones of its structs."""
+    if pa.types.is_struct(type_):
+        return pa.struct([pa.field(f.name, _narrowed(f.type, paths, (*path, f.name), unread)) for f in type_
+                          if (*path, f.name) in paths] + [pa.field(*f) for f in unread.get(path, [])])
+    if pa.types.is_list(type_):
+        return pa.list_(_narrowed(type_.value_type, paths, path, unread))
+    return type_
 
 
 def _every_line_an_object(data: bytes) -> bool:

@@ -7,9 +7,10 @@ longer than `max_line_bytes` is never held whole: it is skipped and quarantined 
 bytes. A file that ends mid-stream (a truncated .gz) keeps every complete line read before the break; the
 unreadable tail is quarantined.
 
-A block is parsed by Arrow's C++ JSON reader into columns (`columnar`); a block that path cannot take
-whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad line or
-span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
+A block is parsed by Arrow's C++ JSON reader into columns (`columnar`; after the first block, with the OTLP
+schema less the fields no earlier block set, which gives the same table for less work); a block that path
+cannot take whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad
+line or span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
 the parsing itself on many small objects).
 """
 
@@ -30,7 +31,7 @@ from typing import IO
 import pyarrow as pa
 
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
-from infertrace.store.columnar import parse_block, spans_table
+from infertrace.store.columnar import BlockParser, spans_table
 from infertrace.store.segments import Written, write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
 
@@ -242,10 +243,6 @@ class _Block:
     read_to: int  # position in the (compressed) file after the block
 
 
-def _parse(read: _Read) -> pa.Table | None:
-    return parse_block(read.data, read.longest) if read.data else None
-
-
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
                  on_progress: Callable[[int], None] | None = None, columnar: bool = True,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> IngestSummary:
@@ -259,6 +256,7 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
     C++ without the GIL), so at most three blocks are in memory."""
     files = expand_paths(paths)
     summary = IngestSummary(files=len(files))
+    blocks = BlockParser()  # on the parser thread only, one block after another
     root.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
             _Writer(root, summary, on_progress) as writer:
@@ -274,7 +272,8 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
                         summary.add_rejections(read.rejections, len(read.rejections))
                         _quarantine(root, read.rejections, summary)
                     if read.lines:
-                        block = _Block(read, parser.submit(_parse, read) if columnar else None, raw.tell())
+                        block = _Block(read, parser.submit(blocks.parse, read.data, read.longest)
+                                       if columnar and read.data else None, raw.tell())
                         if pending is not None:
                             position = _finish_block(pending, str(path), summary, writer, position)
                         pending = block
