@@ -253,7 +253,13 @@ def child(argv: list[str]) -> None:
     if what == "report":
         _stage_report()
     threading.Thread(target=_watch_rss, args=(float(max_rss_gb),), daemon=True).start()
-    wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds, duckdb_memory_limit))
+    try:
+        wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds, duckdb_memory_limit))
+    except Exception as e:  # the error's first lines and where it happened, as the line of figures
+        stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
+        print(json.dumps({"failed": type(e).__name__, "error": str(e).splitlines()[:3], "stage": _stage[0],
+                          "cpu": time.process_time(), "stages": stages}), flush=True)
+        raise
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
     print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss, "stages": stages}))
