@@ -179,6 +179,7 @@ DUCKDB_MEMORY_LIMIT = "5GB"
 # Per stage of the timed work (`_staged`): [CPU s, peak RSS MB sampled by `_watch_rss`], in the order run.
 _STAGES: dict[str, list[float]] = {}
 _stage = ["open"]
+_failed_in: list[str] = []  # the stages an exception passed through
 
 
 def _watch_rss(max_rss_gb: float) -> None:
@@ -205,6 +206,9 @@ def _staged(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         _stage[0] = name
         try:
             return function(*args, **kwargs)
+        except Exception:
+            _failed_in.append(name)  # innermost first
+            raise
         finally:
             _STAGES.setdefault(name, [0.0, 0.0])[0] += time.process_time() - cpu
             _stage[0] = before
@@ -257,8 +261,9 @@ def child(argv: list[str]) -> None:
         wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds, duckdb_memory_limit))
     except Exception as e:  # the error's first lines and where it happened, as the line of figures
         stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
-        print(json.dumps({"failed": type(e).__name__, "error": str(e).splitlines()[:3], "stage": _stage[0],
-                          "cpu": time.process_time(), "stages": stages}), flush=True)
+        print(json.dumps({"failed": type(e).__name__, "error": str(e).splitlines()[:3],
+                          "stage": (_failed_in or [_stage[0]])[0], "cpu": time.process_time(), "stages": stages}),
+              flush=True)
         raise
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
