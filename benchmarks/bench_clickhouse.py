@@ -12,7 +12,9 @@ distribution; in ClickHouse it is computed there and only its rows come back, no
 `analyze_itl` and `report` (the whole report document, nothing materialised; on ClickHouse both read the
 spans back and run in DuckDB, but for the pushed-down aggregations). Wall and CPU time (the child process,
 all threads), its peak RSS, the load average, and ClickHouse's compressed bytes per span are printed. The
-machine is shared: quote the load average with any figure.
+machine is shared: quote the load average with any figure. `report` runs also give CPU and peak RSS per
+analysis the report runs; with BENCH_CLICKHOUSE_PROGRESS=FILE each timed process appends its stage, CPU and RSS
+to FILE every 30 s (where a run stopped before its end was).
 """
 
 from __future__ import annotations
@@ -176,6 +178,9 @@ MAX_RSS_GB = 8.0
 DUCKDB_MEMORY_LIMIT = "5GB"
 
 
+# A file each timed process appends a line of progress to every 30 s, when this environment variable names one.
+PROGRESS_ENV = "BENCH_CLICKHOUSE_PROGRESS"
+
 # Per stage of the timed work (`_staged`): [CPU s, peak RSS MB sampled by `_watch_rss`], in the order run.
 _STAGES: dict[str, list[float]] = {}
 _stage = ["open"]
@@ -186,12 +191,18 @@ def _watch_rss(max_rss_gb: float) -> None:
     """Ends the process (exit 3, a line saying so, with the stages so far) when its RSS passes `max_rss_gb`;
     records each stage's peak RSS as sampled every half second."""
     page = os.sysconf("SC_PAGE_SIZE")
-    started = time.perf_counter()
+    started = last = time.perf_counter()
+    progress = os.environ.get(PROGRESS_ENV)
     while True:
         with open("/proc/self/statm", encoding="ascii") as f:
             rss = int(f.read().split()[1]) * page
         entry = _STAGES.setdefault(_stage[0], [0.0, 0.0])
         entry[1] = max(entry[1], rss / 2**20)
+        if progress and time.perf_counter() - last >= 30:  # where a long run is, should it be stopped
+            last = time.perf_counter()
+            with open(progress, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"after_s": round(last - started), "stage": _stage[0], "rss_mb": round(rss / 2**20),
+                                    "cpu": round(time.process_time(), 1), "stages": _STAGES}) + "\n")
         if rss > max_rss_gb * 2**30:
             print(json.dumps({"over_rss_gb": max_rss_gb, "after_s": time.perf_counter() - started,
                               "stage": _stage[0], "stages": _STAGES}), flush=True)
