@@ -12,7 +12,10 @@ distribution; in ClickHouse it is computed there and only its rows come back, no
 `analyze_itl` and `report` (the whole report document, nothing materialised; on ClickHouse both read the
 spans back and run in DuckDB, but for the pushed-down aggregations). Wall and CPU time (the child process,
 all threads), its peak RSS, the load average, and ClickHouse's compressed bytes per span are printed. The
-machine is shared: quote the load average with any figure.
+machine is shared: quote the load average with any figure. `report` runs also give CPU and peak RSS per
+analysis the report runs; with BENCH_CLICKHOUSE_PROGRESS=FILE each timed process appends its stage, CPU and RSS
+to FILE every 30 s (where a run stopped before its end was); BENCH_CLICKHOUSE_MAX_SPILL=16GB caps what DuckDB
+spills to disk (at 10M spans the local report spilled 21.7 GB under a 5 GB memory limit).
 """
 
 from __future__ import annotations
@@ -176,27 +179,84 @@ MAX_RSS_GB = 8.0
 DUCKDB_MEMORY_LIMIT = "5GB"
 
 
+# A file each timed process appends a line of progress to every 30 s, when this environment variable names one.
+PROGRESS_ENV = "BENCH_CLICKHOUSE_PROGRESS"
+# DuckDB's max_temp_directory_size in each timed process, when this environment variable gives one (e.g. 16GB).
+MAX_TEMP_ENV = "BENCH_CLICKHOUSE_MAX_SPILL"
+
+# Per stage of the timed work (`_staged`): [CPU s, peak RSS MB sampled by `_watch_rss`], in the order run.
+_STAGES: dict[str, list[float]] = {}
+_stage = ["open"]
+_failed_in: list[str] = []  # the stages an exception passed through
+
+
 def _watch_rss(max_rss_gb: float) -> None:
-    """Ends the process (exit 3, a line saying so) when its RSS passes `max_rss_gb`."""
+    """Ends the process (exit 3, a line saying so, with the stages so far) when its RSS passes `max_rss_gb`;
+    records each stage's peak RSS as sampled every half second."""
     page = os.sysconf("SC_PAGE_SIZE")
-    started = time.perf_counter()
+    started = last = time.perf_counter()
+    progress = os.environ.get(PROGRESS_ENV)
     while True:
         with open("/proc/self/statm", encoding="ascii") as f:
             rss = int(f.read().split()[1]) * page
+        entry = _STAGES.setdefault(_stage[0], [0.0, 0.0])
+        entry[1] = max(entry[1], rss / 2**20)
+        if progress and time.perf_counter() - last >= 30:  # where a long run is, should it be stopped
+            last = time.perf_counter()
+            with open(progress, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"after_s": round(last - started), "stage": _stage[0], "rss_mb": round(rss / 2**20),
+                                    "cpu": round(time.process_time(), 1), "stages": _STAGES}) + "\n")
         if rss > max_rss_gb * 2**30:
-            print(json.dumps({"over_rss_gb": max_rss_gb, "after_s": time.perf_counter() - started}), flush=True)
+            print(json.dumps({"over_rss_gb": max_rss_gb, "after_s": time.perf_counter() - started,
+                              "stage": _stage[0], "stages": _STAGES}), flush=True)
             os._exit(3)
         time.sleep(0.5)
 
 
-def _work(what: str, backend: str, store: Path, url: str, since: int | None, until: int | None) -> None:
+def _staged(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, timed as the stage `name` (its CPU added to the stage's; RSS sampled under its name)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        before, cpu = _stage[0], time.process_time()
+        _stage[0] = name
+        try:
+            return function(*args, **kwargs)
+        except Exception:
+            _failed_in.append(name)  # innermost first
+            raise
+        finally:
+            _STAGES.setdefault(name, [0.0, 0.0])[0] += time.process_time() - cpu
+            _stage[0] = before
+    return run
+
+
+def _stage_report() -> None:
+    """Each analysis the report runs timed as a stage of its own (the report imports them when it runs them)."""
+    import infertrace.analyzers.itl as itl
+    import infertrace.analyzers.prefix_cache as prefix_cache
+    import infertrace.analyzers.rca as rca
+    import infertrace.analyzers.roofline as roofline
+    import infertrace.analyzers.ttft as ttft
+    import infertrace.report.model as model
+
+    model.slo_summary = _staged("slo", model.slo_summary)
+    model.itl_section = _staged("itl_section", model.itl_section)
+    for module, name in ((rca, "analyze_incidents"), (itl, "analyze_itl"), (ttft, "analyze_ttft"),
+                         (prefix_cache, "analyze_prefix_cache"), (roofline, "analyze_prefill_roofline")):
+        setattr(module, name, _staged(name, getattr(module, name)))
+
+
+def _work(what: str, backend: str, store: Path, url: str, since: int | None, until: int | None,
+          duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
     """One timed piece of work on one backend (in a child process of its own: its peak RSS is its own)."""
     opened = Store.open(store) if backend == "local" else ClickHouseStore.open(url, since, until)
     with opened as s:
         # DuckDB's connection (ClickHouseStore's without reading the spans back: `con` would)
         con = s.duckdb if isinstance(s, ClickHouseStore) else s.con
-        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+        con.execute("SET memory_limit = $limit", {"limit": duckdb_memory_limit})
+        _stage[0] = what
         con.execute("SET temp_directory = $dir", {"dir": str(store.parent / "duckdb-spill")})  # not the checkout
+        if os.environ.get(MAX_TEMP_ENV):  # a cap on the spill (the disk is shared): past it DuckDB fails instead
+            con.execute("SET max_temp_directory_size = $size", {"size": os.environ[MAX_TEMP_ENV]})
         if what == "report":
             build_report(s, ReportOptions(since_ns=since, until_ns=until))
         elif what == "analyze_itl":
@@ -208,12 +268,22 @@ def _work(what: str, backend: str, store: Path, url: str, since: int | None, unt
 
 
 def child(argv: list[str]) -> None:
-    what, backend, store, url, since, until, max_rss_gb = argv
+    what, backend, store, url, since, until, max_rss_gb, duckdb_memory_limit = argv
     bounds = (int(since) if since != "-" else None, int(until) if until != "-" else None)
+    if what == "report":
+        _stage_report()
     threading.Thread(target=_watch_rss, args=(float(max_rss_gb),), daemon=True).start()
-    wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds))
+    try:
+        wall, cpu = timed(lambda: _work(what, backend, Path(store), url, *bounds, duckdb_memory_limit))
+    except Exception as e:  # the error's first lines and where it happened, as the line of figures
+        stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
+        print(json.dumps({"failed": type(e).__name__, "error": str(e).splitlines()[:3],
+                          "stage": (_failed_in or [_stage[0]])[0], "cpu": time.process_time(), "stages": stages}),
+              flush=True)
+        raise
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss}))
+    stages = {name: [round(c, 1), round(mb)] for name, (c, mb) in _STAGES.items()}
+    print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": rss, "stages": stages}))
 
 
 WORK = ("itl_distributions", "analyze_itl", "report")
@@ -222,7 +292,7 @@ BACKENDS = ("local", "chdb")
 
 def measure(store: Path, url: str, spans: int, since: int | None = None, until: int | None = None,
             work: tuple[str, ...] = WORK, max_rss_gb: float = MAX_RSS_GB,
-            backends: tuple[str, ...] = BACKENDS) -> None:
+            backends: tuple[str, ...] = BACKENDS, duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
     """Each piece of work on each backend, alternately, each in a fresh process (opening the store included;
     CPU is that process's, all threads). With a window, the local store is opened whole and the report selects
     the window (what `report --since/--until` does); ClickHouse reads the window only."""
@@ -232,7 +302,7 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
         for backend in backends:
             done = subprocess.run([sys.executable, __file__, "--child", what, backend, str(store), url,
                                    "-" if since is None else str(since), "-" if until is None else str(until),
-                                   str(max_rss_gb)],
+                                   str(max_rss_gb), duckdb_memory_limit],
                                   capture_output=True, text=True)
             lines = done.stdout.strip().splitlines()
             got[backend] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
@@ -252,7 +322,8 @@ def measure(store: Path, url: str, spans: int, since: int | None = None, until: 
 
 def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: bool = True,
         hour_trace: Path | None = None, prepare_only: bool = False, items: tuple[str, ...] = WORK,
-        max_rss_gb: float = MAX_RSS_GB, backends: tuple[str, ...] = BACKENDS) -> None:
+        max_rss_gb: float = MAX_RSS_GB, backends: tuple[str, ...] = BACKENDS,
+        duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{'spans':>10} {'what':<26} {'local wall s':>12} {'local cpu s':>11} {'local MB':>8} {'chdb wall s':>11} "
           f"{'chdb cpu s':>10} {'chdb MB':>8} {'wall ratio':>10} {'cpu ratio':>9} {'load':>5}", flush=True)
@@ -264,12 +335,14 @@ def run(hours: list[float], windows: list[float], work: Path, seed: int, whole: 
         if prepare_only:
             continue
         if whole:
-            measure(store, url, spans, work=items, max_rss_gb=max_rss_gb, backends=backends)
+            measure(store, url, spans, work=items, max_rss_gb=max_rss_gb, backends=backends,
+                    duckdb_memory_limit=duckdb_memory_limit)
         with Store.open(store) as opened:
             first = opened.sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
         for minutes in windows:  # windows from the middle of the run
             since = first + int(h * 3600e9 / 2)
-            measure(store, url, spans, since, since + int(minutes * 60e9), max_rss_gb=max_rss_gb)
+            measure(store, url, spans, since, since + int(minutes * 60e9), max_rss_gb=max_rss_gb,
+                    duckdb_memory_limit=duckdb_memory_limit)
         print(f"{spans:>10} compressed bytes/span in otel_traces: {compressed_bytes_per_span(url):.1f}")
 
 
@@ -289,13 +362,15 @@ def main() -> None:
                         help="stop a timed process whose RSS passes this (default %(default)s)")
     parser.add_argument("--backend", action="append", choices=BACKENDS,
                         help="time only this backend (repeatable; default both, side by side)")
+    parser.add_argument("--duckdb-memory-limit", default=DUCKDB_MEMORY_LIMIT,
+                        help="DuckDB's memory limit in each timed process (default %(default)s; it spills past it)")
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2:])
         return
     args = parser.parse_args()
     run(args.hours or [1.0], args.window, args.work, args.seed, whole=not args.no_whole, hour_trace=args.hour_trace,
         prepare_only=args.prepare_only, items=tuple(args.work_item or WORK), max_rss_gb=args.max_rss_gb,
-        backends=tuple(args.backend or BACKENDS))
+        backends=tuple(args.backend or BACKENDS), duckdb_memory_limit=args.duckdb_memory_limit)
 
 
 if __name__ == "__main__":

@@ -42,3 +42,27 @@ def sample_in_clickhouse(sample: str) -> tuple[str, str]:
     """(local store directory, chdb URL) of a sample incident."""
     local = str(sample_store(sample).store)
     return local, exported(local, f"sample_{sample}")
+
+
+_BANK = tempfile.TemporaryDirectory(prefix="infertrace-test-bank-")
+
+
+@functools.cache
+def bank_in_clickhouse(seed: int = 3, count: int = 3, duration_s: float = 120.0) -> tuple[tuple[str, str, str], ...]:
+    """(scenario, local store directory, chdb URL) of every scenario of a generated bank (`generate(bank(...))`,
+    the scenarios `evaluate` scores), each ingested into a local store and written into chdb."""
+    import json
+
+    from infertrace.store.ingest import ingest_paths
+    from reference_engine.scenarios.bank import bank, generate
+
+    root = Path(_BANK.name) / f"bank-{seed}-{count}-{duration_s:g}"
+    generate(bank(seed=seed, count=count, duration_s=duration_s), root)
+    out = []
+    for truth_file in sorted(root.glob("*/ground_truth.json")):
+        truth = json.loads(truth_file.read_text(encoding="utf-8"))
+        store = truth_file.parent / "store"
+        ingest_paths(store, [truth_file.parent / truth["traces"]])
+        name = truth_file.parent.name
+        out.append((name, str(store), exported(str(store), f"bank_{seed}_{name}")))
+    return tuple(out)

@@ -26,7 +26,7 @@ from infertrace.store.clickhouse.pushdown import TWINS
 from infertrace.store.clickhouse.rows import SPAN_KINDS, STATUS_CODES
 from infertrace.store.clickhouse.store import ClickHouseStore, create_otel_traces, ingest_window
 from infertrace.store.store import RELATIONS, SIDE_RELATIONS, Store, open_store
-from tests.clickhouse_stores import chdb_url, exported, sample_in_clickhouse
+from tests.clickhouse_stores import bank_in_clickhouse, chdb_url, exported, sample_in_clickhouse
 from tests.incident_stores import SAMPLES
 
 SAMPLE_NAMES = sorted(p.parent.name for p in SAMPLES.glob("*/ground_truth.json"))
@@ -106,6 +106,25 @@ def _values_for(store: Store) -> dict[str, str]:
     return {"request_id": rid[0][0] if rid else "none", "instance": step[0][0] if step else "none",
             "at": str(step[0][1] if step else lo), "model": model[0][0], "models": model[0][0],
             "since": str(lo + (hi - lo) // 3), "until": str(lo + 2 * (hi - lo) // 3)}
+
+
+BANK_SCENARIOS = 3  # bank(seed=3, count=3, duration_s=120): the bank `evaluate` is held to below, three families
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", range(BANK_SCENARIOS))
+def test_every_report_section_and_runbook_query_is_the_same_on_clickhouse_for_a_generated_bank(scenario: int) -> None:
+    name, local_dir, url = bank_in_clickhouse(seed=3, count=BANK_SCENARIOS)[scenario]
+    with Store.open(local_dir) as local, open_store(url) as clickhouse:
+        expected = _comparable(build_report(local, ReportOptions()))
+        got = _comparable(build_report(clickhouse, ReportOptions()))
+        assert expected["sections"], name
+        assert got == expected, name
+        values = _values_for(local)
+        for query, q in sorted(load_queries().items()):
+            params = {p.name: values[p.name] for p in q.parameters if p.required}
+            pd.testing.assert_frame_equal(run_query(clickhouse, q, params), run_query(local, q, params),
+                                          check_exact=True, obj=f"{name}: {query}")
 
 
 @pytest.mark.parametrize("sample", SAMPLES_PARAMS)
