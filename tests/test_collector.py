@@ -218,6 +218,7 @@ def test_wrong_path_and_method(collector: Collector) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.binary(max_size=2048), content_type=st.sampled_from(["application/x-protobuf", "application/json"]),
        gzipped=st.booleans())
+@pytest.mark.slow
 def test_fuzzed_bodies_never_crash_the_receiver(collector: Collector, body: bytes, content_type: str,
                                                 gzipped: bool) -> None:
     headers = {"Content-Type": content_type}

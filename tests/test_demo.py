@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from infertrace.cli import app
 from infertrace.store.store import Store
 
 
+@pytest.mark.slow
 def test_demo_simulates_ingests_reports_and_points_at_the_dashboard(tmp_path: Path) -> None:
     out = tmp_path / "demo-store"
     result = CliRunner().invoke(app, ["demo", "--out", str(out), "--format", "json"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from infertrace.cli import app
@@ -47,6 +48,7 @@ def _requests(prefix: str, n: int, prompt: int, gap_ns: int) -> list[Request]:
             for i in range(n)]
 
 
+@pytest.mark.slow
 def test_evaluate_scores_a_collision_scenario_and_a_host_pause_control(tmp_path: Path) -> None:
     _scenario(tmp_path, "a-storm", EngineConfig(instance_id="storm-0"), _requests("s", 40, 3000, 150_000_000),
               "prefill_storm", [])

@@ -109,6 +109,7 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_report_on_a_vllm_v1_store_names_culprits_with_the_best_method_its_inputs_allow(vllm_run: Path,
                                                                                           tmp_path: Path) -> None:
     spans, tokens, logs = vllm_run / "spans.jsonl.gz", vllm_run / "client.jsonl", vllm_run / "logs"

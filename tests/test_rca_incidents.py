@@ -172,6 +172,7 @@ factor = 3.5
     assert all(c.score < 0.1 for c in limiters)
 
 
+@pytest.mark.slow
 def test_one_tenants_surge_is_answered_as_load_from_that_tenant_not_as_its_limiter(tmp_path: Path) -> None:
     report = _report(tmp_path, """
 [[fault]]

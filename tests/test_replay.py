@@ -155,6 +155,7 @@ def test_whatif_replay_meets_its_criteria_over_24_scenarios_covering_every_knob(
         assert max(section["worst_uncalibrated_baseline_error"].values()) > 0.05
 
 
+@pytest.mark.slow
 def test_the_reports_chunked_prefill_recommendation_quotes_a_kept_trustworthy_replay_and_says_so(
         tmp_path: Path) -> None:
     import shutil

@@ -33,6 +33,7 @@ def store_dir(tmp_path: Path) -> Path:
     return store
 
 
+@pytest.mark.slow
 def test_every_materialised_result_reads_back_equal_to_the_analyzers_result(store_dir: Path) -> None:
     with Store.open(store_dir) as store:
         live = {name: compute(store) for name, compute in ANALYSES.items()}

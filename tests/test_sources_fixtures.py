@@ -177,6 +177,7 @@ def test_a_litellm_proxys_in_process_hooks_are_components_once_a_components_file
     assert request == {"tenant": "team-red", "model": "Qwen/Qwen2.5-1.5B-Instruct"}
 
 
+@pytest.mark.slow
 def test_a_components_file_changes_what_report_ranks_even_after_the_store_materialised_its_results_without_one(
         tmp_path: Path) -> None:
     import json
