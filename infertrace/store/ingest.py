@@ -10,8 +10,10 @@ unreadable tail is quarantined.
 A block is parsed by Arrow's C++ JSON reader into columns (`columnar`; after the first block, with the OTLP
 schema less the fields no earlier block set, which gives the same table for less work); a block that path
 cannot take whole (bad lines, unusual values) is parsed record by record (`batch`), which quarantines each bad
-line or span with its reason. There the garbage collector is paused while the block is parsed (it costs more than
-the parsing itself on many small objects).
+line or span with its reason. The garbage collector is paused for the whole ingest: its passes over the
+pipeline's short-lived objects cost ≈ 10% of a columnar ingest's CPU, and a block leaves no cyclic garbage behind
+(the same handful of objects is collected after a fleet hour of 25 blocks as after one block; a test checks it).
+The record path collects after each of its blocks (its many small objects cost more than its parsing).
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
     summary = IngestSummary(files=len(files))
     blocks = BlockParser()  # on the parser thread only, one block after another
     root.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
+    with gc_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
             _Writer(root, summary, on_progress) as writer:
         for path in files:
             raw, stream = _open(path)
