@@ -678,3 +678,30 @@ def test_ingest_pauses_the_garbage_collector_and_leaves_no_cyclic_garbage_per_bl
     with pytest.raises(RuntimeError, match="progress callback failed"):
         ingest_paths(tmp_path / "failed", [trace_file], block_bytes=1, on_progress=fail)
     assert gc.isenabled()
+
+
+_LINE_STARTS = [b'{"a":1}', b"{}", b"null", b"", b" {", b"x", b"\r", b'{"b":"' + b"y" * 40 + b'"}']
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.sampled_from(_LINE_STARTS), max_size=8), newline_at_end=st.booleans(),
+       chunk=st.integers(1, 16), block=st.integers(1, 40), limit=st.sampled_from([30, 1000]))
+def test_the_line_reader_says_whether_every_line_of_a_block_starts_with_a_brace_as_the_block_check_does(
+        lines: list[bytes], newline_at_end: bool, chunk: int, block: int, limit: int) -> None:
+    """Ingest gives Arrow's reader only blocks whose every line starts with `{` (a bare `null` crashes it): the
+    line reader notes that while it finds the lines, across chunk boundaries and with over-long lines left
+    blank, and must agree with the check on the block's bytes."""
+    import io
+
+    import infertrace.store.ingest as ingest
+    from infertrace.store.columnar import _every_line_an_object
+
+    data = b"\n".join(lines) + (b"\n" if newline_at_end else b"")
+    saved = ingest._READ_CHUNK
+    ingest._READ_CHUNK = chunk
+    try:
+        reader = ingest._Lines(io.BufferedReader(io.BytesIO(data)), limit, "f.jsonl")
+        while (read := reader.block(block)).lines:
+            assert read.objects == _every_line_an_object(read.data), (data, read.data)
+    finally:
+        ingest._READ_CHUNK = saved

@@ -88,8 +88,10 @@ def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
     → one row per line with the nested OTLP columns; None when Arrow cannot read the block as OTLP, or when a
     line does not start with `{` (no such line is an OTLP object, and Arrow 26's reader crashes the process on a
     line that is a bare `null` instead of raising: the record path rejects those lines one by one)."""
-    if not _every_line_an_object(data):
-        return None
+    return _read_full(data, longest_line) if _every_line_an_object(data) else None
+
+
+def _read_full(data: bytes, longest_line: int) -> pa.Table | None:
     try:
         return _read(data, longest_line, _PARSE)
     except _ARROW_ERRORS:
@@ -120,8 +122,10 @@ class BlockParser:
         self._unread = False  # whether the narrow schema declares `_UNREAD`
         self._narrow: pj.ParseOptions | None = None
 
-    def parse(self, data: bytes, longest_line: int) -> pa.Table | None:
-        if not _every_line_an_object(data):
+    def parse(self, data: bytes, longest_line: int, objects: bool | None = None) -> pa.Table | None:
+        """`objects`: whether every line starts with `{`, when the caller knows (`ingest._Lines` notes it
+        while it finds the lines); None: checked here."""
+        if not (_every_line_an_object(data) if objects is None else objects):
             return None
         refused = False
         if self._narrow is not None:
@@ -129,7 +133,7 @@ class BlockParser:
                 return _read(data, longest_line, self._narrow).cast(OTLP_SCHEMA)
             except _ARROW_ERRORS:
                 refused = True
-        table = parse_block(data, longest_line)
+        table = _read_full(data, longest_line)
         if table is None:
             return None
         if self._set is None or self._narrow is not None:

@@ -171,6 +171,7 @@ class _Lines:
         partial: list[memoryview] = []  # the start of a line that continues in the next chunk
         partial_bytes = 0
         run = self.pos  # start of the complete lines of `chunk` not yet in `parts`
+        objects = True  # whether every line starts with `{` (what Arrow's reader may be given)
         while size < block_bytes:
             newline = self.chunk.find(b"\n", self.pos)
             if newline < 0:  # the line goes on past this chunk
@@ -183,10 +184,11 @@ class _Lines:
                 if partial_bytes > self.max_line:
                     self.pos = len(self.chunk)
                     self._reject_long(partial, partial_bytes + self._skip_line(rejections), parts, rejections)
-                    partial, partial_bytes, run = [], 0, self.pos
+                    partial, partial_bytes, run, objects = [], 0, self.pos, False
                     continue
                 if not self._refill(rejections):
                     if partial and not self.failed:  # a last line without a newline
+                        objects = objects and partial[0][:1] == b"{"
                         parts.extend(partial)
                         parts.append(b"\n")
                         size += partial_bytes
@@ -204,8 +206,10 @@ class _Lines:
                 partial.append(view[self.pos:newline + 1])
                 self.pos = run = newline + 1
                 self._reject_long(partial, length, parts, rejections)
-                partial, partial_bytes = [], 0
+                partial, partial_bytes, objects = [], 0, False
                 continue
+            if objects:
+                objects = (partial[0][:1] if partial else self.chunk[self.pos:self.pos + 1]) == b"{"
             if partial:
                 parts.extend(partial)
                 partial, partial_bytes = [], 0
@@ -215,7 +219,7 @@ class _Lines:
             self.pos = newline + 1
         if run < self.pos:
             parts.append(memoryview(self.chunk)[run:self.pos])
-        return _Read(b"".join(parts), first, self.line - first, longest, rejections)
+        return _Read(b"".join(parts), first, self.line - first, longest, rejections, objects)
 
     def _reject_long(self, pieces: list[memoryview], total: int, parts: list[bytes | memoryview],
                      rejections: list[Rejection]) -> None:
@@ -234,6 +238,7 @@ class _Read:
     lines: int
     longest: int  # bytes of the longest line, newline included
     rejections: list[Rejection]  # lines over the length limit, and an unreadable tail
+    objects: bool  # whether every line starts with `{` (a placeholder of a line over the limit is blank)
 
 
 @dataclass
@@ -274,7 +279,7 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
                         summary.add_rejections(read.rejections, len(read.rejections))
                         _quarantine(root, read.rejections, summary)
                     if read.lines:
-                        block = _Block(read, parser.submit(blocks.parse, read.data, read.longest)
+                        block = _Block(read, parser.submit(blocks.parse, read.data, read.longest, read.objects)
                                        if columnar and read.data else None, raw.tell())
                         if pending is not None:
                             position = _finish_block(pending, str(path), summary, writer, position)
