@@ -657,9 +657,9 @@ def test_ingest_in_many_blocks_stores_what_the_record_path_stores(trace_file: Pa
 
 def test_ingest_pauses_the_garbage_collector_and_leaves_no_cyclic_garbage_per_block(trace_file: Path,
                                                                                      tmp_path: Path) -> None:
-    """The collector is paused for the whole ingest (its passes cost ≈ 10% of the CPU), which is safe only
-    while a block leaves no cyclic garbage: what one collection finds afterwards must not grow with the
-    number of blocks, and the collector is enabled again afterwards, also when the ingest fails."""
+    """The collector is paused for the whole ingest (`ingest` module docstring), which is safe only while a
+    block leaves no cyclic garbage: what one collection finds afterwards must not grow with the number of
+    blocks, and the collector is enabled again afterwards, also when the ingest fails."""
     import gc
 
     found = {}
