@@ -193,8 +193,8 @@ def _narrowed(type_: pa.DataType, paths: set[tuple[str, ...]], path: tuple[str, 
 
 def _every_line_an_object(data: bytes) -> bool:
     """Whether every line of the block starts with `{`: the first byte is one and so is the byte after every
-    newline but a final one (two searches of the bytes, nothing allocated: a byte mask of the block cost 4% of
-    an ingest, most of it the kernel clearing its pages)."""
+    newline but a final one. Two searches of the bytes, ≈ 4.5% of an ingest as was the byte mask before them,
+    so ingest does not call this: its line reader notes the answer while it finds the lines (`ingest._Lines`)."""
     if not data:
         return True
     return data[:1] == b"{" and data.count(b"\n{") == data.count(b"\n") - data.endswith(b"\n")
