@@ -18,6 +18,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 if TYPE_CHECKING:
     from infertrace.store.store import Store
 
@@ -212,27 +216,48 @@ GROUP BY ALL
 _EXTENT = _SELECTED + "SELECT min(r.arrival_ns), max(r.finish_ns), count(*) FROM r"
 
 
-def _itl_percentiles(store: Store, params: dict[str, Any], *, bucketed: bool) -> list[tuple[Any, ...]]:
-    """Rows as `_PERCENTILES` gives them for the ITL: (model, 'itl', tokens, [p50, p95, p99][, bucket]), per model
-    (and bucket of the requests' arrival), from the ITLs weighted by how many tokens had each."""
+def _itl_table(store: Store, params: dict[str, Any], *, bucketed: bool) -> pa.Table:
+    """`_ITLS`: per model (and bucket of the requests' arrival), each distinct ITL with how many tokens had it."""
     bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket" if bucketed else ""
-    table = store.sql(_ITLS.format(bucket_col=bucket_col, bucket=", bucket" if bucketed else ""),
-                      params=params).to_arrow_table()
+    return store.sql(_ITLS.format(bucket_col=bucket_col, bucket=", bucket" if bucketed else ""),
+                     params=params).to_arrow_table()
+
+
+def _itl_overall(store: Store, bucketed: pa.Table) -> pa.Table:
+    """`_itl_table` without buckets, from the bucketed one: the same tokens counted per (model, ITL) across the
+    buckets (one read of the runs instead of two)."""
+    query = "SELECT model, itl_ns, sum(n)::BIGINT AS n FROM bucketed GROUP BY ALL ORDER BY ALL"
+    return store.con.from_arrow(bucketed).query("bucketed", query).to_arrow_table()
+
+
+def _itl_percentiles(store: Store, table: pa.Table, *, bucketed: bool) -> list[tuple[Any, ...]]:
+    """Rows as `_PERCENTILES` gives them for the ITL: (model, 'itl', tokens, [p50, p95, p99][, bucket]), per model
+    (and bucket of the requests' arrival), from `_itl_table`'s ITLs weighted by how many tokens had each."""
     if table.num_rows == 0:
         return []
-    keys = list(zip(table["model"].to_pylist(), table["bucket"].to_pylist() if bucketed else [None] * table.num_rows,
-                    strict=True))
+    models = table["model"].combine_chunks()
+    codes = pc.dictionary_encode(models).indices
+    change = _changes(pc.fill_null(codes, -1).to_numpy(zero_copy_only=False), pc.is_null(codes))
+    if bucketed:
+        buckets = table["bucket"].combine_chunks()
+        change |= _changes(pc.fill_null(buckets, 0).to_numpy(zero_copy_only=False), pc.is_null(buckets))
     values = table["itl_ns"].to_numpy()
     weights = table["n"].to_numpy()
     out = []
     start = 0
-    for end in [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]:
-        model, bucket = keys[start]
+    for end in [*(np.flatnonzero(change) + 1).tolist(), table.num_rows]:
+        model = models[start].as_py()
         n = int(weights[start:end].sum())
         q = weighted_quantile_cont(store.con, values[start:end], weights[start:end], QUANTILES)
-        out.append((model, "itl", n, q, bucket) if bucketed else (model, "itl", n, q))
+        out.append((model, "itl", n, q, buckets[start].as_py()) if bucketed else (model, "itl", n, q))
         start = end
     return out
+
+
+def _changes(values: np.ndarray, nulls: pa.Array) -> np.ndarray:
+    """Whether each row after the first differs from the one before it (a null equals only a null)."""
+    null = nulls.to_numpy(zero_copy_only=False)
+    return (values[1:] != values[:-1]) | (null[1:] != null[:-1])
 
 
 def weighted_quantile_cont(con: Any, values: Any, weights: Any, quantiles: tuple[float, ...]) -> list[float]:
@@ -240,8 +265,6 @@ def weighted_quantile_cont(con: Any, values: Any, weights: Any, quantiles: tuple
     times, without a row per item: the values at positions floor and ceil of (n - 1)·q are found from the
     cumulative weights, and DuckDB (connection `con`) interpolates between them, so the result is its own to the
     last bit (`quantile_cont` of the two values at the fraction is that interpolation)."""
-    import numpy as np
-
     cumulative = np.cumsum(weights)
     total = int(cumulative[-1])
     out: list[float] = []
@@ -289,9 +312,15 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
     start, end, _count = store.sql(_EXTENT, params=params).fetchall()[0]
     if bucket_ns is None:
         bucket_ns = bucket_width_ns((end - start) if start is not None else 0)
+    bound = {**params, "origin": start, "width": bucket_ns}
+    if start is not None:  # the ITLs per bucket, read once: the overall ones are their sums
+        bucketed = _itl_table(store, bound, bucketed=True)
+        itls = _itl_overall(store, bucketed)
+    else:
+        itls = _itl_table(store, params, bucketed=False)
     overall: dict[tuple[str, str], Percentiles] = {}
     rows = store.sql(_PERCENTILES.format(bucket_col=""), params=params).fetchall()
-    for row_model, metric, n, q in rows + _itl_percentiles(store, params, bucketed=False):
+    for row_model, metric, n, q in rows + _itl_percentiles(store, itls, bucketed=False):
         qs = list(q) if q is not None else [None, None, None]
         overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
     gateway = {row[0]: row[1:] for row in store.sql(_GATEWAY, params=params).fetchall()}
@@ -313,21 +342,22 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
             checks.append(SloCheck(t, observed, _severity(observed, t.threshold, critical_ratio)))
         results.append(ModelSlo(name, int(n_gw), int(errors), int(rejected), engine_requests, pct["ttft"],
                                 pct["itl"], pct["e2e"], tuple(checks)))
-    buckets = _buckets(store, params, bucket_ns, start, targets) if start is not None else ()
+    buckets = _buckets(store, bound, bucketed, targets) if start is not None else ()
     return SloSummary(since_ns, until_ns, start, end, model, tenant, targets, critical_ratio, bucket_ns,
                       tuple(results), buckets)
 
 
-def _buckets(store: Store, params: dict[str, Any], bucket_ns: int, start: int,
+def _buckets(store: Store, bound: dict[str, Any], itls: pa.Table,
              targets: tuple[SloTarget, ...]) -> tuple[SloBucket, ...]:
+    """Percentiles per model and bucket (`bound`: the selection with the buckets' $origin and $width; `itls`:
+    `_itl_table` per bucket)."""
     bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket"
     sql = _PERCENTILES.format(bucket_col=bucket_col)
     counts_sql = _SELECTED + "SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width, count(*) " \
         "FROM r GROUP BY ALL"
-    bound = {**params, "origin": start, "width": bucket_ns}
     values: dict[tuple[str, int], dict[str, float | None]] = {}
     rows = store.sql(sql, params=bound).fetchall()
-    for row_model, metric, _n, q, bucket in rows + _itl_percentiles(store, bound, bucketed=True):
+    for row_model, metric, _n, q, bucket in rows + _itl_percentiles(store, itls, bucketed=True):
         cell = values.setdefault((row_model, int(bucket)), {})
         for quantile, v in zip(QUANTILES, q or [None] * 3, strict=True):
             cell[f"{metric}_p{round(quantile * 100)}_ms"] = _ms(v)

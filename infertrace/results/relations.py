@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELATIONS_DIR = Path("derived") / "relations"
+# Parquet 2's encodings (delta for the integer columns, byte-stream-split, …): on the 4-model hour the steps file
+# is a fifth smaller than with Parquet 1's and costs a fifth less CPU to write and to read back.
+WRITE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION v2"
 
 
 def _relations() -> tuple[str, ...]:
@@ -64,7 +67,7 @@ def materialize_relations(store: Store) -> float:
     try:
         for name in _relations():  # in dependency order: each later relation reads the files written before it
             path = _literal(temporary / f"{name}.parquet")
-            store.con.execute(f"COPY (SELECT * FROM {name}) TO {path} (FORMAT parquet, COMPRESSION zstd)")
+            store.con.execute(f"COPY (SELECT * FROM {name}) TO {path} ({WRITE_OPTIONS})")
             store.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path})")
     finally:  # the views as they were (`attach` points them at the files once they are in place)
         for sql in views.values():

@@ -30,25 +30,30 @@ WITH span AS (
         "attr.infertrace.step.kv.used_blocks" AS kv_used_blocks,
         "attr.infertrace.step.kv.total_blocks" AS kv_total_blocks,
         coalesce(len("attr.infertrace.step.preempted.request_ids"), 0) AS num_preempted,
-        coalesce("attr.infertrace.step.pause_ns", 0) AS pause_ns
+        coalesce("attr.infertrace.step.pause_ns", 0) AS pause_ns,
+        -- Step i ends at the span's start plus the sum of durations 1..i: exact (HUGEINT), computed once per
+        -- span as a list (a window over every step of the store would sort them all).
+        list_transform(range(1, len("attr.infertrace.step.durations_ns") + 1),
+                       lambda i: CAST(start_ns + list_sum("attr.infertrace.step.durations_ns"[1:i]) AS BIGINT))
+            AS ends
     FROM spans
     WHERE name = 'engine_step'
 ),
 step AS (
+    -- the span's lists unnested side by side (the columns of a row are not copied with a list per step)
     SELECT
-        *,
+        * EXCLUDE (durations, ends),
         unnest(range(len(durations))) AS run_position,
         unnest(durations) AS duration_ns,
+        unnest(ends) AS end_ns,
         len(durations) AS run_steps
     FROM span
 )
 SELECT
     instance, service, model, hardware, policy,
     first_index + run_position AS step_index,
-    -- A step's end: the span's start plus the running sum of the durations, computed per step with a list
-    -- sum (a window over every step of the store would sort them all), and only for the steps a query keeps.
-    CAST(span_start_ns + list_sum(durations[1:run_position + 1]) AS BIGINT) - duration_ns AS start_ns,
-    CAST(span_start_ns + list_sum(durations[1:run_position + 1]) AS BIGINT) AS end_ns,
+    end_ns - duration_ns AS start_ns,
+    end_ns,
     duration_ns,
     trace_id, span_id, run_position, run_steps,
     prefill_tokens, decode_tokens, num_prefills, num_decodes,

@@ -15,7 +15,7 @@
 --   token a request gets on an engine after tokens on another, the time since that other engine's last token).
 -- A step span without step durations gives no token times: its runs are left out (their tokens still count in
 -- later runs' tokens_before).
-WITH produced AS (
+WITH produced AS MATERIALIZED (
     SELECT request_id, instance, trace_id, span_id, role, start_ns,
            CASE WHEN role = 'decode' THEN run_steps ELSE 1 END AS n,
            end_ns AS last_token_ns,
@@ -23,7 +23,23 @@ WITH produced AS (
     FROM step_membership
     WHERE role = 'decode' OR (role = 'prefill' AND samples_token)
 ),
-runs AS (
+-- Requests with runs on several engines (a disaggregated request's prefill and decode workers). Every other request
+-- has all its runs on one engine, where the runs per (request, engine) are the runs per request: one window
+-- (one sort of the runs) gives both the previous run on the engine and on any engine.
+several AS (
+    SELECT request_id FROM produced GROUP BY request_id HAVING min(instance) <> max(instance)
+),
+single_runs AS (
+    SELECT
+        *,
+        coalesce(sum(n) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS tokens_before,
+        lag(last_token_ns) OVER w AS previous_token_ns,
+        NULL::BIGINT AS previous_any_ns,
+        NULL::VARCHAR AS previous_instance
+    FROM produced ANTI JOIN several s ON s.request_id IS NOT DISTINCT FROM produced.request_id
+    WINDOW w AS (PARTITION BY request_id ORDER BY start_ns)
+),
+several_runs AS (
     SELECT
         *,
         coalesce(sum(n) OVER (PARTITION BY request_id, instance ORDER BY start_ns
@@ -31,7 +47,12 @@ runs AS (
         lag(last_token_ns) OVER (PARTITION BY request_id, instance ORDER BY start_ns) AS previous_token_ns,
         lag(last_token_ns) OVER (PARTITION BY request_id ORDER BY start_ns) AS previous_any_ns,
         lag(instance) OVER (PARTITION BY request_id ORDER BY start_ns) AS previous_instance
-    FROM produced
+    FROM produced SEMI JOIN several s ON s.request_id IS NOT DISTINCT FROM produced.request_id
+),
+runs AS (
+    SELECT * FROM single_runs
+    UNION ALL
+    SELECT * FROM several_runs
 )
 SELECT
     request_id, instance, trace_id, span_id, role, n::BIGINT AS tokens,
