@@ -67,21 +67,24 @@ def _double(value: float) -> str:
     return repr(value)
 
 
+_INT_ARRAY = '{"arrayValue":{"values":[{"intValue":"%s"}]}}'
+_STRING_ARRAY = '{"arrayValue":{"values":[{"stringValue":"%s"}]}}'
+
+
 def encode_array(values: Sequence[Any]) -> str:
     """An attribute's array value (`arrayValue`) of ints, strings, bools or floats."""
     if not values:
         return '{"arrayValue":{}}'
     first = type(values[0])
+    if first is int:
+        return _INT_ARRAY % '"},{"intValue":"'.join(map(str, values))
     if first is str:
         joined = "".join(values)
         if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
-            body = '{"stringValue":"' + '"},{"stringValue":"'.join(values) + '"}'
-        else:
-            body = ",".join(['{"stringValue":' + _json_string(v) + "}" for v in values])
+            return _STRING_ARRAY % '"},{"stringValue":"'.join(values)
+        body = ",".join(['{"stringValue":' + _json_string(v) + "}" for v in values])
     elif first is bool:
         body = ",".join(['{"boolValue":true}' if v else '{"boolValue":false}' for v in values])
-    elif first is int:
-        body = '{"intValue":"' + '"},{"intValue":"'.join(map(str, values)) + '"}'
     elif first is float:
         body = ",".join(['{"doubleValue":' + _double(v) + "}" for v in values])
     else:

@@ -232,6 +232,7 @@ class EngineTracer:
         self.resource = resource
         self.batch_size = batch_size
         self._rng = random.Random(seed)
+        self._random_bits = self._rng.getrandbits
         # A sink that writes OTLP JSON (`export_encoded`) gets spans encoded as they are made, steps straight from
         # their facts; any other gets `SpanRecord`s.
         self._encoded = hasattr(sink, "export_encoded")
@@ -247,7 +248,7 @@ class EngineTracer:
         self._remote_flush = remote.flush if remote is not None else None
 
     def _id(self, bits: int) -> int:
-        return self._rng.getrandbits(bits) or 1
+        return self._random_bits(bits) or 1
 
     def _emit(self, span: SpanRecord) -> None:
         self._push(encode_span(span) if self._encoded else span)
@@ -292,7 +293,8 @@ class EngineTracer:
             episodes[-1].chunks.append((end_ns, chunk, before, step.index))
             if done:
                 episodes[-1].end_ns = end_ns
-        trace_id, span_id = self._id(128), self._id(64)
+        random_bits = self._random_bits
+        trace_id, span_id = random_bits(128) or 1, random_bits(64) or 1  # self._id, inlined: a call per span counts
         if self._encoded:  # straight to JSON in one `%`: no attribute dict, no SpanRecord (step_attribute_values)
             durations, decode_ids = step.durations, step.decode_ids
             values: tuple[Any, ...] = (
@@ -315,7 +317,10 @@ class EngineTracer:
             if step.kv_load is not None:
                 values += step.kv_load
                 present |= 16
-            self._push(_STEP_SPANS[present] % values)
+            pending = self._pending
+            pending.append(_STEP_SPANS[present] % values)
+            if len(pending) >= self.batch_size:
+                self.flush()
             return
         record: Attributes = {}
         for keys, group in zip(_STEP_KEYS, step_attribute_values(step), strict=True):
@@ -400,8 +405,12 @@ class EngineTracer:
                 timed_events.sort(key=lambda e: e[1])
             self._emit(SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns,
                                   dict(zip(keys, values, strict=True)), kind=SPAN_KIND_SERVER, events=timed_events))
+        pending = self._pending
         for span in spans:
-            self._push(span)
+            pending.append(span)
+            if len(pending) >= self.batch_size:
+                self.flush()
+                pending = self._pending
 
     def close(self) -> None:
         self.flush()
