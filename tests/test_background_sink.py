@@ -3,7 +3,9 @@ in the simulator's own process, are all counted, and a failure in the child is r
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import tomllib
 from pathlib import Path
 
@@ -154,3 +156,42 @@ def test_an_engine_whose_clock_is_beyond_int64_nanoseconds_still_traces_the_same
     assert outputs[1] == outputs[0]
     starts = [int(t) for t in re.findall(rb'"startTimeUnixNano":"(\d+)"', outputs[0])]
     assert max(starts) >= 1 << 63  # spans past 2^63 ns were written
+
+
+class _HeldWriter:
+    """An OTLP JSON writer that writes nothing until a byte arrives on `release` (a child that has fallen behind)."""
+
+    def __init__(self, path: Path, release: int) -> None:
+        self.writer, self.release, self.held = OtlpJsonLinesWriter(path), release, True
+
+    def export(self, resource: dict[str, object], spans: list[SpanRecord], scope: str | None = None) -> None:
+        if self.held:
+            os.read(self.release, 1)
+            self.held = False
+        self.writer.export(resource, spans, scope)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    @property
+    def spans_written(self) -> int:
+        return self.writer.spans_written
+
+
+def test_a_child_that_has_fallen_behind_does_not_hold_up_the_simulator_and_catches_up(tmp_path: Path) -> None:
+    """The child takes messages off the pipe while its sink is busy: the simulator sends well past what the pipe
+    holds (three messages, ≈ 1.5 MB, against ≈ 0.4 MB a socket pair holds) without waiting, and nothing is lost."""
+    release_read, release_write = os.pipe()
+    path = tmp_path / "t.jsonl"
+    sink = BackgroundSink(lambda: _HeldWriter(path, release_read))
+    spans = [SpanRecord(i, i + 1, 0, "s", 0, 1, {"payload": f"{i:01000d}"}) for i in range(1, 1537)]
+    sender = threading.Thread(target=lambda: [sink.export({"service.name": "x"}, [span]) for span in spans])
+    sender.start()
+    sender.join(timeout=60)
+    held_up = sender.is_alive()
+    os.write(release_write, b"x")
+    sender.join()
+    assert not held_up, "the simulator waited on the pipe while the child's sink was held"
+    sink.close()
+    assert sink.spans_written == len(spans)
+    assert path.read_text().count('"name":"s"') == len(spans)

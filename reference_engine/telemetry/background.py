@@ -15,6 +15,10 @@ its step durations to a list of arrays (sent as one int64 buffer); only what is 
 experts, KV loads) or per request (`RequestFacts`, as a plain tuple) or whole (span batches, control messages)
 is an object. The `_STEP`, `_REQUEST` and `_MESSAGE` records say in which order to read them.
 
+The child takes messages off the pipe in a thread of its own as they come (up to `_MESSAGES_AHEAD` ahead of what it
+has written), so that on a busy machine, where it falls behind for a while, the simulator does not wait on a full
+pipe: it runs on, and the child catches up.
+
 Nothing is dropped: `close()` (and `spans_written`) wait until the child has handled everything sent so far, and an
 error in the child (a bad attribute value, a full disk) is raised there, naming what failed.
 """
@@ -25,7 +29,9 @@ import contextlib
 import gc
 import multiprocessing
 import pickle
+import queue
 import sys
+import threading
 import traceback
 from array import array
 from collections.abc import Callable, Sequence
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
 
 _INTS_PER_SEND = 8192  # ≈ 500 steps' records (64 KB) per message: the child starts early and ends soon after
 _OBJECTS_PER_SEND = 512  # span batches, requests' facts
+_MESSAGES_AHEAD = 64  # messages the child holds before the simulator waits on the pipe (≈ 8 MB of records)
 _STEP, _REQUEST, _MESSAGE = 0, 1, 2
 _request_id = attrgetter("request.request_id")
 _span_fields = attrgetter(*(f.name for f in fields(SpanRecord)))  # SpanRecord(*fields) rebuilds it
@@ -198,18 +205,33 @@ class BackgroundSink:
 
 
 def _serve(conn: Connection, make_sink: Callable[[], SpanSink]) -> None:
-    """The child: replays the records in order until told to close."""
+    """The child: replays the records in order until told to close. A thread takes the messages off the pipe as they
+    come (up to `_MESSAGES_AHEAD`), so that the simulator does not wait on a full pipe while this process has fallen
+    behind for a moment (a busy machine): it catches up on what is queued."""
     sink: SpanSink | None = None
     tracers: dict[int, EngineTracer] = {}
     gc.disable()  # spans make no reference cycles; the cyclic collector would only rescan what the tracers hold
+    inbox: queue.Queue[bytes | None] = queue.Queue(maxsize=_MESSAGES_AHEAD)
+    threading.Thread(target=_receive, args=(conn, inbox), name="span-writer-inbox", daemon=True).start()
     try:
         sink = make_sink()
-        while not _replay(pickle.loads(conn.recv_bytes()), conn, sink, tracers):
+        while (message := inbox.get()) is not None and not _replay(pickle.loads(message), conn, sink, tracers):
             pass
+        if message is None:
+            raise RuntimeError("the simulator's process closed the pipe before closing the sink")
     except BaseException as e:  # reported to the parent, which raises it
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
+
+
+def _receive(conn: Connection, inbox: queue.Queue[bytes | None]) -> None:
+    """The child's inbox thread: every message as it arrives, then None once the pipe is closed."""
+    try:
+        while True:
+            inbox.put(conn.recv_bytes())
+    except (EOFError, OSError):
+        inbox.put(None)
 
 
 def _replay(records: tuple[bytes | list[int], list[str], bytes, list[Any]], conn: Connection, sink: SpanSink,

@@ -67,21 +67,24 @@ def _double(value: float) -> str:
     return repr(value)
 
 
+_INT_ARRAY = '{"arrayValue":{"values":[{"intValue":"%s"}]}}'
+_STRING_ARRAY = '{"arrayValue":{"values":[{"stringValue":"%s"}]}}'
+
+
 def encode_array(values: Sequence[Any]) -> str:
     """An attribute's array value (`arrayValue`) of ints, strings, bools or floats."""
     if not values:
         return '{"arrayValue":{}}'
     first = type(values[0])
+    if first is int:
+        return _INT_ARRAY % '"},{"intValue":"'.join(map(str, values))
     if first is str:
         joined = "".join(values)
         if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
-            body = '{"stringValue":"' + '"},{"stringValue":"'.join(values) + '"}'
-        else:
-            body = ",".join(['{"stringValue":' + _json_string(v) + "}" for v in values])
+            return _STRING_ARRAY % '"},{"stringValue":"'.join(values)
+        body = ",".join(['{"stringValue":' + _json_string(v) + "}" for v in values])
     elif first is bool:
         body = ",".join(['{"boolValue":true}' if v else '{"boolValue":false}' for v in values])
-    elif first is int:
-        body = '{"intValue":"' + '"},{"intValue":"'.join(map(str, values)) + '"}'
     elif first is float:
         body = ",".join(['{"doubleValue":' + _double(v) + "}" for v in values])
     else:
@@ -186,8 +189,12 @@ def _template(shape: _Shape) -> _Template:
 
 
 def encode_attributes(attributes: Mapping[str, Any]) -> str:
-    values = tuple(attributes.values())
-    shape = (tuple(attributes), tuple(map(type, values)))
+    return encode_attribute_values(tuple(attributes), tuple(attributes.values()))
+
+
+def encode_attribute_values(keys: tuple[str, ...], values: tuple[Any, ...]) -> str:
+    """`encode_attributes` of the attributes `keys` → `values` (as many), without building their dict."""
+    shape = (keys, tuple(map(type, values)))
     template = _templates.get(shape) or _template(shape)
     fast = True
     if template.strings:
@@ -235,13 +242,15 @@ def attributes_format(keys: Sequence[str], kinds: Sequence[type]) -> str:
     return (_templates.get(shape) or _template(shape)).fast
 
 
-def span_format(name: str, kind: int = SPAN_KIND_INTERNAL, parent: bool = False, events: bool = False) -> str:
+def span_format(name: str, kind: int = SPAN_KIND_INTERNAL, parent: bool = False, events: bool = False,
+                attributes: str = "%s") -> str:
     """A span without links or status as a %-format of its trace id, span id, parent span id (with `parent`), start
-    and end (ns), attributes (encoded) and events (with `events`: encoded, `event_format`, comma-separated): the
-    bytes `encode_span` writes for such a span."""
+    and end (ns), attributes (encoded; or, with `attributes`, the values that %-format of them takes, e.g.
+    `attributes_format`'s) and events (with `events`: encoded, `event_format`, comma-separated): the bytes
+    `encode_span` writes for such a span."""
     return ('{"traceId":"%%032x","spanId":"%%016x"%s,"name":%s,"kind":%d,"startTimeUnixNano":"%%d",'
-            '"endTimeUnixNano":"%%d","attributes":[%%s]%s,"status":{}}') % (
-        ',"parentSpanId":"%016x"' if parent else "", _name(name).replace("%", "%%"), kind,
+            '"endTimeUnixNano":"%%d","attributes":[%s]%s,"status":{}}') % (
+        ',"parentSpanId":"%016x"' if parent else "", _name(name).replace("%", "%%"), kind, attributes,
         ',"events":[%s]' if events else "")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infertrace import semconv as sc
@@ -23,6 +24,7 @@ from reference_engine.telemetry.otlp import (
     SpanSink,
     attributes_format,
     encode_array,
+    encode_attribute_values,
     encode_span,
     event_format,
     span_format,
@@ -187,7 +189,11 @@ def step_attribute_values(step: StepFacts, array: Any = list) -> tuple[tuple[Any
 _STEP_KEYS = tuple(tuple(key for key, _ in group) for group in _STEP_GROUPS)
 _STEP_FORMATS = tuple(attributes_format(keys, [kind for _, kind in group])
                       for keys, group in zip(_STEP_KEYS, _STEP_GROUPS, strict=True))
-_STEP_SPAN = span_format(sc.SPAN_STEP)
+# An engine_step span for each combination of the optional groups (bit g-1 set: group g there), with its attributes
+# in place: one `%` of the span's ids, times and every present group's values in order.
+_STEP_SPANS = tuple(span_format(sc.SPAN_STEP, attributes=",".join(
+    [_STEP_FORMATS[0], *(fmt for g, fmt in enumerate(_STEP_FORMATS[1:]) if present >> g & 1)]))
+    for present in range(1 << (len(_STEP_FORMATS) - 1)))
 _QUEUE_SPAN, _DECODE_SPAN = span_format(sc.SPAN_QUEUE, parent=True), span_format(sc.SPAN_DECODE, parent=True)
 _PREFILL_SPAN = span_format(sc.SPAN_PREFILL, parent=True, events=True)
 _KV_HIT_KEYS = (sc.PREFILL_KV_DEVICE_TOKENS, sc.PREFILL_KV_HOST_TOKENS, sc.PREFILL_KV_REMOTE_TOKENS,
@@ -196,6 +202,17 @@ _PREFILL_ATTRIBUTES = attributes_format((sc.PREFILL_CHUNKS,), (int,))
 _PREFILL_KV_HIT_ATTRIBUTES = attributes_format((sc.PREFILL_CHUNKS, *_KV_HIT_KEYS), (int,) * 6)
 _CHUNK_KEYS = (sc.CHUNK_TOKENS, sc.CHUNK_CACHED_TOKENS, sc.CHUNK_STEP_INDEX)
 _CHUNK_EVENT = event_format(sc.EVENT_PREFILL_CHUNK, _CHUNK_KEYS)
+# An llm_request span's attribute keys, in order: the facts, the system prompt's (when it has one), then how it ended.
+_REQUEST_KEYS = (sc.OPERATION_NAME, sc.PROVIDER_NAME, sc.REQUEST_MODEL, sc.RESPONSE_MODEL, sc.REQUEST_ID,
+                 sc.REQUEST_MAX_TOKENS, sc.TENANT_ID, sc.USAGE_INPUT_TOKENS, sc.USAGE_OUTPUT_TOKENS,
+                 sc.USAGE_CACHE_READ_INPUT_TOKENS, sc.ASSISTANT_PREFILL_TOKENS, sc.PREEMPTIONS, sc.PREFILL_CHUNKS)
+_REQUEST_SYSTEM_PROMPT_KEYS = (*_REQUEST_KEYS, sc.SYSTEM_PROMPT_ID, sc.SYSTEM_PROMPT_TOKENS)
+_LATENCY_KEYS = (sc.RESPONSE_FINISH_REASONS, sc.LATENCY_TIME_IN_QUEUE, sc.LATENCY_TIME_TO_FIRST_TOKEN,
+                 sc.LATENCY_TIME_IN_MODEL_PREFILL, sc.LATENCY_TIME_IN_MODEL_DECODE, sc.LATENCY_E2E)
+_REQUEST_SPAN = span_format(sc.SPAN_REQUEST, SPAN_KIND_SERVER, events=True)
+_REQUEST_SPAN_WITH_PARENT = span_format(sc.SPAN_REQUEST, SPAN_KIND_SERVER, parent=True, events=True)
+_PREEMPTED_EVENT, _FIRST_TOKEN_EVENT = event_format(sc.EVENT_PREEMPTED, ()), event_format(sc.EVENT_FIRST_TOKEN, ())
+_time = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -215,6 +232,7 @@ class EngineTracer:
         self.resource = resource
         self.batch_size = batch_size
         self._rng = random.Random(seed)
+        self._random_bits = self._rng.getrandbits
         # A sink that writes OTLP JSON (`export_encoded`) gets spans encoded as they are made, steps straight from
         # their facts; any other gets `SpanRecord`s.
         self._encoded = hasattr(sink, "export_encoded")
@@ -230,7 +248,7 @@ class EngineTracer:
         self._remote_flush = remote.flush if remote is not None else None
 
     def _id(self, bits: int) -> int:
-        return self._rng.getrandbits(bits) or 1
+        return self._random_bits(bits) or 1
 
     def _emit(self, span: SpanRecord) -> None:
         self._push(encode_span(span) if self._encoded else span)
@@ -265,7 +283,8 @@ class EngineTracer:
             if open_episodes and not open_episodes[-1].end_ns:
                 open_episodes[-1].end_ns = start_ns
         hits = step.kv_hits
-        for rid, chunk, before, done in step.prefills:
+        prefills = step.prefills
+        for rid, chunk, before, done in prefills:
             episodes = self._episodes.setdefault(rid, [])
             if not episodes or episodes[-1].end_ns:
                 episodes.append(_PrefillEpisode(start_ns))
@@ -274,12 +293,34 @@ class EngineTracer:
             episodes[-1].chunks.append((end_ns, chunk, before, step.index))
             if done:
                 episodes[-1].end_ns = end_ns
-        trace_id, span_id = self._id(128), self._id(64)
-        if self._encoded:  # straight to JSON, group by group: no attribute dict, no SpanRecord
-            groups = step_attribute_values(step, encode_array)
-            attributes = ",".join([fmt % group for fmt, group in zip(_STEP_FORMATS, groups, strict=True)
-                                   if group is not None])
-            self._push(_STEP_SPAN % (trace_id, span_id, start_ns, end_ns, attributes))
+        random_bits = self._random_bits
+        trace_id, span_id = random_bits(128) or 1, random_bits(64) or 1  # self._id, inlined: a call per span counts
+        if self._encoded:  # straight to JSON in one `%`: no attribute dict, no SpanRecord (step_attribute_values)
+            durations, decode_ids = step.durations, step.decode_ids
+            values: tuple[Any, ...] = (
+                trace_id, span_id, start_ns, end_ns, step.index, len(durations), encode_array(durations),
+                sum([chunk for _, chunk, _, _ in prefills]), len(decode_ids), encode_array(decode_ids),
+                step.decode_context_tokens, step.running, step.waiting, step.kv_used_blocks, step.kv_total_blocks)
+            present = 0
+            if prefills:
+                values += tuple([encode_array(list(column)) for column in zip(*prefills, strict=True)])
+                present = 1
+            if step.preempted_ids:
+                values += (encode_array(step.preempted_ids),)
+                present |= 2
+            if step.pause_ns:
+                values += (step.pause_ns,)
+                present |= 4
+            if step.offload is not None:
+                values += step.offload
+                present |= 8
+            if step.kv_load is not None:
+                values += step.kv_load
+                present |= 16
+            pending = self._pending
+            pending.append(_STEP_SPANS[present] % values)
+            if len(pending) >= self.batch_size:
+                self.flush()
             return
         record: Attributes = {}
         for keys, group in zip(_STEP_KEYS, step_attribute_values(step), strict=True):
@@ -316,54 +357,60 @@ class EngineTracer:
                            for t, *values in episode.chunks]
             return span
 
-        attributes: Attributes = {
-            sc.OPERATION_NAME: "text_completion",
-            sc.PROVIDER_NAME: "infertrace",
-            sc.REQUEST_MODEL: req.model or self._model,
-            sc.RESPONSE_MODEL: self._model,
-            sc.REQUEST_ID: rid,
-            sc.REQUEST_MAX_TOKENS: req.max_tokens,
-            sc.TENANT_ID: req.tenant,
-            sc.USAGE_INPUT_TOKENS: req.prompt_tokens,
-            sc.USAGE_OUTPUT_TOKENS: req.output_tokens,
-            sc.USAGE_CACHE_READ_INPUT_TOKENS: max(req.cached_tokens, 0),
-            sc.ASSISTANT_PREFILL_TOKENS: req.assistant_prefill_tokens,
-            sc.PREEMPTIONS: req.preemptions,
-            sc.PREFILL_CHUNKS: req.prefill_chunks,
-        }
+        values: tuple[Any, ...] = (
+            "text_completion", "infertrace", req.model or self._model, self._model, rid, req.max_tokens, req.tenant,
+            req.prompt_tokens, req.output_tokens, max(req.cached_tokens, 0), req.assistant_prefill_tokens,
+            req.preemptions, req.prefill_chunks)
+        keys = _REQUEST_KEYS
         if req.system_prompt_id is not None:
-            attributes[sc.SYSTEM_PROMPT_ID] = req.system_prompt_id
-            attributes[sc.SYSTEM_PROMPT_TOKENS] = req.system_prompt_tokens
-        events = [(sc.EVENT_PREEMPTED, t, {}) for t in preemptions]
-        spans: list[SpanRecord | str] = []
+            values += (req.system_prompt_id, req.system_prompt_tokens)
+            keys = _REQUEST_SYSTEM_PROMPT_KEYS
         if req.error is not None:
+            attributes = dict(zip(keys, values, strict=True))
             attributes[sc.RESPONSE_FINISH_REASONS] = ["error"]
             attributes[sc.ERROR_TYPE] = req.error
+            root = SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns, attributes,
+                              kind=SPAN_KIND_SERVER, events=[(sc.EVENT_PREEMPTED, t, {}) for t in preemptions],
+                              status_code=STATUS_ERROR, status_message=req.error)
+            self._emit(root)
+            return
+        arrival, scheduled = req.arrival_ns, req.first_scheduled_ns or req.arrival_ns
+        first, finish = req.first_token_ns or end_ns, end_ns
+        values += (["length" if req.output_tokens >= req.max_tokens else "stop"], (scheduled - arrival) / 1e9,
+                   (first - arrival) / 1e9, (first - scheduled) / 1e9, (finish - first) / 1e9,
+                   (finish - arrival) / 1e9)
+        keys += _LATENCY_KEYS
+        spans: list[SpanRecord | str] = [
+            _QUEUE_SPAN % (trace_id, self._id(64), request_span, arrival, scheduled, rid_attribute)
+            if encoded else child(sc.SPAN_QUEUE, arrival, scheduled)]
+        spans += map(prefill, episodes)
+        if req.output_tokens > 1:
+            spans.append(_DECODE_SPAN % (trace_id, self._id(64), request_span, first, finish, rid_attribute)
+                         if encoded else child(sc.SPAN_DECODE, first, finish))
+        if encoded:  # the root straight to JSON too: its events in time order, preemptions first on a tie
+            events = _FIRST_TOKEN_EVENT % first
+            if preemptions:
+                timed = [(t, _PREEMPTED_EVENT % t) for t in preemptions]
+                timed.append((first, events))
+                timed.sort(key=_time)
+                events = ",".join([event for _, event in timed])
+            attributes_json = encode_attribute_values(keys, values)
+            self._push(_REQUEST_SPAN_WITH_PARENT % (trace_id, request_span, parent, req.arrival_ns, end_ns,
+                                                    attributes_json, events) if parent else
+                       _REQUEST_SPAN % (trace_id, request_span, req.arrival_ns, end_ns, attributes_json, events))
         else:
-            arrival, scheduled = req.arrival_ns, req.first_scheduled_ns or req.arrival_ns
-            first, finish = req.first_token_ns or end_ns, end_ns
-            attributes[sc.RESPONSE_FINISH_REASONS] = ["length" if req.output_tokens >= req.max_tokens else "stop"]
-            attributes[sc.LATENCY_TIME_IN_QUEUE] = (scheduled - arrival) / 1e9
-            attributes[sc.LATENCY_TIME_TO_FIRST_TOKEN] = (first - arrival) / 1e9
-            attributes[sc.LATENCY_TIME_IN_MODEL_PREFILL] = (first - scheduled) / 1e9
-            attributes[sc.LATENCY_TIME_IN_MODEL_DECODE] = (finish - first) / 1e9
-            attributes[sc.LATENCY_E2E] = (finish - arrival) / 1e9
-            events.append((sc.EVENT_FIRST_TOKEN, first, {}))
-            spans.append(_QUEUE_SPAN % (trace_id, self._id(64), request_span, arrival, scheduled, rid_attribute)
-                         if encoded else child(sc.SPAN_QUEUE, arrival, scheduled))
-            spans += map(prefill, episodes)
-            if req.output_tokens > 1:
-                spans.append(_DECODE_SPAN % (trace_id, self._id(64), request_span, first, finish, rid_attribute)
-                             if encoded else child(sc.SPAN_DECODE, first, finish))
-        if len(events) > 1:
-            events.sort(key=lambda e: e[1])
-        root = SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns, attributes,
-                          kind=SPAN_KIND_SERVER, events=events)
-        if req.error is not None:
-            root.status_code, root.status_message = STATUS_ERROR, req.error
-        self._emit(root)
+            timed_events = [(sc.EVENT_PREEMPTED, t, {}) for t in preemptions]
+            timed_events.append((sc.EVENT_FIRST_TOKEN, first, {}))
+            if len(timed_events) > 1:
+                timed_events.sort(key=lambda e: e[1])
+            self._emit(SpanRecord(trace_id, request_span, parent, sc.SPAN_REQUEST, req.arrival_ns, end_ns,
+                                  dict(zip(keys, values, strict=True)), kind=SPAN_KIND_SERVER, events=timed_events))
+        pending = self._pending
         for span in spans:
-            self._push(span)
+            pending.append(span)
+            if len(pending) >= self.batch_size:
+                self.flush()
+                pending = self._pending
 
     def close(self) -> None:
         self.flush()
