@@ -192,7 +192,7 @@ def test_the_spans_read_back_are_held_as_compressed_parquet_files_removed_when_t
     clickhouse = ClickHouseStore.open(url)
     try:
         assert clickhouse.sql("SELECT count(*) FROM spans").fetchall()[0][0] == spans > 5 * 997
-        parts = sorted((clickhouse.root / "spans").glob("part-*.parquet"))
+        parts = sorted((clickhouse.root / "read-back").glob("part-*.parquet"))
         assert len(parts) > 1  # one per streamed batch
         assert clickhouse.sql("SELECT sum(num_rows) FROM parquet_file_metadata($f)",
                               {"f": [str(p) for p in parts]}).fetchall()[0][0] == spans

@@ -197,7 +197,7 @@ class ClickHouseStore(Store):
         segments take, not their uncompressed width in DuckDB's memory (or its spill)."""
         con = self.duckdb
         sql, params = span_rows_sql(self.connection.target.table, self.since_ns, self.until_ns)
-        parts = self.root / "spans"
+        parts = self.root / "read-back"
         shutil.rmtree(parts, ignore_errors=True)
         parts.mkdir(parents=True)
         files: list[Path] = []
