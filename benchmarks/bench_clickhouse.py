@@ -10,7 +10,8 @@ and longer runs are tiled from it (`tile`: shifted copies with their own ids). T
 backend, each in a fresh process (opening the store included): `itl_distributions` (each engine's ITL
 distribution; in ClickHouse it is computed there and only its rows come back, no span is read back),
 `analyze_itl` and `report` (the whole report document, nothing materialised; on ClickHouse both read the
-spans back and run in DuckDB, but for the pushed-down aggregations). Wall and CPU time (the child process,
+spans back, into compressed Parquet files of the store's private directory, and run in DuckDB, but for the
+pushed-down aggregations). Wall and CPU time (the child process,
 all threads), its peak RSS, the load average, and ClickHouse's compressed bytes per span are printed. The
 machine is shared: quote the load average with any figure. `report` runs also give CPU and peak RSS per
 analysis the report runs; with BENCH_CLICKHOUSE_PROGRESS=FILE each timed process appends its stage, CPU and RSS

@@ -179,6 +179,32 @@ def test_a_window_without_spans_reads_as_an_empty_store_not_an_error() -> None:
         assert clickhouse.segments == []
 
 
+def test_the_spans_read_back_are_held_as_compressed_parquet_files_removed_when_the_store_closes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-back is bounded by disk, not memory: one Parquet file per streamed batch in the store's private
+    directory, no table of span rows in DuckDB's memory, nothing left behind after close."""
+    from infertrace.store.clickhouse import store as clickhouse_store
+
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local:
+        spans = local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    monkeypatch.setattr(clickhouse_store, "READ_BACK_ROWS", 997)
+    clickhouse = ClickHouseStore.open(url)
+    try:
+        assert clickhouse.sql("SELECT count(*) FROM spans").fetchall()[0][0] == spans > 5 * 997
+        parts = sorted((clickhouse.root / "read-back").glob("part-*.parquet"))
+        assert len(parts) > 1  # one per streamed batch
+        assert clickhouse.sql("SELECT sum(num_rows) FROM parquet_file_metadata($f)",
+                              {"f": [str(p) for p in parts]}).fetchall()[0][0] == spans
+        assert clickhouse.sql("SELECT count(*) FROM duckdb_tables()").fetchall()[0][0] == 0
+        codecs = clickhouse.sql("SELECT DISTINCT compression FROM parquet_metadata($f)",
+                                {"f": str(parts[0])}).fetchall()
+        assert codecs == [("ZSTD",)]
+    finally:
+        clickhouse.close()
+    assert not clickhouse.root.exists()
+
+
 @pytest.mark.parametrize("rows_per_batch", [997, 20_000])
 def test_the_spans_read_back_are_the_same_whatever_the_size_of_the_batches_they_are_streamed_in(
         monkeypatch: pytest.MonkeyPatch, rows_per_batch: int) -> None:

@@ -6,6 +6,8 @@
 -- late? Root-cause ranking reads an engine's own anomaly from these rows, as it reads a router's from its
 -- route spans.
 -- Parameters: none.
+-- Order: every column. Root-cause ranking sums floats in row order: its result must not depend on the order
+-- in which DuckDB's threads, or the backend, happen to return rows.
 -- Columns: trace_id, instance, model, arrival_ns, engine_ttft_ns, engine_queue_ns (arrival at the engine to first
 --   scheduling: part of engine_ttft_ns), tpot_ns (NULL with fewer than two output tokens), failed (the engine
 --   failed the request; not when it refused a prompt longer than it accepts, `prompt_too_long`: that request could
@@ -22,3 +24,4 @@ SELECT
     outcome = 'error' AND error_type IS DISTINCT FROM 'prompt_too_long' AS failed
 FROM request_legs
 WHERE instance IS NOT NULL
+ORDER BY ALL

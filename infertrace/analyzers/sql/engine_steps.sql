@@ -6,6 +6,8 @@
 -- makes the work larger. Root-cause ranking fits each engine's step time to its work outside the incident
 -- and asks how many steps during the incident took longer than that fit allows.
 -- Parameters: none.
+-- Order: every column. Root-cause ranking sums floats in row order: its result must not depend on the order
+-- in which DuckDB's threads, or the backend, happen to return rows.
 -- Columns: instance, model, start_ns, steps, step_ns (mean duration of the span's steps, pauses excluded),
 --   prefill_tokens, decode_tokens, context_tokens (sum of the decoding requests' context at the first step).
 SELECT
@@ -20,3 +22,4 @@ SELECT
     coalesce("attr.infertrace.step.decode.context_tokens", 0) AS context_tokens
 FROM spans
 WHERE name = 'engine_step'
+ORDER BY ALL

@@ -6,6 +6,8 @@
 -- rate limiter touched auth and the limiter only; a disaggregated request touched a prefill worker, a link and
 -- a decode worker.
 -- Parameters: none.
+-- Order: start_ns, then every other column. Root-cause ranking sums floats in row order: its result must not
+-- depend on the order in which DuckDB's threads, or the backend, happen to return rows.
 -- Columns: trace_id, kind (auth, rate_limiter, router, scheduler, link, engine, prefill_worker,
 --   decode_worker; NULL for a component of another source, which `--components` may name), instance
 --   (service.instance.id or its fallback; the link's name for links), span_name, operation (its http.route, else
@@ -29,3 +31,5 @@ SELECT trace_id,
        NULL::BIGINT AS http_status, NULL::BIGINT AS queue_ns
 FROM request_legs
 WHERE instance IS NOT NULL
+ORDER BY start_ns, trace_id, kind, instance, span_name, operation, service, found_by, model, tenant, latency_ns,
+         outcome, http_status, queue_ns

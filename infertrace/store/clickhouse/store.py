@@ -38,7 +38,7 @@ from infertrace.store.clickhouse.rows import (
     from_otel_traces_sql,
     to_otel_traces_sql,
 )
-from infertrace.store.store import Store
+from infertrace.store.store import Store, sql_string
 
 EXPORT_BATCH_ROWS = 100_000
 # The most spans read back at once (one batch of the streamed result; chdb cuts its stream at this many rows, a
@@ -191,33 +191,40 @@ class ClickHouseStore(Store):
 
     def _load_spans_raw(self) -> None:
         """Reads the window's spans back, in one query whose result is streamed in batches of about
-        `READ_BACK_ROWS` spans into a table of the DuckDB connection, so that ClickHouse's result is never held
-        whole in memory; DuckDB's table spills to its temporary directory past its memory limit."""
+        `READ_BACK_ROWS` spans, each written as one compressed Parquet file of the store's private directory
+        (typed by `rows.duckdb_casts`); `spans_raw` reads those files as a local store reads its segments. So
+        ClickHouse's result is never held whole in memory, and the spans take on disk about what a local store's
+        segments take, not their uncompressed width in DuckDB's memory (or its spill)."""
         con = self.duckdb
         sql, params = span_rows_sql(self.connection.target.table, self.since_ns, self.until_ns)
-        con.execute("DROP TABLE IF EXISTS _clickhouse_spans")
-        created = False
+        parts = self.root / "read-back"
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        files: list[Path] = []
         for rows in self.connection.query_arrow_batches(sql, params, READ_BACK_ROWS):
-            self._insert_rows(rows, create=not created)
-            created = True
+            files.append(self._write_part(rows, parts / f"part-{len(files):05d}.parquet"))
             del rows
-        if not created:  # an empty window: the table typed from an empty result
-            self._insert_rows(self.connection.query_arrow(f"SELECT * FROM ({sql}) LIMIT 0", params), create=True)
-        con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _clickhouse_spans")
+        if not files:  # an empty window: a file typed from an empty result
+            files.append(self._write_part(self.connection.query_arrow(f"SELECT * FROM ({sql}) LIMIT 0", params),
+                                          parts / "part-00000.parquet"))
+        listed = ", ".join(sql_string(str(f)) for f in files)
+        con.execute(f"CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM read_parquet([{listed}])")
         self.skipped, self.notes = [], {}
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
-        (count, last), = con.execute("SELECT count(*), max(end_ns) FROM _clickhouse_spans").fetchall()
+        (count, last), = con.execute("SELECT count(*), max(end_ns) FROM spans_raw").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
 
-    def _insert_rows(self, rows: pa.Table, create: bool) -> None:
+    def _write_part(self, rows: pa.Table, path: Path) -> Path:
+        """One batch of the read-back rows, typed as the store's schema, written to `path` (Parquet, ZSTD)."""
         con = self.duckdb
         con.register("_clickhouse_rows", rows)
         try:
-            into = "CREATE TABLE _clickhouse_spans AS " if create else "INSERT INTO _clickhouse_spans "
-            con.execute(into + duckdb_casts("_clickhouse_rows"))
+            con.execute(f"COPY ({duckdb_casts('_clickhouse_rows')}) TO {sql_string(str(path))} "
+                        "(FORMAT parquet, COMPRESSION zstd)")
         finally:
             con.unregister("_clickhouse_rows")
+        return path
 
     def side_inputs_root(self) -> Path:
         return self.side_inputs if self.side_inputs is not None else self.root
