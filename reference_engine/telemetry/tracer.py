@@ -154,7 +154,7 @@ def request_facts(seq: Sequence) -> RequestFacts:
 
 
 # An engine_step span's attributes, in groups that are there or not together, each of one shape (ints, arrays):
-# `step_attribute_values` gives their values, None for a group a step leaves out.
+# `step_attribute_values` gives which groups a step has and their values.
 _STEP_GROUPS: tuple[tuple[tuple[str, type], ...], ...] = (
     ((sc.STEP_INDEX, int), (sc.STEP_COUNT, int), (sc.STEP_DURATIONS_NS, list), (sc.STEP_PREFILL_TOKENS, int),
      (sc.STEP_DECODE_TOKENS, int), (sc.STEP_DECODE_REQUEST_IDS, list), (sc.STEP_DECODE_CONTEXT_TOKENS, int),
@@ -170,30 +170,51 @@ _STEP_GROUPS: tuple[tuple[tuple[str, type], ...], ...] = (
 )
 
 
-def step_attribute_values(step: StepFacts, array: Any = list) -> tuple[tuple[Any, ...] | None, ...]:
-    """The values of an engine_step span's attribute groups (`_STEP_GROUPS`), None for a group left out; each array
-    as `array(values)` (`encode_array`: ready for the groups' formats)."""
-    prefills = step.prefills
-    return (
-        (step.index, len(step.durations), array(step.durations), sum([chunk for _, chunk, _, _ in prefills]),
-         len(step.decode_ids), array(step.decode_ids), step.decode_context_tokens, step.running, step.waiting,
-         step.kv_used_blocks, step.kv_total_blocks),
-        tuple([array(list(column)) for column in zip(*prefills, strict=True)]) if prefills else None,
-        (array(step.preempted_ids),) if step.preempted_ids else None,
-        (step.pause_ns,) if step.pause_ns else None,
-        step.offload,
-        step.kv_load,
-    )
+def step_attribute_values(step: StepFacts, array: Any = list) -> tuple[int, tuple[Any, ...]]:
+    """Which optional groups of `_STEP_GROUPS` an engine_step span has (bit g-1 set: group g there; the index of
+    `_STEP_SPANS` and `_STEP_SPAN_KEYS`) and the values of its attributes, every present group's in order; each
+    array as `array(values)` (`encode_array`: ready for the groups' formats)."""
+    prefills, durations, decode_ids = step.prefills, step.durations, step.decode_ids
+    values: tuple[Any, ...] = (
+        step.index, len(durations), array(durations), sum([chunk for _, chunk, _, _ in prefills]), len(decode_ids),
+        array(decode_ids), step.decode_context_tokens, step.running, step.waiting, step.kv_used_blocks,
+        step.kv_total_blocks)
+    present = 0
+    if prefills:
+        values += tuple([array(list(column)) for column in zip(*prefills, strict=True)])
+        present = 1
+    if step.preempted_ids:
+        values += (array(step.preempted_ids),)
+        present |= 2
+    if step.pause_ns:
+        values += (step.pause_ns,)
+        present |= 4
+    if step.offload is not None:
+        values += step.offload
+        present |= 8
+    if step.kv_load is not None:
+        values += step.kv_load
+        present |= 16
+    return present, values
 
 
 _STEP_KEYS = tuple(tuple(key for key, _ in group) for group in _STEP_GROUPS)
 _STEP_FORMATS = tuple(attributes_format(keys, [kind for _, kind in group])
                       for keys, group in zip(_STEP_KEYS, _STEP_GROUPS, strict=True))
-# An engine_step span for each combination of the optional groups (bit g-1 set: group g there), with its attributes
-# in place: one `%` of the span's ids, times and every present group's values in order.
-_STEP_SPANS = tuple(span_format(sc.SPAN_STEP, attributes=",".join(
-    [_STEP_FORMATS[0], *(fmt for g, fmt in enumerate(_STEP_FORMATS[1:]) if present >> g & 1)]))
-    for present in range(1 << (len(_STEP_FORMATS) - 1)))
+
+
+def _step_groups(present: int) -> list[int]:
+    """The groups of `_STEP_GROUPS` an engine_step span with optional groups `present` has, in order."""
+    return [0, *(g for g in range(1, len(_STEP_GROUPS)) if present >> (g - 1) & 1)]
+
+
+_STEP_PRESENCES = range(1 << (len(_STEP_GROUPS) - 1))
+# For each combination of the optional groups: the span's attribute keys, and the span with its attributes in
+# place (one `%` of its ids, times and `step_attribute_values`).
+_STEP_SPAN_KEYS = tuple(tuple(key for g in _step_groups(present) for key in _STEP_KEYS[g])
+                        for present in _STEP_PRESENCES)
+_STEP_SPANS = tuple(span_format(sc.SPAN_STEP, attributes=",".join([_STEP_FORMATS[g] for g in _step_groups(present)]))
+                    for present in _STEP_PRESENCES)
 _QUEUE_SPAN, _DECODE_SPAN = span_format(sc.SPAN_QUEUE, parent=True), span_format(sc.SPAN_DECODE, parent=True)
 _PREFILL_SPAN = span_format(sc.SPAN_PREFILL, parent=True, events=True)
 _KV_HIT_KEYS = (sc.PREFILL_KV_DEVICE_TOKENS, sc.PREFILL_KV_HOST_TOKENS, sc.PREFILL_KV_REMOTE_TOKENS,
@@ -295,37 +316,15 @@ class EngineTracer:
                 episodes[-1].end_ns = end_ns
         random_bits = self._random_bits
         trace_id, span_id = random_bits(128) or 1, random_bits(64) or 1  # self._id, inlined: a call per span counts
-        if self._encoded:  # straight to JSON in one `%`: no attribute dict, no SpanRecord (step_attribute_values)
-            durations, decode_ids = step.durations, step.decode_ids
-            values: tuple[Any, ...] = (
-                trace_id, span_id, start_ns, end_ns, step.index, len(durations), encode_array(durations),
-                sum([chunk for _, chunk, _, _ in prefills]), len(decode_ids), encode_array(decode_ids),
-                step.decode_context_tokens, step.running, step.waiting, step.kv_used_blocks, step.kv_total_blocks)
-            present = 0
-            if prefills:
-                values += tuple([encode_array(list(column)) for column in zip(*prefills, strict=True)])
-                present = 1
-            if step.preempted_ids:
-                values += (encode_array(step.preempted_ids),)
-                present |= 2
-            if step.pause_ns:
-                values += (step.pause_ns,)
-                present |= 4
-            if step.offload is not None:
-                values += step.offload
-                present |= 8
-            if step.kv_load is not None:
-                values += step.kv_load
-                present |= 16
+        if self._encoded:  # straight to JSON in one `%`: no attribute dict, no SpanRecord
+            present, values = step_attribute_values(step, encode_array)
             pending = self._pending
-            pending.append(_STEP_SPANS[present] % values)
+            pending.append(_STEP_SPANS[present] % (trace_id, span_id, start_ns, end_ns, *values))
             if len(pending) >= self.batch_size:
                 self.flush()
             return
-        record: Attributes = {}
-        for keys, group in zip(_STEP_KEYS, step_attribute_values(step), strict=True):
-            if group is not None:
-                record.update(zip(keys, group, strict=True))
+        present, values = step_attribute_values(step)
+        record: Attributes = dict(zip(_STEP_SPAN_KEYS[present], values, strict=True))
         self._emit(SpanRecord(trace_id, span_id, 0, sc.SPAN_STEP, start_ns, end_ns, record))
 
     # ------------------------------------------------------------------------------------ requests
