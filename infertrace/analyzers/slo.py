@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -154,8 +155,12 @@ class SloSummary:
         return next(m for m in self.models if m.model == name)
 
 
-# The selected requests, with TTFT and E2E as the client sees them: from the gateway span's start when the
-# request's trace has one (gateway components and routing included), else from arrival at the engine.
+# The SLO summary reads the store through three aggregations (`Store.aggregate`: on a ClickHouse store they run
+# in ClickHouse, infertrace/store/clickhouse/sql/slo_*.sql, and only their rows come back), then reduces those rows
+# to percentiles on a DuckDB connection of its own.
+
+# `slo_requests`: the selected requests, with TTFT and E2E as the client sees them: from the gateway span's start
+# when the request's trace has one (gateway components and routing included), else from arrival at the engine.
 _SELECTED = """
 WITH r AS (
     SELECT q.request_id, q.model, q.tenant, coalesce(g.start_ns, q.arrival_ns) AS arrival_ns, q.finish_ns,
@@ -168,33 +173,29 @@ WITH r AS (
       AND ($model IS NULL OR q.model = $model) AND ($tenant IS NULL OR q.tenant = $tenant)
 )
 """
-
-_PERCENTILES = _SELECTED + """
-SELECT r.model, 'ttft' AS metric, count(r.ttft_ns) AS n,
-       quantile_cont(r.ttft_ns, [0.5, 0.95, 0.99]) AS q{bucket_col}
-FROM r GROUP BY ALL
-UNION ALL
-SELECT r.model, 'e2e', count(r.e2e_ns), quantile_cont(r.e2e_ns, [0.5, 0.95, 0.99]){bucket_col}
-FROM r GROUP BY ALL
+SELECTED_SQL = _SELECTED + """
+SELECT * FROM r ORDER BY request_id, model, tenant, arrival_ns, finish_ns, ttft_ns, e2e_ns
 """
 
-# The selected requests' ITLs (the `tokens` relation's non-NULL itl_ns of their tokens), each distinct value with
-# how many tokens had it: a run's first token from `token_runs`, and each later token of a decode run from its
-# step (all decoding requests of a span waited the same step), so no row per token is made.
-_ITLS = _SELECTED + """,
+# `slo_itls`: the selected requests' ITLs (the `tokens` relation's non-NULL itl_ns of their tokens) per model and
+# bucket of the requests' arrival ($origin, $width), each distinct value with how many tokens had it: a run's first
+# token from `token_runs`, and each later token of a decode run from its step (all decoding requests of a span
+# waited the same step), so no row per token is made.
+ITLS_SQL = _SELECTED + """,
 runs AS (
-    SELECT r.model{bucket_col}, t.trace_id, t.span_id, t.role, t.tokens, t.first_itl_ns
+    SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width AS bucket, t.trace_id, t.span_id,
+           t.role, t.tokens, t.first_itl_ns
     FROM r JOIN token_runs t ON t.request_id = r.request_id
 ),
 members AS (
-    SELECT model{bucket}, trace_id, span_id, count(*) AS members
+    SELECT model, bucket, trace_id, span_id, count(*) AS members
     FROM runs WHERE role = 'decode' AND tokens > 1 GROUP BY ALL
 )
-SELECT model{bucket}, itl_ns, sum(n)::BIGINT AS n
+SELECT model, bucket, itl_ns, sum(n)::BIGINT AS n
 FROM (
-    SELECT model{bucket}, first_itl_ns AS itl_ns, 1 AS n FROM runs WHERE first_itl_ns IS NOT NULL
+    SELECT model, bucket, first_itl_ns AS itl_ns, 1 AS n FROM runs WHERE first_itl_ns IS NOT NULL
     UNION ALL
-    SELECT m.model{bucket}, s.duration_ns, m.members
+    SELECT m.model, m.bucket, s.duration_ns, m.members
     FROM members m JOIN steps s ON s.trace_id = m.trace_id AND s.span_id = m.span_id
     WHERE s.run_position > 0 AND s.duration_ns IS NOT NULL
 )
@@ -202,7 +203,8 @@ GROUP BY ALL
 ORDER BY ALL
 """
 
-_GATEWAY = """
+# `slo_gateway`: per model, the requests the gateway answered, its errors and its 429s.
+GATEWAY_SQL = """
 SELECT g.model, count(*) AS n,
        count(*) FILTER (WHERE g.outcome = 'error') AS errors,
        count(*) FILTER (WHERE g.http_status = 429) AS rejected
@@ -211,28 +213,32 @@ WHERE g.component = 'gateway' AND g.model IS NOT NULL
   AND ($since IS NULL OR g.start_ns >= $since) AND ($until IS NULL OR g.start_ns < $until)
   AND ($model IS NULL OR g.model = $model) AND ($tenant IS NULL OR g.tenant = $tenant)
 GROUP BY ALL
+ORDER BY ALL
 """
 
-_EXTENT = _SELECTED + "SELECT min(r.arrival_ns), max(r.finish_ns), count(*) FROM r"
+# Over the selected requests (`r`: the rows of `slo_requests`).
+_PERCENTILES = """
+SELECT r.model, 'ttft' AS metric, count(r.ttft_ns) AS n,
+       quantile_cont(r.ttft_ns, [0.5, 0.95, 0.99]) AS q{bucket_col}
+FROM r GROUP BY ALL
+UNION ALL
+SELECT r.model, 'e2e', count(r.e2e_ns), quantile_cont(r.e2e_ns, [0.5, 0.95, 0.99]){bucket_col}
+FROM r GROUP BY ALL
+"""
+
+_EXTENT = "SELECT min(r.arrival_ns), max(r.finish_ns), count(*) FROM r"
 
 
-def _itl_table(store: Store, params: dict[str, Any], *, bucketed: bool) -> pa.Table:
-    """`_ITLS`: per model (and bucket of the requests' arrival), each distinct ITL with how many tokens had it."""
-    bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket" if bucketed else ""
-    return store.sql(_ITLS.format(bucket_col=bucket_col, bucket=", bucket" if bucketed else ""),
-                     params=params).to_arrow_table()
-
-
-def _itl_overall(store: Store, bucketed: pa.Table) -> pa.Table:
-    """`_itl_table` without buckets, from the bucketed one: the same tokens counted per (model, ITL) across the
-    buckets (one read of the runs instead of two)."""
+def _itl_overall(con: duckdb.DuckDBPyConnection, bucketed: pa.Table) -> pa.Table:
+    """The ITLs per (model, ITL) across the buckets, from `slo_itls`' rows (one read of the runs instead of two)."""
     query = "SELECT model, itl_ns, sum(n)::BIGINT AS n FROM bucketed GROUP BY ALL ORDER BY ALL"
-    return store.con.from_arrow(bucketed).query("bucketed", query).to_arrow_table()
+    return con.from_arrow(bucketed).query("bucketed", query).to_arrow_table()
 
 
-def _itl_percentiles(store: Store, table: pa.Table, *, bucketed: bool) -> list[tuple[Any, ...]]:
+def _itl_percentiles(con: duckdb.DuckDBPyConnection, table: pa.Table, *, bucketed: bool) -> list[tuple[Any, ...]]:
     """Rows as `_PERCENTILES` gives them for the ITL: (model, 'itl', tokens, [p50, p95, p99][, bucket]), per model
-    (and bucket of the requests' arrival), from `_itl_table`'s ITLs weighted by how many tokens had each."""
+    (and bucket of the requests' arrival), from ITLs weighted by how many tokens had each (`slo_itls`' rows, or
+    their sums over the buckets)."""
     if table.num_rows == 0:
         return []
     models = table["model"].combine_chunks()
@@ -248,7 +254,7 @@ def _itl_percentiles(store: Store, table: pa.Table, *, bucketed: bool) -> list[t
     for end in [*(np.flatnonzero(change) + 1).tolist(), table.num_rows]:
         model = models[start].as_py()
         n = int(weights[start:end].sum())
-        q = weighted_quantile_cont(store.con, values[start:end], weights[start:end], QUANTILES)
+        q = weighted_quantile_cont(con, values[start:end], weights[start:end], QUANTILES)
         out.append((model, "itl", n, q, buckets[start].as_py()) if bucketed else (model, "itl", n, q))
         start = end
     return out
@@ -305,25 +311,26 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
                 tenant: str | None = None, targets: tuple[SloTarget, ...] = DEFAULT_TARGETS,
                 critical_ratio: float = 2.0, bucket_ns: int | None = None) -> SloSummary:
     """Percentiles per model and per time bucket for the selected requests, checked against `targets`."""
-    from infertrace.analyzers import materialize_once
-
-    materialize_once(store, ("requests", "token_runs", "component_calls"))  # read twice each below
     params = {"since": since_ns, "until": until_ns, "model": model, "tenant": tenant}
-    start, end, _count = store.sql(_EXTENT, params=params).fetchall()[0]
+    if not store.pushes_down("slo_requests"):
+        from infertrace.analyzers import materialize_once
+
+        materialize_once(store, ("requests", "token_runs", "component_calls"))  # read by each aggregation below
+    con = duckdb.connect()
+    con.register("r", store.aggregate("slo_requests", SELECTED_SQL, params).to_arrow_table())
+    start, end, _count = con.execute(_EXTENT).fetchall()[0]
     if bucket_ns is None:
         bucket_ns = bucket_width_ns((end - start) if start is not None else 0)
     bound = {**params, "origin": start, "width": bucket_ns}
-    if start is not None:  # the ITLs per bucket, read once: the overall ones are their sums
-        bucketed = _itl_table(store, bound, bucketed=True)
-        itls = _itl_overall(store, bucketed)
-    else:
-        itls = _itl_table(store, params, bucketed=False)
+    bucketed = (store.aggregate("slo_itls", ITLS_SQL, bound).to_arrow_table() if start is not None
+                else pa.table({"model": pa.array([], pa.string()), "itl_ns": pa.array([], pa.int64()),
+                               "n": pa.array([], pa.int64())}))
     overall: dict[tuple[str, str], Percentiles] = {}
-    rows = store.sql(_PERCENTILES.format(bucket_col=""), params=params).fetchall()
-    for row_model, metric, n, q in rows + _itl_percentiles(store, itls, bucketed=False):
+    rows = con.execute(_PERCENTILES.format(bucket_col="")).fetchall()
+    for row_model, metric, n, q in rows + _itl_percentiles(con, _itl_overall(con, bucketed), bucketed=False):
         qs = list(q) if q is not None else [None, None, None]
         overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
-    gateway = {row[0]: row[1:] for row in store.sql(_GATEWAY, params=params).fetchall()}
+    gateway = {row[0]: row[1:] for row in store.aggregate("slo_gateway", GATEWAY_SQL, params).fetchall()}
     models = sorted({m for m, _ in overall} | set(gateway))
     empty = Percentiles(0, None, None, None)
     results = []
@@ -342,26 +349,26 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
             checks.append(SloCheck(t, observed, _severity(observed, t.threshold, critical_ratio)))
         results.append(ModelSlo(name, int(n_gw), int(errors), int(rejected), engine_requests, pct["ttft"],
                                 pct["itl"], pct["e2e"], tuple(checks)))
-    buckets = _buckets(store, bound, bucketed, targets) if start is not None else ()
+    buckets = _buckets(con, bound, bucketed, targets) if start is not None else ()
     return SloSummary(since_ns, until_ns, start, end, model, tenant, targets, critical_ratio, bucket_ns,
                       tuple(results), buckets)
 
 
-def _buckets(store: Store, bound: dict[str, Any], itls: pa.Table,
+def _buckets(con: duckdb.DuckDBPyConnection, bound: dict[str, Any], itls: pa.Table,
              targets: tuple[SloTarget, ...]) -> tuple[SloBucket, ...]:
-    """Percentiles per model and bucket (`bound`: the selection with the buckets' $origin and $width; `itls`:
-    `_itl_table` per bucket)."""
+    """Percentiles per model and bucket (`con`: the selected requests as `r`; `bound`: the buckets' $origin and
+    $width; `itls`: `slo_itls`' rows)."""
     bucket_col = ", $origin + (r.arrival_ns - $origin) // $width * $width AS bucket"
     sql = _PERCENTILES.format(bucket_col=bucket_col)
-    counts_sql = _SELECTED + "SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width, count(*) " \
-        "FROM r GROUP BY ALL"
+    counts_sql = "SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width, count(*) FROM r GROUP BY ALL"
+    grid = {"origin": bound["origin"], "width": bound["width"]}
     values: dict[tuple[str, int], dict[str, float | None]] = {}
-    rows = store.sql(sql, params=bound).fetchall()
-    for row_model, metric, _n, q, bucket in rows + _itl_percentiles(store, itls, bucketed=True):
+    rows = con.execute(sql, grid).fetchall()
+    for row_model, metric, _n, q, bucket in rows + _itl_percentiles(con, itls, bucketed=True):
         cell = values.setdefault((row_model, int(bucket)), {})
         for quantile, v in zip(QUANTILES, q or [None] * 3, strict=True):
             cell[f"{metric}_p{round(quantile * 100)}_ms"] = _ms(v)
-    requests = {(m, int(b)): int(n) for m, b, n in store.sql(counts_sql, params=bound).fetchall()}
+    requests = {(m, int(b)): int(n) for m, b, n in con.execute(counts_sql, grid).fetchall()}
     out = []
     for (row_model, bucket), cell in sorted(values.items()):
         breached = tuple(t.key for t in targets if t.quantile is not None

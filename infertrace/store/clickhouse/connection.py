@@ -121,7 +121,7 @@ class Connection(Protocol):
 
     target: Target
 
-    def command(self, sql: str) -> None: ...
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None: ...
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table: ...
 
@@ -135,13 +135,20 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
-# Settings for reading exact values back: ClickHouse's default float parser may miss the last bit.
-READ_SETTINGS: Final = {"precise_float_parsing": 1}
+# Settings of every query: exact values back (ClickHouse's default float parser may miss the last bit), and NULL
+# for the columns of an outer join's missing side, as SQL (and DuckDB) has it, not the type's default.
+READ_SETTINGS: Final = {"precise_float_parsing": 1, "join_use_nulls": 1}
 _SETTINGS_CLAUSE: Final = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())  # chdb: per query
 
 
 # chdb runs one embedded server per process, on one data directory: connections to it share its session.
 _CHDB: dict[str, Any] = {"path": None, "session": None, "users": 0}
+
+
+def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """Bound parameters as chdb takes them: a NULL as ClickHouse's text for it (`\\N`), as clickhouse-connect sends
+    it to a server."""
+    return {k: "\\N" if v is None else v for k, v in (params or {}).items()}
 
 
 class ChdbConnection:
@@ -163,18 +170,18 @@ class ChdbConnection:
         self._session = _CHDB["session"]
         self._closed = False
 
-    def command(self, sql: str) -> None:
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         with _reported(self.target):
-            self._session.query(sql)
+            self._session.query(sql + _SETTINGS_CLAUSE, "CSV", params=_chdb_params(params))
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with _reported(self.target):
-            return self._session.query(sql + _SETTINGS_CLAUSE, "ArrowTable", params=params or {})
+            return self._session.query(sql + _SETTINGS_CLAUSE, "ArrowTable", params=_chdb_params(params))
 
     def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
                             rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
         with _reported(self.target):
-            stream = self._session.send_query(sql + _SETTINGS_CLAUSE, "Arrow", params=params or {})
+            stream = self._session.send_query(sql + _SETTINGS_CLAUSE, "Arrow", params=_chdb_params(params))
         try:
             with _reported(self.target):
                 batches = iter(stream.record_batch(rows_per_batch=rows_per_batch))
@@ -215,9 +222,9 @@ class ServerConnection:
                 host=target.host, port=target.port, username=target.user, password=password,
                 database=target.database, secure=target.scheme == "clickhouses", settings=READ_SETTINGS)
 
-    def command(self, sql: str) -> None:
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         with _reported(self.target):
-            self._client.command(sql)
+            self._client.command(sql, parameters=params or {})
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with _reported(self.target):

@@ -14,17 +14,26 @@ need from the exporter's maps exactly as `rows.from_otel_traces_sql` types them 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from importlib import resources
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from infertrace.store.clickhouse.rows import _ch_value
+from infertrace.store.clickhouse.rows import _ch_value, from_otel_traces_sql
+from infertrace.store.schema import SCHEMA
 
-# Aggregations with a ClickHouse form (sql/<name>.sql).
-TWINS: Final = tuple(sorted(p.name.removesuffix(".sql") for p in resources.files(
-    "infertrace.store.clickhouse").joinpath("sql").iterdir() if p.name.endswith(".sql")))
+
+def _names(folder: str) -> tuple[str, ...]:
+    return tuple(sorted(p.name.removesuffix(".sql") for p in resources.files(
+        "infertrace.store.clickhouse").joinpath(folder).iterdir() if p.name.endswith(".sql")))
+
+
+# Aggregations with a ClickHouse form (sql/<name>.sql), and the relations the twins read (relations/<name>.sql).
+TWINS: Final = _names("sql")
+CLICKHOUSE_RELATIONS: Final = _names("relations")
 
 
 def _list(key: str, item: str) -> tuple[str, str]:
@@ -63,14 +72,70 @@ def step_spans_sql(table: str, where: str) -> str:
     LIMIT 1 BY TraceId, SpanId"""
 
 
-def twin_sql(name: str, table: str, where: str) -> str | None:
-    """The ClickHouse form of aggregation `name` over the spans `where` chooses in `table`, or None when it has
-    none. Its parameters are bound (`{name:Type}`); only the span source is composed in."""
-    if name not in TWINS:
-        return None
-    text = resources.files("infertrace.store.clickhouse").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
-    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
-    return body.replace("{step_spans}", step_spans_sql(table, where))
+_TYPED_COLUMN = re.compile(r'"((?:attr|res)\.[^"]+)"')
+_PLAIN_COLUMNS: Final = tuple(f.name for f in SCHEMA if not f.name.startswith(("attr.", "res.")))
+
+
+def spans_sql(table: str, where: str, reader: str) -> str:
+    """ClickHouse SELECT of the spans `where` chooses (each span once) in the store's columns
+    (`rows.from_otel_traces_sql`; list keys as JSON text), with the typed columns (`"attr.…"`, `"res.…"`) that
+    the query text `reader` names: what a relation's ClickHouse form reads as `{spans}`. Naming only those keeps
+    the composed query small: ClickHouse plans each column of a subquery at each place it is used."""
+    named = {"trace_id", "span_id", *_TYPED_COLUMN.findall(reader),
+             *(c for c in _PLAIN_COLUMNS if re.search(rf"\b{c}\b", reader))}
+    return f"SELECT * FROM ({from_otel_traces_sql(table, where, named)}) LIMIT 1 BY trace_id, span_id"
+
+
+def _text(folder: str, name: str) -> str:
+    text = resources.files("infertrace.store.clickhouse").joinpath(folder, f"{name}.sql").read_text(encoding="utf-8")
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+_BLOCK = re.compile(r"\{([a-z_]+)\}")
+
+
+def _composed(text: str, table: str, where: str, tables: Mapping[str, str]) -> str:
+    """`text` with each `{relation}` it names replaced by that relation's table in ClickHouse (`tables`, made by
+    `ClickHouseStore`), each `{twin}` by that aggregation's form (itself composed), and `{spans}` /
+    `{step_spans}` by the window's spans. Bound parameters (`{name:Type}`) are left as they are."""
+    def block(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == "spans":
+            return spans_sql(table, where, text)
+        if name == "step_spans":
+            return step_spans_sql(table, where)
+        if name in tables:
+            return f"SELECT * FROM {tables[name]}"
+        if name in TWINS:  # a twin that reads another's rows (its parameters bound alike)
+            return _composed(_text("sql", name), table, where, tables)
+        raise KeyError(f"{{{name}}}: no ClickHouse table for it")
+
+    return _BLOCK.sub(block, text)
+
+
+def relations_read(text: str) -> list[str]:
+    """The relations (relations/<name>.sql) that a ClickHouse query text reads, directly or through what it reads,
+    each after the ones it reads itself: the order to make them in."""
+    out: list[str] = []
+    for name in _BLOCK.findall(text):
+        inner = _text("relations", name) if name in CLICKHOUSE_RELATIONS else _text("sql", name) if name in TWINS \
+            else ""
+        for needed in [*relations_read(inner), *([name] if name in CLICKHOUSE_RELATIONS else [])]:
+            if needed not in out:
+                out.append(needed)
+    return out
+
+
+def relation_sql(name: str, table: str, where: str, tables: Mapping[str, str]) -> str:
+    """The ClickHouse form of relation `name` (relations/<name>.sql) over the spans `where` chooses in `table`, the
+    relations it reads being the tables `tables` names."""
+    return _composed(_text("relations", name), table, where, tables)
+
+
+def twin_sql(name: str, table: str, where: str, tables: Mapping[str, str]) -> str:
+    """The ClickHouse form of aggregation `name` over the spans `where` chooses in `table`, the relations it reads
+    being the tables `tables` names. Its parameters are bound (`{name:Type}`)."""
+    return _composed(_text("sql", name), table, where, tables)
 
 
 def plain_columns(rows: pa.Table) -> pa.Table:

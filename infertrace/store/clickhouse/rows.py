@@ -21,7 +21,7 @@ attributes are written as an empty map). No derived relation or analysis reads e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
 import numpy as np
@@ -229,9 +229,10 @@ def _ch_case(column: str, names: tuple[str, ...], proto: tuple[str, ...]) -> str
     return f"toInt8(multiIf({arms}, 0))"
 
 
-def from_otel_traces_sql(table: str, where: str = "") -> str:
+def from_otel_traces_sql(table: str, where: str = "", columns: Collection[str] | None = None) -> str:
     """ClickHouse SELECT over the exporter's table giving the store's span columns (lists as JSON text);
-    `where` is a WHERE clause with bound parameters, or empty."""
+    `where` is a WHERE clause with bound parameters, or empty. `columns`: only these (and the ones they are
+    computed from), for a query that reads a few: ClickHouse plans every column a subquery names, read or not."""
     items = [
         "TraceId AS trace_id", "SpanId AS span_id", "nullIf(ParentSpanId, '') AS parent_span_id",
         "toString(SpanName) AS name", f"{_ch_case('SpanKind', SPAN_KINDS, _PROTO_KINDS)} AS kind",
@@ -249,9 +250,12 @@ def from_otel_traces_sql(table: str, where: str = "") -> str:
         f"CAST({_ch_keep('SpanAttributes', DECLARED_ATTRIBUTES)}, 'Map(String, String)') AS {SPAN_MAP}",
     ]
     items += [f"{_ch_value('ResourceAttributes', k, t)} AS {_ch_quoted(resource_column(k))}"
-              for k, t in DECLARED_RESOURCE.items()]
+              for k, t in DECLARED_RESOURCE.items() if columns is None or resource_column(k) in columns]
     items += [f"{_ch_value('SpanAttributes', k, t)} AS {_ch_quoted(attribute_column(k))}"
-              for k, t in DECLARED_ATTRIBUTES.items()]
+              for k, t in DECLARED_ATTRIBUTES.items() if columns is None or attribute_column(k) in columns]
+    if columns is not None:
+        wanted = {*columns, "start_ns"}  # end_ns is computed from start_ns
+        items = [i for i in items if i.rsplit(" AS ", 1)[1].strip("`") in wanted]
     return "SELECT\n    " + ",\n    ".join(items) + f"\nFROM {table}\n{where}"
 
 

@@ -19,6 +19,7 @@ same `.sql` files as on a local store.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ import duckdb
 import pyarrow as pa
 
 from infertrace.store.clickhouse.connection import Connection, connect
-from infertrace.store.clickhouse.pushdown import TWINS, plain_columns, twin_sql
+from infertrace.store.clickhouse.pushdown import TWINS, plain_columns, relation_sql, relations_read, twin_sql
 from infertrace.store.clickhouse.rows import (
     EXPORT_MACROS,
     duckdb_casts,
@@ -120,6 +121,10 @@ class ClickHouseStore(Store):
         # The DuckDB connection itself, without reading the spans back (`con` reads them back first).
         self.duckdb = con
         self._snapshot: dict[str, Any] = {}
+        # The relations the twins read, made in ClickHouse as temporary tables of this store's window (once per
+        # snapshot): relation name → table. Named for this store: chdb's one session is shared within a process.
+        self._tables: dict[str, str] = {}
+        self._token = secrets.token_hex(4)
         # Results kept per snapshot (infertrace.results) go into a private directory removed on close, and so
         # does what DuckDB spills of the spans read back.
         root = Path(tempfile.mkdtemp(prefix="infertrace-clickhouse-"))
@@ -152,6 +157,7 @@ class ClickHouseStore(Store):
     def refresh(self) -> None:
         """Takes a new snapshot, read back from ClickHouse when the views are first used."""
         self._pulled = False
+        self._drop_tables()
 
     def _pull(self) -> None:
         if self._pulled:
@@ -181,13 +187,33 @@ class ClickHouseStore(Store):
     def aggregate(self, name: str, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation:
         """Aggregation `name` in ClickHouse over the window's spans when it has a ClickHouse form
         (`pushdown.TWINS`), only its rows coming back; otherwise `query` on the spans read back."""
+        if name not in TWINS:
+            return super().aggregate(name, query, params)
         table = self.connection.target.table
         where, bound = window_clause(table, self.since_ns, self.until_ns)
-        sql = twin_sql(name, table, where)
-        if sql is None:
-            return super().aggregate(name, query, params)
+        sql = twin_sql(name, table, where, self.clickhouse_tables(relations_read("{" + name + "}")))
         rows = plain_columns(self.connection.query_arrow(sql, {**bound, **(params or {})}))
         return self.duckdb.from_arrow(rows)
+
+    def clickhouse_tables(self, names: list[str]) -> dict[str, str]:
+        """The ClickHouse forms of the named relations (pushdown.CLICKHOUSE_RELATIONS, each after those it reads)
+        made over this snapshot's window as temporary tables in ClickHouse, once per snapshot: name → table. Each
+        is planned and computed once, not again inside every query that reads it (ClickHouse inlines a subquery
+        or CTE at each place it is used)."""
+        table = self.connection.target.table
+        where, bound = window_clause(table, self.since_ns, self.until_ns)
+        for name in names:
+            if name not in self._tables:
+                made = f"infertrace_{name}_{self._token}"
+                sql = relation_sql(name, table, where, self._tables)
+                self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = Memory AS {sql}", bound)
+                self._tables[name] = made
+        return {name: self._tables[name] for name in names}
+
+    def _drop_tables(self) -> None:
+        for made in self._tables.values():
+            self.connection.command(f"DROP TEMPORARY TABLE IF EXISTS {made}")
+        self._tables = {}
 
     def _load_spans_raw(self) -> None:
         """Reads the window's spans back, in one query whose result is streamed in batches of about
@@ -233,6 +259,7 @@ class ClickHouseStore(Store):
         """The snapshot is a table of this connection: nothing to re-list."""
 
     def close(self) -> None:
+        self._drop_tables()
         self.duckdb.close()
         self.connection.close()
         shutil.rmtree(self.root, ignore_errors=True)
