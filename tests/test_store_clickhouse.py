@@ -225,6 +225,7 @@ _SLO_SELECTION = {"since": None, "until": None, "model": None, "tenant": None}
 DUCKDB_FORM: dict[str, tuple[str, dict[str, Any]]] = {
     "itl_decode_steps": (query_text("itl_decode_steps"), {}),
     "itl_distribution": (itl.ITL_DISTRIBUTION_SQL, {}),
+    "request_outcomes": (query_text("request_outcomes"), {}),
     "slo_requests": (slo.SELECTED_SQL, _SLO_SELECTION),
     "slo_itls": (slo.ITLS_SQL, {**_SLO_SELECTION, "origin": 0, "width": 10**10}),
     "slo_gateway": (slo.GATEWAY_SQL, _SLO_SELECTION),

@@ -190,7 +190,7 @@ class AnomalyReport:
 # ---------------------------------------------------------------------------------------- loading
 def load_requests(store: Store) -> pd.DataFrame:
     """The `request_outcomes` rows, ordered by arrival."""
-    frame = store.sql(query_text("request_outcomes")).df()
+    frame = store.aggregate("request_outcomes", query_text("request_outcomes")).df()
     for column in ("failed", "rejected", "truncated"):
         frame[column] = frame[column].fillna(False).astype(bool)
     return frame

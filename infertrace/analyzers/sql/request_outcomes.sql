@@ -8,7 +8,8 @@
 -- Answers: when did each request arrive, did it fail (5xx), was it rate limited (429), how long did the
 -- caller wait for the first token (TTFT, including auth, rate limiting, queueing and routing), how fast did
 -- tokens then come (decode time per output token), did the generation run to its token limit.
--- Parameters: none (the whole store; callers filter by time).
+-- Parameters: none (the whole store; callers filter by time). A ClickHouse store runs its twin,
+--   infertrace/store/clickhouse/sql/request_outcomes.sql.
 -- Columns: trace_id, request_id, model, tenant, arrival_ns, end_ns, e2e_ns, http_status, failed, rejected,
 --   ttft_ns (NULL when no token came), tpot_ns (NULL with fewer than two output tokens), pre_engine_ns
 --   (entry arrival to the engine's; 0 without an entry), input_tokens, output_tokens, max_tokens, cached_tokens,
@@ -84,4 +85,4 @@ SELECT
 FROM caller g
 LEFT JOIN eng e ON e.trace_id = g.trace_id
 LEFT JOIN route r ON r.trace_id = g.trace_id
-ORDER BY g.start_ns
+ORDER BY g.start_ns, g.trace_id, g.end_ns, g.seen_at, request_id  -- a total order: anomaly scores sum in it
