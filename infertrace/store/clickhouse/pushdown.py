@@ -8,8 +8,11 @@ same rows computed from the exporter's rows in ClickHouse (the window's spans on
 themselves. Each twin is tested to return exactly the DuckDB text's rows on the same spans
 (tests/test_store_clickhouse.py). Aggregations without a twin run in DuckDB on the spans read back.
 
-The twins read the window's engine step spans through `step_spans_sql`, which types the few attributes they
-need from the exporter's maps exactly as `rows.from_otel_traces_sql` types them for the local relations.
+The twins read the window's spans through `spans_sql` (`{spans}`: the store's typed columns, as
+`rows.from_otel_traces_sql` types them for the local relations) or `step_spans_sql` (`{step_spans}`: the engine
+step spans, a few attributes typed), and the relations of `relations/<name>.sql` (`{requests}`, …: ClickHouse
+forms of the DuckDB relations, each held to its DuckDB definition by the tests), which `ClickHouseStore` makes
+once per snapshot as temporary tables (`relations_read` says which, in order).
 """
 
 from __future__ import annotations
