@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,13 +222,32 @@ def test_the_spans_read_back_are_the_same_whatever_the_size_of_the_batches_they_
 # The DuckDB text of each aggregation that has a ClickHouse form, as the analyzers run it (after
 # `itl._register`, which the ITL analysis runs first on a local store), with the parameters it is checked with.
 _SLO_SELECTION = {"since": None, "until": None, "model": None, "tenant": None}
-DUCKDB_FORM: dict[str, tuple[str, dict[str, Any]]] = {
-    "itl_decode_steps": (query_text("itl_decode_steps"), {}),
-    "itl_distribution": (itl.ITL_DISTRIBUTION_SQL, {}),
-    "request_outcomes": (query_text("request_outcomes"), {}),
-    "slo_requests": (slo.SELECTED_SQL, _SLO_SELECTION),
-    "slo_itls": (slo.ITLS_SQL, {**_SLO_SELECTION, "origin": 0, "width": 10**10}),
-    "slo_gateway": (slo.GATEWAY_SQL, _SLO_SELECTION),
+
+
+def _an_engine_range(store: Store) -> dict[str, Any]:
+    """The stall candidates' parameters for the busiest engine's candidate steps, all in one range."""
+    instance, first, last, _ = store.sql(query_text("itl_stall_partitions"), {"steps": 10**9}).fetchall()[0]
+    return {"max_gap_steps": itl.ItlParams().max_gap_steps, "instance": instance, "first_step": first,
+            "last_step": last}
+
+
+def _prefill_steps(store: Store) -> dict[str, Any]:
+    rows = store.sql("SELECT instance, step_index FROM steps WHERE num_prefills > 0 ORDER BY ALL").fetchall()
+    return {"instances": [r[0] for r in rows], "step_indexes": [r[1] for r in rows]}
+
+
+DUCKDB_FORM: dict[str, tuple[str, Callable[[Store], dict[str, Any]]]] = {
+    "itl_decode_steps": (query_text("itl_decode_steps"), lambda _: {}),
+    "itl_distribution": (itl.ITL_DISTRIBUTION_SQL, lambda _: {}),
+    "slo_requests": (slo.SELECTED_SQL, lambda _: _SLO_SELECTION),
+    "slo_itls": (slo.ITLS_SQL, lambda _: {**_SLO_SELECTION, "origin": 0, "width": 10**10}),
+    "slo_gateway": (slo.GATEWAY_SQL, lambda _: _SLO_SELECTION),
+    "request_outcomes": (query_text("request_outcomes"), lambda _: {}),
+    "itl_stall_partitions": (query_text("itl_stall_partitions"), lambda _: {"steps": 7}),
+    "itl_stall_candidates": (query_text("itl_stall_candidates"), _an_engine_range),
+    "itl_stall_chunks": (query_text("itl_stall_chunks"), _prefill_steps),
+    "itl_request_prompts": (itl.ITL_REQUEST_PROMPTS_SQL, lambda store: {"ids": [r[0] for r in store.sql(
+        "SELECT request_id FROM requests ORDER BY request_id").fetchall()][::5]}),
 }
 
 
@@ -240,9 +259,10 @@ def test_every_aggregation_with_a_clickhouse_form_is_held_to_its_duckdb_form() -
 @pytest.mark.parametrize("name", sorted(TWINS))
 def test_an_aggregation_pushed_into_clickhouse_returns_the_rows_duckdb_computes(sample: str, name: str) -> None:
     local_dir, url = sample_in_clickhouse(sample)
-    query, params = DUCKDB_FORM[name]
+    query, params_of = DUCKDB_FORM[name]
     with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
         itl._register(local)
+        params = params_of(local)
         expected = local.aggregate(name, query, params).to_arrow_table()
         got = clickhouse.aggregate(name, query, params).to_arrow_table()
         assert not clickhouse.spans_read  # computed in ClickHouse: only the reduced rows came back
@@ -254,10 +274,11 @@ def test_an_aggregation_pushed_into_clickhouse_returns_the_rows_duckdb_computes(
 @pytest.mark.parametrize("name", sorted(TWINS))
 def test_an_aggregation_pushed_into_clickhouse_reads_the_window_the_store_reads(name: str) -> None:
     local_dir, url = sample_in_clickhouse("prefill_storm")
-    query, params = DUCKDB_FORM[name]
+    query, params_of = DUCKDB_FORM[name]
     with Store.open(local_dir) as local:
         lo, hi = local.sql("SELECT min(start_ns), max(end_ns) FROM spans").fetchall()[0]
         itl._register(local)
+        params = params_of(local)
         whole = local.aggregate(name, query, params).to_arrow_table()
     with ClickHouseStore.open(url, lo + (hi - lo) // 3, lo + (hi - lo) // 2) as clickhouse:
         got = clickhouse.aggregate(name, query, params).to_arrow_table()
@@ -295,6 +316,26 @@ def test_the_itl_distributions_are_the_same_pushed_down_and_computed_locally() -
     assert sorted(got) == sorted(expected) and expected
     for instance, (values, weights) in expected.items():
         assert got[instance][0].tolist() == values.tolist() and got[instance][1].tolist() == weights.tolist()
+
+
+@pytest.mark.parametrize("sample", SAMPLES_PARAMS)
+def test_the_itl_analysis_runs_in_clickhouse_and_finds_the_same_stalls_victims_and_culprits(sample: str) -> None:
+    local_dir, url = sample_in_clickhouse(sample)
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        expected = itl.analyze_itl(local)
+        got = itl.analyze_itl(clickhouse, partition_steps=50)  # the ranges do not change the result
+        assert not clickhouse.spans_read  # every aggregation it reads ran in ClickHouse
+    assert got == expected
+
+
+def test_the_slo_summary_runs_in_clickhouse_and_gives_the_same_percentiles_and_buckets() -> None:
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        for selection in ({}, {"since_ns": local.sql("SELECT quantile_disc(arrival_ns, 0.5) FROM requests"
+                                                     ).fetchall()[0][0]}):
+            expected = slo.slo_summary(local, **selection)
+            assert slo.slo_summary(clickhouse, **selection) == expected and expected.buckets
+        assert not clickhouse.spans_read
 
 
 def test_rows_are_written_as_the_collector_exporter_writes_them() -> None:

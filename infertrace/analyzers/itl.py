@@ -259,7 +259,8 @@ def analyze_itl(store: Store, params: ItlParams | None = None, *,
 
 
 def _analyze(store: Store, p: ItlParams, partition_steps: int) -> ItlAnalysis:
-    _register(store)
+    if not store.pushes_down("itl_stall_candidates"):  # else every aggregation below runs where the spans are
+        _register(store)
     decode = store.aggregate("itl_decode_steps", query_text("itl_decode_steps")).df()
     itls = _itl_distributions(store)
 
@@ -351,7 +352,8 @@ def _judge_partitions(store: Store, models: dict[str, DecodeStepModel],
     """`itl_stall_candidates` read one range of one engine's steps at a time, each range's candidates judged
     and only its stalls' victims kept (as codes into one list of names): the candidates' lists of victims are
     never held for the whole window."""
-    parts = store.sql(query_text("itl_stall_partitions"), {"steps": partition_steps}).fetchall()
+    parts = store.aggregate("itl_stall_partitions", query_text("itl_stall_partitions"),
+                            {"steps": partition_steps}).fetchall()
     if not parts:  # nothing to judge: one empty read for the columns
         parts = [(None, 0, -1, 0)]
     scalars: list[pa.Table] = []
@@ -361,7 +363,7 @@ def _judge_partitions(store: Store, models: dict[str, DecodeStepModel],
     lengths: list[np.ndarray] = []
     names: dict[str, int] = {}
     for instance, first_step, last_step, _ in parts:
-        cand = _Candidates.of(store.sql(query_text("itl_stall_candidates"), {
+        cand = _Candidates.of(store.aggregate("itl_stall_candidates", query_text("itl_stall_candidates"), {
             "max_gap_steps": p.max_gap_steps, "instance": instance, "first_step": first_step,
             "last_step": last_step}).to_arrow_table())
         columns = _judge(cand, models, local, p)
@@ -418,7 +420,7 @@ def _stalls(store: Store, judged: _Judged) -> _Found:
     frame = judged.frame
     # Chunks of every candidate with victims: for the stalls' culprits, and to fit chunk cost.
     chosen = frame[(frame["victims"].to_numpy() > 0) & (frame["num_prefills"].to_numpy() > 0)]
-    chunks = store.sql(query_text("itl_stall_chunks"), {
+    chunks = store.aggregate("itl_stall_chunks", query_text("itl_stall_chunks"), {
         "instances": chosen["instance"].tolist(), "step_indexes": chosen["step_index"].astype(int).tolist()}).df()
     chunks["pairs"] = (chunks["chunk_tokens"] * chunks["computed_tokens"]
                        + chunks["chunk_tokens"] * (chunks["chunk_tokens"] + 1) // 2).astype(np.float64)
@@ -575,6 +577,11 @@ def _top_culprits(victim_codes: np.ndarray, victim_stall: np.ndarray, culprit_st
     return top
 
 
+# The culprits' prompt lengths and prefix-cache hits (after `_register`; ClickHouseStore: sql/itl_request_prompts.sql).
+ITL_REQUEST_PROMPTS_SQL = ("SELECT r.request_id, r.input_tokens, r.cached_tokens FROM itl_request_tokens r "
+                           "JOIN (SELECT unnest($ids::VARCHAR[]) AS request_id) w ON w.request_id = r.request_id "
+                           "ORDER BY ALL")
+
 # The per-engine ITL distribution (after `_register`); ClickHouseStore computes it in ClickHouse
 # (infertrace/store/clickhouse/sql/itl_distribution.sql).
 ITL_DISTRIBUTION_SQL = ("SELECT instance, itl_ns, sum(tokens)::BIGINT AS tokens FROM (" + query_text("itl_token_itls")
@@ -646,10 +653,8 @@ def _summaries(store: Store, p: ItlParams, found: _Found, itls: dict[str, tuple[
     prompts: dict[str, tuple[int | None, int | None]] = {}
     if n_groups:
         ids = sorted(set(c_request_list))
-        for rid, inp, cached in store.sql(
-                "SELECT r.request_id, r.input_tokens, r.cached_tokens FROM itl_request_tokens r "
-                "JOIN (SELECT unnest($ids::VARCHAR[]) AS request_id) w ON w.request_id = r.request_id",
-                {"ids": ids}).fetchall():
+        rows = store.aggregate("itl_request_prompts", ITL_REQUEST_PROMPTS_SQL, {"ids": ids}).fetchall()
+        for rid, inp, cached in rows:
             prompts[rid] = (_opt_int(inp), _opt_int(cached))
     tenants = _none_for_null(culprits_frame["tenant"])
     recompute = culprits_frame["recompute"].to_numpy(dtype=bool)

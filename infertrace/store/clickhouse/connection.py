@@ -146,9 +146,20 @@ _CHDB: dict[str, Any] = {"path": None, "session": None, "users": 0}
 
 
 def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any]:
-    """Bound parameters as chdb takes them: a NULL as ClickHouse's text for it (`\\N`), as clickhouse-connect sends
-    it to a server."""
-    return {k: "\\N" if v is None else v for k, v in (params or {}).items()}
+    """Bound parameters as chdb takes them: a NULL as ClickHouse's text for it (`\\N`) and a list as an array
+    literal, as clickhouse-connect sends them to a server."""
+    return {k: "\\N" if v is None else _array_text(v) if isinstance(v, list | tuple) else v
+            for k, v in (params or {}).items()}
+
+
+def _array_text(values: list[Any] | tuple[Any, ...]) -> str:
+    def item(v: Any) -> str:
+        if v is None:
+            return "NULL"
+        if isinstance(v, str):
+            return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return str(int(v)) if isinstance(v, bool | int) else repr(float(v))
+    return "[" + ",".join(item(v) for v in values) + "]"
 
 
 class ChdbConnection:

@@ -149,5 +149,7 @@ def plain_columns(rows: pa.Table) -> pa.Table:
             column = column.cast(column.type.value_type)
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             column = pc.cast(column, pa.string())
+        elif pa.types.is_list(column.type) and pa.types.is_binary(column.type.value_type):
+            column = pc.cast(column, pa.list_(pa.string()))
         columns.append(column)
     return pa.table(columns, names=rows.column_names)

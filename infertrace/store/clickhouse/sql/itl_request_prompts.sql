@@ -1,0 +1,8 @@
+-- itl_request_prompts (ClickHouse form of infertrace/analyzers/itl.py's ITL_REQUEST_PROMPTS_SQL): the prompt length
+-- and prefix-cache hit of given requests (the stalls' culprits), from `requests` (as itl_request_tokens.sql).
+-- Parameters: {ids}: request ids. Columns: request_id, input_tokens, cached_tokens.
+-- {requests}: the ClickHouse form of the relation (relations/).
+SELECT request_id, input_tokens, cached_tokens
+FROM ({requests})
+WHERE has({ids:Array(String)}, request_id)
+ORDER BY request_id, input_tokens, cached_tokens
