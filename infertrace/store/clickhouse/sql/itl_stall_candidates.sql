@@ -1,8 +1,8 @@
--- itl_stall_candidates (ClickHouse form of infertrace/analyzers/sql/itl_stall_candidates.sql, with the gaps of
--- itl_token_gaps.sql and the prompt lengths of itl_request_tokens.sql it reads): every step of one engine's range
+-- itl_stall_candidates (ClickHouse form of infertrace/analyzers/sql/itl_stall_candidates.sql, with the prompt
+-- lengths of itl_request_tokens.sql it reads inline): every step of one engine's range
 -- that may have stalled decoding requests, with its victims. Same columns, same rules, same order; read those files.
 -- Parameters: {max_gap_steps}, {instance} (NULL: the steps without one), {first_step}, {last_step}.
--- {steps}, {step_membership}, {requests}: the ClickHouse forms of the relations (relations/).
+-- {steps}, {step_membership}, {itl_token_gaps}, {requests}: the ClickHouse forms (relations/).
 WITH
 candidate AS (
     SELECT instance, model, policy, step_index, start_ns, end_ns, duration_ns, pause_ns, prefill_tokens,
@@ -12,33 +12,12 @@ candidate AS (
       AND instance <=> {instance:Nullable(String)} AND step_index BETWEEN {first_step:Int64} AND {last_step:Int64}
 ),
 membership AS (SELECT * FROM ({step_membership})),
-runs AS (
-    -- itl_token_gaps.sql
-    SELECT request_id, instance, first_step_index, role, tokens, first_step_end_ns,
-           first_step_index + if(role = 'decode', run_steps, 1) - 1 AS run_last_step_index,
-           if(role = 'decode', last_step_end_ns, first_step_end_ns) AS run_last_step_end_ns
-    FROM membership
-    WHERE role = 'decode' OR (role = 'prefill' AND samples_token)
-),
-ordered AS (
-    SELECT *,
-           lagInFrame(toNullable(run_last_step_index)) OVER w AS prev_last_step_index,
-           lagInFrame(toNullable(run_last_step_end_ns)) OVER w AS prev_last_step_end_ns,
-           coalesce(sum(tokens) OVER (PARTITION BY request_id, instance ORDER BY first_step_index
-                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS tokens_before
-    FROM runs
-    WINDOW w AS (PARTITION BY request_id, instance ORDER BY first_step_index
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-),
 gap AS (
-    SELECT request_id, instance, first_step_index, prev_last_step_index, toInt64(tokens_before) AS tokens_before,
-           first_step_end_ns - prev_last_step_end_ns AS itl_ns,
+    SELECT request_id, instance, first_step_index, prev_last_step_index, tokens_before, itl_ns,
            arrayJoin(range(greatest(prev_last_step_index + 1, {first_step:Int64}),
                            least(first_step_index, {last_step:Int64}) + 1)) AS step_index
-    FROM ordered
-    WHERE role = 'decode' AND prev_last_step_index IS NOT NULL
-      AND first_step_index - prev_last_step_index <= {max_gap_steps:Int64} AND itl_ns IS NOT NULL
-      AND instance <=> {instance:Nullable(String)}
+    FROM ({itl_token_gaps})
+    WHERE gap_steps <= {max_gap_steps:Int64} AND itl_ns IS NOT NULL AND instance <=> {instance:Nullable(String)}
       AND first_step_index >= {first_step:Int64} AND prev_last_step_index + 1 <= {last_step:Int64}
 ),
 victim AS (
