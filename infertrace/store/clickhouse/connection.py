@@ -138,7 +138,7 @@ class Connection(Protocol):
 # Settings of every query: exact values back (ClickHouse's default float parser may miss the last bit), and NULL
 # for the columns of an outer join's missing side, as SQL (and DuckDB) has it, not the type's default.
 READ_SETTINGS: Final = {"precise_float_parsing": 1, "join_use_nulls": 1}
-_SETTINGS_CLAUSE: Final = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())  # chdb: per query
+SETTINGS_CLAUSE: Final = " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in READ_SETTINGS.items())  # chdb: per query
 
 
 # chdb runs one embedded server per process, on one data directory: connections to it share its session.
@@ -183,16 +183,16 @@ class ChdbConnection:
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         with _reported(self.target):
-            self._session.query(sql + _SETTINGS_CLAUSE, "CSV", params=_chdb_params(params))
+            self._session.query(sql, "CSV", params=_chdb_params(params))
 
     def query_arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with _reported(self.target):
-            return self._session.query(sql + _SETTINGS_CLAUSE, "ArrowTable", params=_chdb_params(params))
+            return self._session.query(sql + SETTINGS_CLAUSE, "ArrowTable", params=_chdb_params(params))
 
     def query_arrow_batches(self, sql: str, params: dict[str, Any] | None = None,
                             rows_per_batch: int = 1_000_000) -> Iterator[pa.Table]:
         with _reported(self.target):
-            stream = self._session.send_query(sql + _SETTINGS_CLAUSE, "Arrow", params=_chdb_params(params))
+            stream = self._session.send_query(sql + SETTINGS_CLAUSE, "Arrow", params=_chdb_params(params))
         try:
             with _reported(self.target):
                 batches = iter(stream.record_batch(rows_per_batch=rows_per_batch))

@@ -30,7 +30,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from infertrace.store.clickhouse.connection import Connection, connect
+from infertrace.store.clickhouse.connection import SETTINGS_CLAUSE, Connection, connect
 from infertrace.store.clickhouse.pushdown import TWINS, plain_columns, relation_sql, relations_read, twin_sql
 from infertrace.store.clickhouse.rows import (
     EXPORT_MACROS,
@@ -206,7 +206,8 @@ class ClickHouseStore(Store):
             if name not in self._tables:
                 made = f"infertrace_{name}_{self._token}"
                 sql = relation_sql(name, table, where, self._tables)
-                self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = Memory AS {sql}", bound)
+                self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = Memory AS SELECT * FROM ({sql})"
+                                        + SETTINGS_CLAUSE, bound)
                 self._tables[name] = made
         return {name: self._tables[name] for name in names}
 
