@@ -46,6 +46,7 @@ and ≈ 10.5 GB here, so by default it runs on the prefix; `--baseline-spans 0` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -155,13 +156,13 @@ elif kind == "read_json_inferred":  # Arrow's JSON reader alone on the whole fil
     spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 elif kind == "arrow-blocks":  # Arrow's JSON reader alone, on the blocks ingest reads
     import pyarrow.compute as pc
-    from infertrace.store.columnar import parse_block
+    from infertrace.store.columnar import BlockParser
     from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines
     spans = 0
     with open(path, "rb") as f:
         lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
         while (read := lines.block(DEFAULT_BLOCK_BYTES)).lines:
-            table = parse_block(read.data, read.longest)
+            table = BlockParser().parse(read.data, read.longest, read.objects)  # each block in full
             scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
             spans += pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 else:
@@ -262,7 +263,7 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
     with open(path, "rb") as f:
         lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
         while len(reads) < blocks and (read := lines.block(DEFAULT_BLOCK_BYTES)).lines:
-            reads.append(read)
+            reads.append(dataclasses.replace(read, data=bytes(read.data)))  # kept: out of the reused buffers
     structure = _structure(OTLP_SCHEMA)
     con = duckdb.connect()
     con.execute("SET threads = $n", {"n": os.cpu_count() or 1})
