@@ -24,6 +24,7 @@ import gc
 import glob
 import gzip
 import json
+import mmap
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -133,9 +134,10 @@ class _Lines:
     rest is rejected as unreadable.
 
     Chunks are read straight into one of two block buffers, used in turn: fresh memory for every chunk and
-    block cost more than reading into the same memory again (the kernel clears every new page). So a block's
-    `data` is valid until the block after the next one is read; then it is released (reading it raises
-    ValueError, and releasing a buffer Arrow still holds raises BufferError)."""
+    block cost more than reading into the same memory again (the kernel clears every new page). The buffers
+    are anonymous memory maps, so that a small file touches only the pages it fills. A block's `data` is valid
+    until the block after the next one is read; then it is released (reading it raises ValueError, and
+    releasing a buffer Arrow still holds raises BufferError)."""
 
     def __init__(self, stream: IO[bytes], max_line: int, source: str) -> None:
         self.stream, self.max_line, self.source = stream, max_line, source
@@ -143,7 +145,7 @@ class _Lines:
         self.failed = False  # the stream cannot be read further
         self.ended = False  # the stream has no more bytes
         self.line = 1  # number of the next line
-        self._buffers = [bytearray(), bytearray()]  # block buffers, used in turn
+        self._buffers: list[mmap.mmap | None] = [None, None]  # block buffers, used in turn
         self._given: list[memoryview | None] = [None, None]  # the `data` last handed out from each
         self._turn = 0
         self._block_bytes = 0  # of the block being read
@@ -172,7 +174,7 @@ class _Lines:
                 continue
             if newline >= 0 or end - start > self.max_line:  # a line over the limit: blank in the block
                 end = self._reject_long(buffer, start, end, newline, rejections)
-                buffer = self._buffers[turn]
+                buffer = self._room(0, 0)
                 objects = False
                 start = scan = start + 1
                 continue
@@ -196,17 +198,19 @@ class _Lines:
             data = self._given[turn] = view[:start]
         return _Read(data, first, self.line - first, longest, rejections, objects)
 
-    def _room(self, keep: int, need: int) -> bytearray:
+    def _room(self, keep: int, need: int) -> mmap.mmap:
         """The block buffer in use, with room for `need` bytes and its first `keep` bytes kept (a bigger one
-        replaces it when it has not: at first a block and two chunks, up to 64 MB; after that twice as big)."""
+        replaces it when it has not: at first a block and two chunks, up to 1 GB; after that twice as big)."""
         buffer = self._buffers[self._turn]
-        if len(buffer) < need:
-            grown = bytearray(max(need, 2 * len(buffer), min(self._block_bytes + 2 * _READ_CHUNK, 64 << 20)))
-            grown[:keep] = memoryview(buffer)[:keep]
+        size = 0 if buffer is None else len(buffer)
+        if size < need or buffer is None:
+            grown = mmap.mmap(-1, max(need, 2 * size, min(self._block_bytes + 2 * _READ_CHUNK, 1 << 30)))
+            if buffer is not None:
+                grown[:keep] = memoryview(buffer)[:keep]
             buffer = self._buffers[self._turn] = grown
         return buffer
 
-    def _read(self, buffer: bytearray, at: int, rejections: list[Rejection]) -> int:
+    def _read(self, buffer: mmap.mmap, at: int, rejections: list[Rejection]) -> int:
         """Reads the next chunk into `buffer` at `at`; 0 at the end of the stream or on a read error (rejected)."""
         if self.failed or self.ended:
             return 0
@@ -221,7 +225,7 @@ class _Lines:
         self.ended = not read
         return read
 
-    def _reject_long(self, buffer: bytearray, start: int, end: int, newline: int,
+    def _reject_long(self, buffer: mmap.mmap, start: int, end: int, newline: int,
                      rejections: list[Rejection]) -> int:
         """Rejects the line at `start` (its newline at `newline`, or not read yet: -1), reading the rest of it
         through (into the same bytes, never held whole), and leaves a blank line in its place; returns the new
