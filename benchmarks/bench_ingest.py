@@ -26,6 +26,9 @@ own order (rotated per round):
 - `--arrow-blocks`: also Arrow's reader on the blocks ingest reads, read the same way (`parse_block`);
 - `--duckdb-parse`: also ingest with DuckDB's `json_transform` in place of Arrow's reader (a measurement of
   what a faster parse would give; not type-safe, so not what ingest runs);
+- `--stages`: also ingest's steps one after another on each block, on this thread (reading lines, the parse,
+  the pivot into the span table, the Parquet segments), each step's CPU time summed over the blocks: the
+  parse's ratio to the reader alone bounds what ingest can reach by making the other steps cheaper;
 - `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
@@ -46,6 +49,7 @@ and ≈ 10.5 GB here, so by default it runs on the prefix; `--baseline-spans 0` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -134,11 +138,31 @@ if kind == "duckdb-parse":  # ingest with Arrow's parse swapped for DuckDB's jso
     import infertrace.store.ingest
     sys.path.insert(0, "benchmarks")
     from bench_ingest import duckdb_parse_block
-    infertrace.store.ingest.parse_block = duckdb_parse_block
+    infertrace.store.ingest.BlockParser.parse = lambda self, data, longest, objects=None: duckdb_parse_block(
+        bytes(data), longest)  # every block: ingest parses through `BlockParser` (a copy out of its buffer)
 start, start_cpu = time.perf_counter(), cpu()  # after the imports
 if kind in ("columnar", "record", "duckdb-parse"):
     summary = ingest_paths(store, [path], columnar=kind != "record")
     spans = summary.spans_read
+elif kind == "stages":  # ingest's steps one after another on each block, each step's CPU time summed
+    from infertrace.store.columnar import BlockParser, spans_table
+    from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines, gc_paused
+    from infertrace.store.segments import write_segments
+    steps = dict.fromkeys(("read lines", "parse", "pivot", "write"), 0.0)
+    def timed(step, work, *args):
+        started = cpu()
+        result = work(*args)
+        steps[step] += cpu() - started
+        return result
+    spans = 0
+    blocks = BlockParser()
+    with gc_paused(), open(path, "rb") as f:
+        lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
+        while (read := timed("read lines", lines.block, DEFAULT_BLOCK_BYTES)).lines:
+            parsed = timed("parse", blocks.parse, read.data, read.longest, read.objects)
+            table, notes = timed("pivot", spans_table, parsed)
+            timed("write", write_segments, store, table, notes)
+            spans += table.num_rows
 elif kind == "read_json":  # Arrow's JSON reader alone on the whole file, with the schema ingest parses with
     import pyarrow.compute as pc
     import pyarrow.json as pj
@@ -155,13 +179,13 @@ elif kind == "read_json_inferred":  # Arrow's JSON reader alone on the whole fil
     spans = pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 elif kind == "arrow-blocks":  # Arrow's JSON reader alone, on the blocks ingest reads
     import pyarrow.compute as pc
-    from infertrace.store.columnar import parse_block
+    from infertrace.store.columnar import BlockParser
     from infertrace.store.ingest import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_LINE_BYTES, _Lines
     spans = 0
     with open(path, "rb") as f:
         lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
         while (read := lines.block(DEFAULT_BLOCK_BYTES)).lines:
-            table = parse_block(read.data, read.longest)
+            table = BlockParser().parse(read.data, read.longest, read.objects)  # each block in full
             scopes = pc.struct_field(pc.list_flatten(table.column("resourceSpans")), "scopeSpans")
             spans += pc.sum(pc.list_value_length(pc.struct_field(pc.list_flatten(scopes), "spans"))).as_py()
 else:
@@ -182,7 +206,8 @@ else:
     spans = len(df)
 elapsed = time.perf_counter() - start
 print(json.dumps({"spans": spans, "seconds": elapsed, "cpu_seconds": cpu() - start_cpu,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  **({"steps": steps} if kind == "stages" else {})}))
 """
 
 
@@ -262,7 +287,7 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
     with open(path, "rb") as f:
         lines = _Lines(f, DEFAULT_MAX_LINE_BYTES, str(path))
         while len(reads) < blocks and (read := lines.block(DEFAULT_BLOCK_BYTES)).lines:
-            reads.append(read)
+            reads.append(dataclasses.replace(read, data=bytes(read.data)))  # kept: out of the reused buffers
     structure = _structure(OTLP_SCHEMA)
     con = duckdb.connect()
     con.execute("SET threads = $n", {"n": os.cpu_count() or 1})
@@ -362,8 +387,26 @@ def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0)
 
 ARROW = "pyarrow.json.read_json alone, whole file"
 INFERRED = "pyarrow.json.read_json alone, schema inferred"
+STAGES = "ingest's steps one after another"
 NAMES = {"read_json": ARROW, "read_json_inferred": INFERRED, "arrow-blocks": "Arrow's reader alone, on ingest's blocks",
-         "duckdb-parse": "ingest, DuckDB's json_transform as the parse"}
+         "duckdb-parse": "ingest, DuckDB's json_transform as the parse", "stages": STAGES}
+
+
+def print_stages(rounds: list[dict[str, dict[str, Any]]]) -> None:
+    """Each step's CPU time (medians over the rounds) and Arrow's reader alone's CPU ÷ it: the parse's ratio is
+    what ingest would reach if the other steps cost nothing."""
+    print(f"\nIngest's steps one after another, CPU s: medians over {len(rounds)} rounds, and Arrow's reader alone's "
+          "CPU ÷ the step's (within each round)")
+    print("| step | CPU s | share of the steps | ratio to read_json, CPU |")
+    print("|---|---|---|---|")
+    steps = rounds[0][STAGES]["steps"]
+    total = statistics.median(sum(this[STAGES]["steps"].values()) for this in rounds)
+    for step in [*steps, "all steps"]:
+        cpu = [sum(this[STAGES]["steps"].values()) if step == "all steps" else this[STAGES]["steps"][step]
+               for this in rounds]
+        ratio = [this[ARROW]["cpu_seconds"] / c for this, c in zip(rounds, cpu, strict=True)]
+        print(f"| {step} | {statistics.median(cpu):.2f} | {statistics.median(cpu) / total:.0%} | "
+              f"{statistics.median(ratio):.2f}× ({', '.join(f'{x:.2f}' for x in ratio)}) |")
 
 
 def main() -> None:
@@ -384,6 +427,8 @@ def main() -> None:
     parser.add_argument("--skip-baselines", action="store_true", help="leave out the record and pandas rows")
     parser.add_argument("--duckdb-parse", action="store_true", help="also ingest with DuckDB's json_transform "
                         "in place of Arrow's reader (a measurement: it coerces what Arrow refuses)")
+    parser.add_argument("--stages", action="store_true", help="also ingest's steps (reading lines, parse, pivot, "
+                        "write) one after another on each block, with each step's CPU time")
     parser.add_argument("--parsers", type=int, metavar="BLOCKS", help="compare JSON readers on the first BLOCKS "
                         "blocks instead (in this process, --rounds rounds); nothing is ingested")
     args = parser.parse_args()
@@ -416,6 +461,7 @@ def main() -> None:
     contenders = [("columnar", ROOT), ("read_json", ROOT), ("read_json_inferred", ROOT)] \
         + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
         + ([("duckdb-parse", ROOT)] if args.duckdb_parse else []) \
+        + ([("stages", ROOT)] if args.stages else []) \
         + ([("columnar", args.before)] if args.before else [])
     for i in range(args.rounds):
         this: dict[str, dict[str, float]] = {}
@@ -461,6 +507,8 @@ def main() -> None:
               f"{m['peak_rss_mb']:.0f} | {m['ratio_wall']:.2f}× ({', '.join(f'{x:.2f}' for x in wall)}) | "
               f"{m['ratio_cpu']:.2f}× ({', '.join(f'{x:.2f}' for x in cpu)}) | "
               f"{m['ratio_cpu_inferred']:.2f}× ({', '.join(f'{x:.2f}' for x in inferred)}) |")
+    if args.stages:
+        print_stages(rounds)
     if not args.skip_baselines:
         ratio = results[f"ingest, {on}"]["spans_per_s"] / results[f"pandas json_normalize, {on}"]["spans_per_s"]
         print(f"ratio ingest / pandas (same input, {on}): {ratio:.1f}×")

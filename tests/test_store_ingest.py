@@ -702,6 +702,25 @@ def test_the_line_reader_says_whether_every_line_of_a_block_starts_with_a_brace_
     try:
         reader = ingest._Lines(io.BufferedReader(io.BytesIO(data)), limit, "f.jsonl")
         while (read := reader.block(block)).lines:
-            assert read.objects == _every_line_an_object(read.data), (data, read.data)
+            assert read.objects == _every_line_an_object(bytes(read.data)), (data, read.data)
     finally:
         ingest._READ_CHUNK = saved
+
+
+def test_a_block_read_stays_as_read_until_the_block_after_the_next_one_and_is_then_released() -> None:
+    """The line reader reuses two block buffers in turn: a block must not change while ingest still parses it
+    or reads it record by record (the next block is read meanwhile), and afterwards is released, not silently
+    overwritten."""
+    import io
+
+    from infertrace.store.ingest import _Lines
+
+    lines = [b'{"n":%d,"pad":"%s"}\n' % (i, b"x" * (10 * i)) for i in range(6)]
+    reader = _Lines(io.BufferedReader(io.BytesIO(b"".join(lines))), 1 << 20, "f.jsonl")
+    first, second = reader.block(1), reader.block(1)
+    assert (bytes(first.data), bytes(second.data)) == (lines[0], lines[1])
+    third = reader.block(1)
+    assert (bytes(second.data), bytes(third.data)) == (lines[1], lines[2])
+    with pytest.raises(ValueError, match="released"):
+        bytes(first.data)
+    assert [bytes(reader.block(1).data) for _ in range(3)] == lines[3:]

@@ -91,14 +91,14 @@ def parse_block(data: bytes, longest_line: int) -> pa.Table | None:
     return _read_full(data, longest_line) if _every_line_an_object(data) else None
 
 
-def _read_full(data: bytes, longest_line: int) -> pa.Table | None:
+def _read_full(data: bytes | memoryview, longest_line: int) -> pa.Table | None:
     try:
         return _read(data, longest_line, _PARSE)
     except _ARROW_ERRORS:
         return None
 
 
-def _read(data: bytes, longest_line: int, parse: pj.ParseOptions) -> pa.Table:
+def _read(data: bytes | memoryview, longest_line: int, parse: pj.ParseOptions) -> pa.Table:
     options = pj.ReadOptions(block_size=max(longest_line + 1, 4 << 20), use_threads=True)
     return pj.read_json(pa.BufferReader(data), read_options=options, parse_options=parse)  # zero copy
 
@@ -122,10 +122,10 @@ class BlockParser:
         self._unread = False  # whether the narrow schema declares `_UNREAD`
         self._narrow: pj.ParseOptions | None = None
 
-    def parse(self, data: bytes, longest_line: int, objects: bool | None = None) -> pa.Table | None:
+    def parse(self, data: bytes | memoryview, longest_line: int, objects: bool | None = None) -> pa.Table | None:
         """`objects`: whether every line starts with `{`, when the caller knows (`ingest._Lines` notes it
         while it finds the lines); None: checked here."""
-        if not (_every_line_an_object(data) if objects is None else objects):
+        if not (_every_line_an_object(bytes(data)) if objects is None else objects):
             return None
         refused = False
         if self._narrow is not None:

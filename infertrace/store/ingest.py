@@ -24,6 +24,7 @@ import gc
 import glob
 import gzip
 import json
+import mmap
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -130,112 +131,128 @@ class _Lines:
     time. A line over `max_line` bytes (newline included) is never held whole: it is read through, rejected
     with its length and first bytes, and left in the block as a blank line so that line numbers stay right.
     A read error (a truncated or corrupt .gz) ends the file: the complete lines before it are kept, and the
-    rest is rejected as unreadable."""
+    rest is rejected as unreadable.
+
+    Chunks are read straight into one of two block buffers, used in turn: fresh memory for every chunk and
+    block cost more than reading into the same memory again (the kernel clears every new page). The buffers
+    are anonymous memory maps, so that a small file touches only the pages it fills. A block's `data` is valid
+    until the block after the next one is read; then it is released (reading it raises ValueError, and
+    releasing a buffer Arrow still holds raises BufferError)."""
 
     def __init__(self, stream: IO[bytes], max_line: int, source: str) -> None:
         self.stream, self.max_line, self.source = stream, max_line, source
-        self.chunk = b""
-        self.pos = 0  # where the unread part of `chunk` starts
+        self.carry = b""  # bytes read after the end of the last block: the start of the next one
         self.failed = False  # the stream cannot be read further
+        self.ended = False  # the stream has no more bytes
         self.line = 1  # number of the next line
+        self._buffers: list[mmap.mmap | None] = [None, None]  # block buffers, used in turn
+        self._given: list[memoryview | None] = [None, None]  # the `data` last handed out from each
+        self._turn = 0
+        self._block_bytes = 0  # of the block being read
 
-    def _refill(self, rejections: list[Rejection]) -> bool:
-        """Reads the next chunk; False at the end of the stream or on a read error (rejected)."""
-        if self.failed:
-            return False
+    def block(self, block_bytes: int) -> _Read:
+        """The next block of lines (`data` ends with a newline; empty at the end of the stream; valid until the
+        block after this one is read)."""
+        rejections: list[Rejection] = []
+        first, size, longest, objects = self.line, 0, 0, True  # objects: whether every line starts with `{`
+        self._turn = turn = 1 - self._turn
+        self._block_bytes = block_bytes
+        given = self._given[turn]
+        if given is not None:
+            given.release()  # the block read two blocks ago, done with (BufferError if Arrow still holds it)
+        buffer = self._room(0, len(self.carry))
+        buffer[:len(self.carry)] = self.carry
+        start, scan, end = 0, 0, len(self.carry)  # the current line starts at `start`; no newline before `scan`
+        while size < block_bytes:
+            newline = buffer.find(b"\n", scan, end)
+            if newline >= 0 and newline + 1 - start <= self.max_line:
+                objects = objects and buffer[start] == ord("{")
+                size += newline + 1 - start
+                longest = max(longest, newline + 1 - start)
+                self.line += 1
+                start = scan = newline + 1
+                continue
+            if newline >= 0 or end - start > self.max_line:  # a line over the limit: blank in the block
+                end = self._reject_long(buffer, start, end, newline, rejections)
+                buffer = self._room(0, 0)
+                objects = False
+                start = scan = start + 1
+                continue
+            scan = end
+            buffer = self._room(end, end + _READ_CHUNK)
+            read = self._read(buffer, end, rejections)
+            if not read:
+                if end > start and not self.failed:  # a last line without a newline
+                    objects = objects and buffer[start] == ord("{")
+                    buffer = self._room(end, end + 1)
+                    buffer[end:end + 1] = b"\n"
+                    end += 1
+                    size += end - start
+                    longest = max(longest, end - start)
+                    self.line += 1
+                    start = end
+                break
+            end += read
+        self.carry = bytes(memoryview(buffer)[start:end]) if not self.failed else b""
+        with memoryview(buffer) as view:
+            data = self._given[turn] = view[:start]
+        return _Read(data, first, self.line - first, longest, rejections, objects)
+
+    def _room(self, keep: int, need: int) -> mmap.mmap:
+        """The block buffer in use, with room for `need` bytes and its first `keep` bytes kept (a bigger one
+        replaces it when it has not: at first a block and two chunks, up to 1 GB; after that twice as big)."""
+        buffer = self._buffers[self._turn]
+        size = 0 if buffer is None else len(buffer)
+        if size < need or buffer is None:
+            grown = mmap.mmap(-1, max(need, 2 * size, min(self._block_bytes + 2 * _READ_CHUNK, 1 << 30)))
+            if buffer is not None:
+                grown[:keep] = memoryview(buffer)[:keep]
+            buffer = self._buffers[self._turn] = grown
+        return buffer
+
+    def _read(self, buffer: mmap.mmap, at: int, rejections: list[Rejection]) -> int:
+        """Reads the next chunk into `buffer` at `at`; 0 at the end of the stream or on a read error (rejected)."""
+        if self.failed or self.ended:
+            return 0
         try:
-            chunk = self.stream.read1(_READ_CHUNK)  # type: ignore[attr-defined]
+            with memoryview(buffer) as view, view[at:at + _READ_CHUNK] as room:
+                read = self.stream.readinto1(room)  # type: ignore[attr-defined]
         except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz: keep the lines read before
             self.failed = True
             rejections.append(Rejection(self.source, self.line,
                                         f"unreadable from this line on (truncated or corrupt file?): {e}", ""))
-            return False
-        self.chunk, self.pos = chunk, 0
-        return bool(chunk)
+            return 0
+        self.ended = not read
+        return read
 
-    def _skip_line(self, rejections: list[Rejection]) -> int:
-        """Reads and drops the rest of a line; returns how many bytes that was."""
-        skipped = 0
-        while self.pos < len(self.chunk) or self._refill(rejections):
-            newline = self.chunk.find(b"\n", self.pos)
-            end = len(self.chunk) if newline < 0 else newline + 1
-            skipped += end - self.pos
-            self.pos = end
-            if newline >= 0:
+    def _reject_long(self, buffer: mmap.mmap, start: int, end: int, newline: int,
+                     rejections: list[Rejection]) -> int:
+        """Rejects the line at `start` (its newline at `newline`, or not read yet: -1), reading the rest of it
+        through (into the same bytes, never held whole), and leaves a blank line in its place; returns the new
+        end of the bytes read."""
+        head = bytes(buffer[start:min(start + 200, newline + 1 if newline >= 0 else end)])
+        total = newline + 1 - start if newline >= 0 else end - start
+        while newline < 0:
+            end = start + 1
+            buffer = self._room(end, end + _READ_CHUNK)
+            read = self._read(buffer, end, rejections)
+            if not read:
                 break
-        return skipped
-
-    def block(self, block_bytes: int) -> _Read:
-        """The next block of lines (`data` ends with a newline; empty at the end of the stream)."""
-        parts: list[bytes | memoryview] = []  # pieces of the block, in order
-        rejections: list[Rejection] = []
-        first, size, longest = self.line, 0, 0
-        partial: list[memoryview] = []  # the start of a line that continues in the next chunk
-        partial_bytes = 0
-        run = self.pos  # start of the complete lines of `chunk` not yet in `parts`
-        objects = True  # whether every line starts with `{` (what Arrow's reader may be given)
-        while size < block_bytes:
-            newline = self.chunk.find(b"\n", self.pos)
-            if newline < 0:  # the line goes on past this chunk
-                view = memoryview(self.chunk)
-                if run < self.pos:
-                    parts.append(view[run:self.pos])
-                if self.pos < len(self.chunk):
-                    partial.append(view[self.pos:])
-                    partial_bytes += len(self.chunk) - self.pos
-                if partial_bytes > self.max_line:
-                    self.pos = len(self.chunk)
-                    self._reject_long(partial, partial_bytes + self._skip_line(rejections), parts, rejections)
-                    partial, partial_bytes, run, objects = [], 0, self.pos, False
-                    continue
-                if not self._refill(rejections):
-                    if partial and not self.failed:  # a last line without a newline
-                        objects = objects and partial[0][:1] == b"{"
-                        parts.extend(partial)
-                        parts.append(b"\n")
-                        size += partial_bytes
-                        longest = max(longest, partial_bytes + 1)
-                        self.line += 1
-                    partial, run = [], self.pos
-                    break
-                run = 0
-                continue
-            length = partial_bytes + newline + 1 - self.pos
-            if length > self.max_line:
-                view = memoryview(self.chunk)
-                if run < self.pos:
-                    parts.append(view[run:self.pos])
-                partial.append(view[self.pos:newline + 1])
-                self.pos = run = newline + 1
-                self._reject_long(partial, length, parts, rejections)
-                partial, partial_bytes, objects = [], 0, False
-                continue
-            if objects:
-                objects = (partial[0][:1] if partial else self.chunk[self.pos:self.pos + 1]) == b"{"
-            if partial:
-                parts.extend(partial)
-                partial, partial_bytes = [], 0
-            size += length
-            longest = max(longest, length)
-            self.line += 1
-            self.pos = newline + 1
-        if run < self.pos:
-            parts.append(memoryview(self.chunk)[run:self.pos])
-        return _Read(b"".join(parts), first, self.line - first, longest, rejections, objects)
-
-    def _reject_long(self, pieces: list[memoryview], total: int, parts: list[bytes | memoryview],
-                     rejections: list[Rejection]) -> None:
-        head = b"".join(pieces)[:200] if len(pieces[0]) < 200 else bytes(pieces[0][:200])
+            newline = buffer.find(b"\n", end, end + read)
+            total += read if newline < 0 else newline + 1 - end
+            end += read
+        rest = buffer[newline + 1:end] if newline >= 0 else b""
+        buffer[start:start + 1 + len(rest)] = b"\n" + rest
         rejections.append(Rejection(self.source, self.line, f"line of {total} bytes is over the limit of "
                                     f"{self.max_line} bytes (--max-line-bytes)",
                                     head.decode("utf-8", "replace") + "…"))
-        parts.append(b"\n")  # a blank line in its place keeps the line numbers right
         self.line += 1
+        return start + 1 + len(rest)
 
 
 @dataclass
 class _Read:
-    data: bytes  # whole lines, each ending with a newline
+    data: memoryview  # whole lines, each ending with a newline (in a buffer `_Lines` reuses)
     first_line: int
     lines: int
     longest: int  # bytes of the longest line, newline included
@@ -366,7 +383,7 @@ def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: 
     whole = 0
     batch = SpanBatch()
     with gc_paused():
-        for offset, line in enumerate(read.data.split(b"\n")[:read.lines]):
+        for offset, line in enumerate(bytes(read.data).split(b"\n")[:read.lines]):
             line_no = read.first_line + offset
             if not line.strip():
                 continue
