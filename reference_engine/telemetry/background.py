@@ -32,6 +32,7 @@ import gc
 import multiprocessing
 import pickle
 import queue
+import struct
 import sys
 import threading
 import traceback
@@ -159,9 +160,9 @@ class BackgroundSink:
         if not self._ints:
             return
         ints: bytes | list[int]
-        try:
-            ints = np.fromiter(self._ints, dtype=np.int64, count=len(self._ints)).tobytes()
-        except OverflowError:  # a value beyond int64: sent as it is
+        try:  # struct converts Python ints at a third of the cost of array("q") and half of numpy's
+            ints = struct.pack(f"{len(self._ints)}q", *self._ints)
+        except struct.error:  # a value beyond int64: sent as it is
             ints = self._ints
         durations = np.concatenate(self._durations).tobytes() if self._durations else b""
         data = pickle.dumps((ints, self._strs, durations, self._objects), protocol=pickle.HIGHEST_PROTOCOL)
