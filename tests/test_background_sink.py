@@ -180,7 +180,7 @@ class _HeldWriter:
 
 def test_a_child_that_has_fallen_behind_does_not_hold_up_the_simulator_and_catches_up(tmp_path: Path) -> None:
     """The child takes messages off the pipe while its sink is busy: the simulator sends well past what the pipe
-    holds (three messages, ≈ 1.5 MB, against ≈ 0.4 MB a socket pair holds) without waiting, and nothing is lost."""
+    holds (three messages, ≈ 1.5 MB, against the 1 MB it holds) without waiting, and nothing is lost."""
     release_read, release_write = os.pipe()
     path = tmp_path / "t.jsonl"
     sink = BackgroundSink(lambda: _HeldWriter(path, release_read))
