@@ -10,8 +10,11 @@ from __future__ import annotations
 import functools
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from infertrace.analyzers import itl, query_text, slo
 from infertrace.store.clickhouse.store import export_rows
 from infertrace.store.store import Store
 from tests.incident_stores import sample_store
@@ -66,3 +69,35 @@ def bank_in_clickhouse(seed: int = 3, count: int = 3, duration_s: float = 120.0)
         name = truth_file.parent.name
         out.append((name, str(store), exported(str(store), f"bank_{seed}_{name}")))
     return tuple(out)
+
+
+# The DuckDB text of each aggregation that has a ClickHouse form, as the analyzers run it (after
+# `itl._register`, which the ITL analysis runs first on a local store), with the parameters it is checked with.
+_SLO_SELECTION = {"since": None, "until": None, "model": None, "tenant": None}
+
+
+def _an_engine_range(store: Store) -> dict[str, Any]:
+    """The stall candidates' parameters for the busiest engine's candidate steps, all in one range."""
+    instance, first, last, _ = store.sql(query_text("itl_stall_partitions"), {"steps": 10**9}).fetchall()[0]
+    return {"max_gap_steps": itl.ItlParams().max_gap_steps, "instance": instance, "first_step": first,
+            "last_step": last}
+
+
+def _prefill_steps(store: Store) -> dict[str, Any]:
+    rows = store.sql("SELECT instance, step_index FROM steps WHERE num_prefills > 0 ORDER BY ALL").fetchall()
+    return {"instances": [r[0] for r in rows], "step_indexes": [r[1] for r in rows]}
+
+
+DUCKDB_FORM: dict[str, tuple[str, Callable[[Store], dict[str, Any]]]] = {
+    "itl_decode_steps": (query_text("itl_decode_steps"), lambda _: {}),
+    "itl_distribution": (itl.ITL_DISTRIBUTION_SQL, lambda _: {}),
+    "slo_requests": (slo.SELECTED_SQL, lambda _: _SLO_SELECTION),
+    "slo_itls": (slo.ITLS_SQL, lambda _: {**_SLO_SELECTION, "origin": 0, "width": 10**10}),
+    "slo_gateway": (slo.GATEWAY_SQL, lambda _: _SLO_SELECTION),
+    "request_outcomes": (query_text("request_outcomes"), lambda _: {}),
+    "itl_stall_partitions": (query_text("itl_stall_partitions"), lambda _: {"steps": 7}),
+    "itl_stall_candidates": (query_text("itl_stall_candidates"), _an_engine_range),
+    "itl_stall_chunks": (query_text("itl_stall_chunks"), _prefill_steps),
+    "itl_request_prompts": (itl.ITL_REQUEST_PROMPTS_SQL, lambda store: {"ids": [r[0] for r in store.sql(
+        "SELECT request_id FROM requests ORDER BY request_id").fetchall()][::5]}),
+}

@@ -39,7 +39,9 @@ from infertrace.store.clickhouse.rows import (
     from_otel_traces_sql,
     to_otel_traces_sql,
 )
+from infertrace.store.schema import DECLARED_ATTRIBUTES, DECLARED_RESOURCE, RESOURCE_MAP, SPAN_MAP
 from infertrace.store.store import Store, sql_string
+from infertrace.store.values import KEPT_AS_TEXT
 
 EXPORT_BATCH_ROWS = 100_000
 # The most spans read back at once (one batch of the streamed result; chdb cuts its stream at this many rows, a
@@ -236,11 +238,28 @@ class ClickHouseStore(Store):
                                           parts / "part-00000.parquet"))
         listed = ", ".join(sql_string(str(f)) for f in files)
         con.execute(f"CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM read_parquet([{listed}])")
-        self.skipped, self.notes = [], {}
+        self.skipped, self.notes = [], self._kept_as_text()
         # One pseudo-segment names the snapshot, so that results kept per snapshot are keyed on what was read.
         (count, last), = con.execute("SELECT count(*), max(end_ns) FROM spans_raw").fetchall()
         key = hashlib.sha256(f"{self.url} {self.since_ns} {self.until_ns} {count} {last}".encode()).hexdigest()[:16]
         self.segments = [Path(f"clickhouse-{key}")] if count else []
+
+    def _kept_as_text(self) -> dict[str, dict[str, int]]:
+        """The notes the read-back can give: values of a declared key whose text does not read as the key's type,
+        kept as text in the attribute map (per key, a count per span, as ingest counts them). The exporter writes
+        every value as text, so which values the source sent in another type than the declared one (what a local
+        ingest notes as converted) cannot be told from ClickHouse, and is not noted."""
+        parts = []
+        for map_column, declared in ((SPAN_MAP, DECLARED_ATTRIBUTES), (RESOURCE_MAP, DECLARED_RESOURCE)):
+            typed = sorted(k for k, kind in declared.items() if kind != "string")
+            if typed:
+                listed = ", ".join(sql_string(k) for k in typed)
+                parts.append(f"SELECT key FROM (SELECT unnest(map_keys({map_column})) AS key FROM spans_raw "
+                             f"WHERE cardinality({map_column}) > 0) WHERE key IN ({listed})")
+        if not parts:
+            return {}
+        rows = self.duckdb.execute(f"SELECT key, count(*) FROM ({' UNION ALL '.join(parts)}) GROUP BY key").fetchall()
+        return {KEPT_AS_TEXT: {key: int(n) for key, n in rows}} if rows else {}
 
     def _write_part(self, rows: pa.Table, path: Path) -> Path:
         """One batch of the read-back rows, typed as the store's schema, written to `path` (Parquet, ZSTD)."""

@@ -173,8 +173,10 @@ SELECT
     p.system_prompt_tokens AS system_prompt_tokens,
     p.assistant_prefill_tokens AS assistant_prefill_tokens,
     p.max_tokens AS max_tokens,
-    toInt64(coalesce(p.own_preemptions, if(p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0,
-                                           p.event_preemptions, NULL))) AS preemptions,
+    -- event_preemptions is a UInt64 (a length): coalesce of Int64 and UInt64 is a Variant, which toInt64 reads
+    -- as 0 when NULL, so it is made an Int64 first
+    coalesce(p.own_preemptions, if(p.source IN ('sglang', 'infertrace') OR p.event_preemptions > 0,
+                                   toInt64(p.event_preemptions), NULL)) AS preemptions,
     p.prefill_chunks AS prefill_chunks,
     p.finish_reason AS finish_reason,
     p.error_type AS error_type,

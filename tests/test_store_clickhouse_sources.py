@@ -1,0 +1,187 @@
+"""The ClickHouse forms of the relations the pushed-down aggregations read (store/clickhouse/relations/) carry a
+branch for every source the DuckDB relations read: vLLM V1 and V0, SGLang, TGI, and a LiteLLM gateway, not only
+this project's engine. The samples hold only this engine's spans, so these tests hold the other branches: what each
+source's code exports (tests/fixtures/sources/) and a fleet incident simulated with each engine's telemetry
+profile, each in a local store and in chdb, give the same relation rows, the same pushed-down aggregations and the
+same report on both backends.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from infertrace.analyzers import itl
+from infertrace.report import ReportOptions, build_report
+from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS, plain_columns, relations_read
+from infertrace.store.clickhouse.store import ClickHouseStore
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import RELATIONS, Store, open_store
+from infertrace.store.values import CONVERTED
+from reference_engine.fleet.fleet import Fleet
+from reference_engine.fleet.workload import fleet_requests
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
+from tests.clickhouse_stores import DUCKDB_FORM, exported
+from tests.fleet_traces import fleet_from_toml
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
+FIXTURE_SOURCES = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))
+
+# A fleet with a shared router in front of two models and a slowdown on one of them: requests on every engine,
+# gateway legs, component calls and an incident for the report to find.
+FLEET = """
+name = "two-models"
+region = "us-east-1"
+
+[[auth]]
+id = "auth-0"
+latency_ms = 1.0
+
+[[router]]
+id = "router-a"
+models = ["llama-3-8b", "qwen-2.5-1.5b"]
+policy = "least_loaded"
+
+[[model]]
+name = "llama-3-8b"
+replicas = 2
+hardware = "H100-SXM"
+
+[[model]]
+name = "qwen-2.5-1.5b"
+hardware = "H100-SXM"
+
+[[tenant]]
+name = "acme"
+models = ["llama-3-8b", "qwen-2.5-1.5b"]
+rate = 3.0
+prompt_mean = 700.0
+output_mean = 12.0
+max_tokens = 48
+system_prompt_tokens = 256
+
+[[fault]]
+kind = "engine_slowdown"
+target = "llama-3-8b"
+start_s = 60.0
+duration_s = 45.0
+factor = 4.0
+"""
+DURATION_S = 150.0
+SEED = 11
+# (engine telemetry, gateway telemetry): every engine profile, each of the two foreign gateway shapes (LiteLLM's
+# spans, and none at all)
+PROFILES = [("vllm-v1", "litellm"), ("vllm-v0", "none"), ("sglang", "litellm"), ("tgi", "none")]
+DEFAULT_PROFILES = {("vllm-v1", "litellm")}
+
+_ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-sources-")
+
+SOURCES = [pytest.param(f"fixture:{name}", marks=pytest.mark.slow) for name in FIXTURE_SOURCES] + [
+    pytest.param(f"{engine}+{gateway}", marks=() if (engine, gateway) in DEFAULT_PROFILES else pytest.mark.slow)
+    for engine, gateway in PROFILES]
+
+
+@functools.cache
+def _source(source: str) -> tuple[str, str]:
+    """(local store directory, chdb URL) of a source: a fixture file, or the fleet simulated with a profile."""
+    root = Path(_ROOT.name) / source.replace(":", "_").replace("+", "_")
+    if source.startswith("fixture:"):
+        path = FIXTURES / f"{source.removeprefix('fixture:')}.jsonl"
+    else:
+        engine, gateway = source.split("+")
+        spec = fleet_from_toml(FLEET)
+        path = root / "spans.jsonl"
+        path.parent.mkdir(parents=True)
+        writer = OtlpJsonLinesWriter(path)
+        try:
+            Fleet(spec, writer, SEED, telemetry=TelemetrySpec(engine, gateway)).run(
+                fleet_requests(spec, DURATION_S, SEED))
+        finally:
+            writer.close()
+    summary = ingest_paths(root / "store", [path])
+    assert summary.skipped == 0, summary.paragraph()
+    local = str(root / "store")
+    return local, exported(local, f"source_{root.name}")
+
+
+def _sorted(store: Store, table: pa.Table) -> pa.Table:
+    return store.duckdb.from_arrow(table).query("t", "SELECT * FROM t ORDER BY ALL").to_arrow_table()
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_each_sources_requests_are_found_on_both_backends(source: str) -> None:
+    """The comparisons below are not over empty relations: every source gives requests, and the simulated fleets
+    give component calls through the gateway."""
+    local_dir, url = _source(source)
+    with Store.open(local_dir) as local, open_store(url) as clickhouse:
+        counts = {name: local.sql(f"SELECT count(*) FROM {name}").fetchall()[0][0] for name in ("requests", "spans")}
+        assert counts["requests"] > 0
+        assert clickhouse.sql("SELECT count(*) FROM spans").fetchall()[0][0] == counts["spans"]
+        if not source.startswith("fixture:") and source.endswith("+litellm"):
+            assert local.sql("SELECT count(*) FROM component_calls").fetchall()[0][0] > 0
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("relation", sorted(CLICKHOUSE_RELATIONS))
+def test_the_clickhouse_form_of_a_relation_gives_the_duckdb_rows_for_every_source(source: str, relation: str) -> None:
+    local_dir, url = _source(source)
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        itl._register(local)  # itl_token_gaps, the ITL analyzer's own table
+        expected = local.sql(f"SELECT * FROM {relation} ORDER BY ALL").to_arrow_table()
+        made = clickhouse.clickhouse_tables(relations_read("{" + relation + "}"))[relation]
+        rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made}"))
+        assert rows.column_names == expected.column_names
+        got = _sorted(clickhouse, rows.cast(expected.schema))
+        assert not clickhouse.spans_read
+    assert got.num_rows == expected.num_rows
+    assert got.equals(expected), relation
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_an_aggregation_pushed_into_clickhouse_gives_the_duckdb_rows_for_every_source(source: str, name: str) -> None:
+    local_dir, url = _source(source)
+    query, params_of = DUCKDB_FORM[name]
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        itl._register(local)
+        if name == "itl_stall_candidates" and not local.sql("SELECT 1 FROM steps LIMIT 1").fetchall():
+            pytest.skip(f"{source} exports no engine steps: there is no range of stall candidates to ask for")
+        params = params_of(local)
+        expected = local.aggregate(name, query, params).to_arrow_table()
+        got = clickhouse.aggregate(name, query, params).to_arrow_table()
+        assert not clickhouse.spans_read
+    assert got.schema == expected.schema
+    assert got.num_rows == expected.num_rows
+    assert got.equals(expected)
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(json.dumps(doc))
+    del doc["store"]["segments"]  # how many files held the spans: differs by construction
+    return doc
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_relation_and_report_section_is_the_same_on_clickhouse_for_every_source(source: str) -> None:
+    local_dir, url = _source(source)
+    with Store.open(local_dir) as local, open_store(url) as clickhouse:
+        # The exporter writes every value as text: what the source sent in another type than the declared one
+        # (vLLM's JSON-encoded finish reasons), which a local ingest notes as converted, ClickHouse cannot tell.
+        assert set(local.notes) <= {CONVERTED} and not clickhouse.notes
+        local.notes = {}
+        for relation in RELATIONS:
+            query = f"SELECT * FROM {relation} ORDER BY ALL"
+            assert clickhouse.sql(query).to_arrow_table().equals(local.sql(query).to_arrow_table()), relation
+        expected = _comparable(build_report(local, ReportOptions()))
+        got = _comparable(build_report(clickhouse, ReportOptions()))
+    assert expected["sections"]
+    for section in expected["sections"]:
+        assert got["sections"][section] == expected["sections"][section], section
+    assert got == expected
