@@ -463,3 +463,21 @@ def test_cli_exports_to_and_ingests_from_clickhouse_and_reports_on_it(tmp_path: 
     unreachable = cli("query", "--store", "clickhouse://oncall@127.0.0.1:1/otel", "slowest_requests",
                       INFERTRACE_CLICKHOUSE_PASSWORD="x")
     assert unreachable.returncode == 2 and "--store clickhouse://oncall@127.0.0.1:1/otel" in unreachable.stderr
+
+
+def test_once_the_spans_are_read_back_aggregations_run_on_that_copy_not_again_in_clickhouse() -> None:
+    """A report reads every relation for its coverage first; its SLO, anomaly and ITL aggregations then run on the
+    spans already read back (the same DuckDB text), without making the relation tables in ClickHouse again."""
+    local_dir, url = sample_in_clickhouse("prefill_storm")
+    temporary = "SELECT count() FROM system.tables WHERE is_temporary AND name LIKE 'infertrace_%'"
+    with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
+        assert clickhouse.pushes_down("slo_requests")
+        clickhouse.sql("SELECT count(*) FROM requests").fetchall()  # a view: the spans come back
+        assert clickhouse.spans_read and not clickhouse.pushes_down("slo_requests")
+        assert slo.slo_summary(clickhouse) == slo.slo_summary(local)
+        assert itl.analyze_itl(clickhouse) == itl.analyze_itl(local)
+        assert clickhouse.connection.query_arrow(temporary).column(0).to_pylist() == [0]
+        clickhouse.refresh()  # a new snapshot: not read back yet, so pushed down again
+        assert clickhouse.pushes_down("slo_requests")
+        assert slo.slo_summary(clickhouse) == slo.slo_summary(local)
+        assert clickhouse.connection.query_arrow(temporary).column(0).to_pylist() != [0]

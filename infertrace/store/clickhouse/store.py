@@ -184,12 +184,16 @@ class ClickHouseStore(Store):
         return self._pulled
 
     def pushes_down(self, name: str) -> bool:
-        return name in TWINS
+        """Whether aggregation `name` runs in ClickHouse: when it has a ClickHouse form and this snapshot's spans
+        have not been read back. Once they have (a report's coverage reads every relation), the same DuckDB text
+        runs on the copy already here: a second computation in ClickHouse, with the relation tables it needs,
+        would bring back nothing that is not here already."""
+        return name in TWINS and not self._pulled
 
     def aggregate(self, name: str, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation:
-        """Aggregation `name` in ClickHouse over the window's spans when it has a ClickHouse form
-        (`pushdown.TWINS`), only its rows coming back; otherwise `query` on the spans read back."""
-        if name not in TWINS:
+        """Aggregation `name` in ClickHouse over the window's spans when it pushes down (`pushes_down`), only its
+        rows coming back; otherwise `query` on the spans read back."""
+        if not self.pushes_down(name):
             return super().aggregate(name, query, params)
         table = self.connection.target.table
         where, bound = window_clause(table, self.since_ns, self.until_ns)
