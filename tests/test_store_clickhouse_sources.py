@@ -30,54 +30,14 @@ from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.profiles import TelemetrySpec
 from tests.clickhouse_stores import DUCKDB_FORM, exported
 from tests.fleet_traces import fleet_from_toml
+from tests.test_sources_e2e import DURATION_S, ENGINE_FAULTS, FLEET, SEED
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
 FIXTURE_SOURCES = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))
 
-# A fleet with a shared router in front of two models and a slowdown on one of them: requests on every engine,
-# gateway legs, component calls and an incident for the report to find.
-FLEET = """
-name = "two-models"
-region = "us-east-1"
-
-[[auth]]
-id = "auth-0"
-latency_ms = 1.0
-
-[[router]]
-id = "router-a"
-models = ["llama-3-8b", "qwen-2.5-1.5b"]
-policy = "least_loaded"
-
-[[model]]
-name = "llama-3-8b"
-replicas = 2
-hardware = "H100-SXM"
-
-[[model]]
-name = "qwen-2.5-1.5b"
-hardware = "H100-SXM"
-
-[[tenant]]
-name = "acme"
-models = ["llama-3-8b", "qwen-2.5-1.5b"]
-rate = 3.0
-prompt_mean = 700.0
-output_mean = 12.0
-max_tokens = 48
-system_prompt_tokens = 256
-
-[[fault]]
-kind = "engine_slowdown"
-target = "llama-3-8b"
-start_s = 60.0
-duration_s = 45.0
-factor = 4.0
-"""
-DURATION_S = 150.0
-SEED = 11
-# (engine telemetry, gateway telemetry): every engine profile, each of the two foreign gateway shapes (LiteLLM's
-# spans, and none at all)
+# The fleet of the end-to-end tests of each source (a shared router in front of two of three models, two
+# slowed), run with (engine telemetry, gateway telemetry): every engine profile, and both foreign gateway
+# shapes (LiteLLM's spans, and none at all).
 PROFILES = [("vllm-v1", "litellm"), ("vllm-v0", "none"), ("sglang", "litellm"), ("tgi", "none")]
 DEFAULT_PROFILES = {("vllm-v1", "litellm")}
 
@@ -96,7 +56,7 @@ def _source(source: str) -> tuple[str, str]:
         path = FIXTURES / f"{source.removeprefix('fixture:')}.jsonl"
     else:
         engine, gateway = source.split("+")
-        spec = fleet_from_toml(FLEET)
+        spec = fleet_from_toml(FLEET + ENGINE_FAULTS)
         path = root / "spans.jsonl"
         path.parent.mkdir(parents=True)
         writer = OtlpJsonLinesWriter(path)
