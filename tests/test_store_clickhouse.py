@@ -379,7 +379,18 @@ def test_exporting_twice_stores_each_span_twice_and_readers_read_it_once() -> No
         from infertrace.store.clickhouse.store import export_rows
 
         export_rows(local, url)
-        with open_store(url) as clickhouse:
+        itl._register(local)
+        with ClickHouseStore.open(url) as clickhouse:  # in ClickHouse: the relations and the ITL analysis
+            made = clickhouse.clickhouse_tables(relations_read("".join(f"{{{r}}}" for r in CLICKHOUSE_RELATIONS)))
+            for relation in CLICKHOUSE_RELATIONS:
+                expected = _rows(local, relation)
+                rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made[relation]}"))
+                got = clickhouse.duckdb.from_arrow(rows.cast(expected.schema)).query(
+                    "got", "SELECT * FROM got ORDER BY ALL").to_arrow_table()
+                assert got.num_rows == expected.num_rows > 0 and got.equals(expected), relation
+            assert itl.analyze_itl(clickhouse) == itl.analyze_itl(local)
+            assert not clickhouse.spans_read
+        with open_store(url) as clickhouse:  # read back
             assert clickhouse.duplicate_rows == local.sql("SELECT count(*) FROM spans").fetchall()[0][0]
             assert clickhouse.conflicting_spans == 0
             assert _rows(clickhouse, "requests").equals(_rows(local, "requests"))

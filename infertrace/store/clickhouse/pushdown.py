@@ -45,15 +45,39 @@ def _list(key: str, item: str) -> tuple[str, str]:
     return f"JSONExtract(coalesce({text}, '[]'), 'Array({item})')", f"({text}) IS NOT NULL"
 
 
-def step_spans_sql(table: str, where: str) -> str:
-    """ClickHouse SELECT of the engine step spans among the rows `where` chooses (each span once), with the
-    columns the twins read, typed as the local store types them."""
+# The key under which `ClickHouseStore` passes its table of duplicated span keys to the composition (`tables`).
+DUPLICATES: Final = "_duplicates"
+_SPAN_KEY: Final = "sipHash128({}, {})"
+
+
+def duplicate_keys_sql(table: str, where: str) -> str:
+    """ClickHouse SELECT of the keys (`_SPAN_KEY` of trace and span id) that more than one row of the window
+    carries: the exporter writes at least once, so a retried batch leaves a span twice. Usually none or a few."""
+    key = _SPAN_KEY.format("TraceId", "SpanId")
+    return f"SELECT {key} AS span_key FROM {table} {where} GROUP BY span_key HAVING count() > 1"
+
+
+def _each_once(select: str, trace_id: str, span_id: str, duplicates: str | None) -> str:
+    """`select`'s rows with each span once. With `duplicates` (a table of `duplicate_keys_sql`'s keys), only the
+    rows of a duplicated key go through `LIMIT 1 BY`; the others pass as they are. `LIMIT 1 BY` over the whole
+    window keeps a hash table of every key (at 10M spans 768 MiB, in each place a relation reads the spans),
+    the table of duplicates only those few keys."""
+    key = _SPAN_KEY.format(trace_id, span_id)
+    if duplicates is None:
+        return f"SELECT * FROM ({select}) LIMIT 1 BY {key}"
+    return (f"SELECT * FROM ({select}) WHERE {key} NOT IN {duplicates}\nUNION ALL\n"
+            f"SELECT * FROM (SELECT * FROM ({select}) WHERE {key} IN {duplicates} LIMIT 1 BY {key})")
+
+
+def step_spans_sql(table: str, where: str, duplicates: str | None = None) -> str:
+    """ClickHouse SELECT of the engine step spans among the rows `where` chooses (each span once: `_each_once`),
+    with the columns the twins read, typed as the local store types them."""
     durations, has_durations = _list("infertrace.step.durations_ns", "Int64")
     decode_ids, _ = _list("infertrace.step.decode.request_ids", "String")
     prefill_ids, _ = _list("infertrace.step.prefill.request_ids", "String")
     samples, _ = _list("infertrace.step.prefill.samples_token", "Bool")
     preempted, _ = _list("infertrace.step.preempted.request_ids", "String")
-    return f"""SELECT
+    select = f"""SELECT
         toUnixTimestamp64Nano(Timestamp) AS start_ns,
         {_ch_value("ResourceAttributes", "service.instance.id", "string")} AS instance,
         {_ch_value("SpanAttributes", "infertrace.step.index", "int")} AS first_step_index,
@@ -69,24 +93,25 @@ def step_spans_sql(table: str, where: str) -> str:
         toInt64(length(prefill_ids)) AS num_prefills,
         toInt64(length({preempted})) AS num_preempted,
         {_ch_value("SpanAttributes", "infertrace.step.decode.context_tokens", "int")} AS context_tokens,
-        coalesce({_ch_value("SpanAttributes", "infertrace.step.pause_ns", "int")}, 0) AS pause_ns
+        coalesce({_ch_value("SpanAttributes", "infertrace.step.pause_ns", "int")}, 0) AS pause_ns,
+        TraceId, SpanId
     FROM (SELECT * FROM {table} {where})
-    WHERE SpanName = 'engine_step'
-    LIMIT 1 BY TraceId, SpanId"""
+    WHERE SpanName = 'engine_step'"""
+    return _each_once(select, "TraceId", "SpanId", duplicates)
 
 
 _TYPED_COLUMN = re.compile(r'"((?:attr|res)\.[^"]+)"')
 _PLAIN_COLUMNS: Final = tuple(f.name for f in SCHEMA if not f.name.startswith(("attr.", "res.")))
 
 
-def spans_sql(table: str, where: str, reader: str) -> str:
+def spans_sql(table: str, where: str, reader: str, duplicates: str | None = None) -> str:
     """ClickHouse SELECT of the spans `where` chooses (each span once) in the store's columns
     (`rows.from_otel_traces_sql`; list keys as JSON text), with the typed columns (`"attr.…"`, `"res.…"`) that
     the query text `reader` names: what a relation's ClickHouse form reads as `{spans}`. Naming only those keeps
     the composed query small: ClickHouse plans each column of a subquery at each place it is used."""
     named = {"trace_id", "span_id", *_TYPED_COLUMN.findall(reader),
              *(c for c in _PLAIN_COLUMNS if re.search(rf"\b{c}\b", reader))}
-    return f"SELECT * FROM ({from_otel_traces_sql(table, where, named)}) LIMIT 1 BY trace_id, span_id"
+    return _each_once(from_otel_traces_sql(table, where, named), "trace_id", "span_id", duplicates)
 
 
 def _text(folder: str, name: str) -> str:
@@ -104,9 +129,9 @@ def _composed(text: str, table: str, where: str, tables: Mapping[str, str]) -> s
     def block(match: re.Match[str]) -> str:
         name = match.group(1)
         if name == "spans":
-            return spans_sql(table, where, text)
+            return spans_sql(table, where, text, tables.get(DUPLICATES))
         if name == "step_spans":
-            return step_spans_sql(table, where)
+            return step_spans_sql(table, where, tables.get(DUPLICATES))
         if name in tables:
             return f"SELECT * FROM {tables[name]}"
         if name in TWINS:  # a twin that reads another's rows (its parameters bound alike)

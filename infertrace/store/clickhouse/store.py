@@ -31,7 +31,15 @@ import duckdb
 import pyarrow as pa
 
 from infertrace.store.clickhouse.connection import SETTINGS_CLAUSE, Connection, connect
-from infertrace.store.clickhouse.pushdown import TWINS, plain_columns, relation_sql, relations_read, twin_sql
+from infertrace.store.clickhouse.pushdown import (
+    DUPLICATES,
+    TWINS,
+    duplicate_keys_sql,
+    plain_columns,
+    relation_sql,
+    relations_read,
+    twin_sql,
+)
 from infertrace.store.clickhouse.rows import (
     EXPORT_MACROS,
     duckdb_casts,
@@ -203,19 +211,25 @@ class ClickHouseStore(Store):
 
     def clickhouse_tables(self, names: list[str]) -> dict[str, str]:
         """The ClickHouse forms of the named relations (pushdown.CLICKHOUSE_RELATIONS, each after those it reads)
-        made over this snapshot's window as temporary tables in ClickHouse, once per snapshot: name → table. Each
-        is planned and computed once, not again inside every query that reads it (ClickHouse inlines a subquery
-        or CTE at each place it is used)."""
+        made over this snapshot's window as temporary tables in ClickHouse, once per snapshot: name → table, with
+        the table of the window's duplicated span keys (pushdown.DUPLICATES), which every read of the spans uses.
+        Each is planned and computed once, not again inside every query that reads it (ClickHouse inlines a
+        subquery or CTE at each place it is used). They are MergeTree tables: compressed on disk, not held in
+        memory (at 10M spans the `steps` relation alone took 5 GB in a Memory table)."""
         table = self.connection.target.table
         where, bound = window_clause(table, self.since_ns, self.until_ns)
+        if DUPLICATES not in self._tables:
+            self._make_table(DUPLICATES.strip("_"), duplicate_keys_sql(table, where), bound, DUPLICATES)
         for name in names:
             if name not in self._tables:
-                made = f"infertrace_{name}_{self._token}"
-                sql = relation_sql(name, table, where, self._tables)
-                self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = Memory AS SELECT * FROM ({sql})"
-                                        + SETTINGS_CLAUSE, bound)
-                self._tables[name] = made
-        return {name: self._tables[name] for name in names}
+                self._make_table(name, relation_sql(name, table, where, self._tables), bound, name)
+        return {name: self._tables[name] for name in [DUPLICATES, *names]}
+
+    def _make_table(self, name: str, sql: str, bound: dict[str, Any], key: str) -> None:
+        made = f"infertrace_{name}_{self._token}"
+        self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = MergeTree ORDER BY tuple() "
+                                f"AS SELECT * FROM ({sql})" + SETTINGS_CLAUSE, bound)
+        self._tables[key] = made
 
     def _drop_tables(self) -> None:
         for made in self._tables.values():

@@ -4,5 +4,6 @@
 -- {requests}: the ClickHouse form of the relation (relations/).
 SELECT request_id, input_tokens, cached_tokens
 FROM ({requests})
-WHERE has({ids:Array(String)}, request_id)
+-- IN a set of the ids: `has` on the list scans the whole list for each row (over 10 min at 10M spans)
+WHERE request_id IN (SELECT arrayJoin({ids:Array(String)}))
 ORDER BY request_id, input_tokens, cached_tokens
