@@ -12,7 +12,8 @@ The twins read the window's spans through `spans_sql` (`{spans}`: the store's ty
 `rows.from_otel_traces_sql` types them for the local relations) or `step_spans_sql` (`{step_spans}`: the engine
 step spans, a few attributes typed), and the relations of `relations/<name>.sql` (`{requests}`, …: ClickHouse
 forms of the DuckDB relations, each held to its DuckDB definition by the tests), which `ClickHouseStore` makes
-once per snapshot as temporary tables (`relations_read` says which, in order).
+once per snapshot as temporary tables (`relations_read` says which, in order), after a table of the window's
+duplicated span keys (`duplicate_keys_sql`) through which every read of the spans takes each span once.
 """
 
 from __future__ import annotations
@@ -57,19 +58,17 @@ def duplicate_keys_sql(table: str, where: str) -> str:
     return f"SELECT {key} AS span_key FROM {table} {where} GROUP BY span_key HAVING count() > 1"
 
 
-def _each_once(select: str, trace_id: str, span_id: str, duplicates: str | None) -> str:
-    """`select`'s rows with each span once. With `duplicates` (a table of `duplicate_keys_sql`'s keys), only the
+def _each_once(select: str, trace_id: str, span_id: str, duplicates: str) -> str:
+    """`select`'s rows with each span once, `duplicates` being a table of `duplicate_keys_sql`'s keys: only the
     rows of a duplicated key go through `LIMIT 1 BY`; the others pass as they are. `LIMIT 1 BY` over the whole
     window keeps a hash table of every key (at 10M spans 768 MiB, in each place a relation reads the spans),
     the table of duplicates only those few keys."""
     key = _SPAN_KEY.format(trace_id, span_id)
-    if duplicates is None:
-        return f"SELECT * FROM ({select}) LIMIT 1 BY {key}"
     return (f"SELECT * FROM ({select}) WHERE {key} NOT IN {duplicates}\nUNION ALL\n"
             f"SELECT * FROM (SELECT * FROM ({select}) WHERE {key} IN {duplicates} LIMIT 1 BY {key})")
 
 
-def step_spans_sql(table: str, where: str, duplicates: str | None = None) -> str:
+def step_spans_sql(table: str, where: str, duplicates: str) -> str:
     """ClickHouse SELECT of the engine step spans among the rows `where` chooses (each span once: `_each_once`),
     with the columns the twins read, typed as the local store types them."""
     durations, has_durations = _list("infertrace.step.durations_ns", "Int64")
@@ -104,7 +103,7 @@ _TYPED_COLUMN = re.compile(r'"((?:attr|res)\.[^"]+)"')
 _PLAIN_COLUMNS: Final = tuple(f.name for f in SCHEMA if not f.name.startswith(("attr.", "res.")))
 
 
-def spans_sql(table: str, where: str, reader: str, duplicates: str | None = None) -> str:
+def spans_sql(table: str, where: str, reader: str, duplicates: str) -> str:
     """ClickHouse SELECT of the spans `where` chooses (each span once) in the store's columns
     (`rows.from_otel_traces_sql`; list keys as JSON text), with the typed columns (`"attr.…"`, `"res.…"`) that
     the query text `reader` names: what a relation's ClickHouse form reads as `{spans}`. Naming only those keeps
@@ -125,13 +124,14 @@ _BLOCK = re.compile(r"\{([a-z_]+)\}")
 def _composed(text: str, table: str, where: str, tables: Mapping[str, str]) -> str:
     """`text` with each `{relation}` it names replaced by that relation's table in ClickHouse (`tables`, made by
     `ClickHouseStore`), each `{twin}` by that aggregation's form (itself composed), and `{spans}` /
-    `{step_spans}` by the window's spans. Bound parameters (`{name:Type}`) are left as they are."""
+    `{step_spans}` by the window's spans, each once (`tables[DUPLICATES]`: the window's duplicated keys). Bound
+    parameters (`{name:Type}`) are left as they are."""
     def block(match: re.Match[str]) -> str:
         name = match.group(1)
         if name == "spans":
-            return spans_sql(table, where, text, tables.get(DUPLICATES))
+            return spans_sql(table, where, text, tables[DUPLICATES])
         if name == "step_spans":
-            return step_spans_sql(table, where, tables.get(DUPLICATES))
+            return step_spans_sql(table, where, tables[DUPLICATES])
         if name in tables:
             return f"SELECT * FROM {tables[name]}"
         if name in TWINS:  # a twin that reads another's rows (its parameters bound alike)
