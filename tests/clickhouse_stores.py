@@ -14,8 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from infertrace.analyzers import itl, query_text, slo
-from infertrace.store.clickhouse.store import export_rows
+from infertrace.store.clickhouse.pushdown import plain_columns, relations_read
+from infertrace.store.clickhouse.store import ClickHouseStore, export_rows
 from infertrace.store.store import Store
 from tests.incident_stores import sample_store
 
@@ -74,6 +77,16 @@ def bank_in_clickhouse(seed: int = 3, count: int = 3, duration_s: float = 120.0)
 # The DuckDB text of each aggregation that has a ClickHouse form, as the analyzers run it (after
 # `itl._register`, which the ITL analysis runs first on a local store), with the parameters it is checked with.
 _SLO_SELECTION = {"since": None, "until": None, "model": None, "tenant": None}
+
+
+def clickhouse_relation_rows(clickhouse: ClickHouseStore, relation: str, like: pa.Table) -> pa.Table:
+    """The rows of `relation`'s ClickHouse form (made as the store makes it, with the relations it reads), in
+    `like`'s columns and types, ordered by every column: to compare with the DuckDB relation's rows `like`."""
+    made = clickhouse.clickhouse_tables(relations_read("{" + relation + "}"))[relation]
+    rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made}"))
+    assert rows.column_names == like.column_names, relation
+    return clickhouse.duckdb.from_arrow(rows.cast(like.schema)).query(
+        "got", "SELECT * FROM got ORDER BY ALL").to_arrow_table()
 
 
 def _an_engine_range(store: Store) -> dict[str, Any]:

@@ -22,11 +22,18 @@ from infertrace.analyzers import itl, slo
 from infertrace.report import ReportOptions, build_report
 from infertrace.runbook import load_queries, run_query
 from infertrace.store.clickhouse.connection import ChdbConnection, parse_url
-from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS, plain_columns, relations_read
+from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS
 from infertrace.store.clickhouse.rows import SPAN_KINDS, STATUS_CODES
 from infertrace.store.clickhouse.store import ClickHouseStore, create_otel_traces, ingest_window
 from infertrace.store.store import RELATIONS, SIDE_RELATIONS, Store, open_store
-from tests.clickhouse_stores import DUCKDB_FORM, bank_in_clickhouse, chdb_url, exported, sample_in_clickhouse
+from tests.clickhouse_stores import (
+    DUCKDB_FORM,
+    bank_in_clickhouse,
+    chdb_url,
+    clickhouse_relation_rows,
+    exported,
+    sample_in_clickhouse,
+)
 from tests.incident_stores import SAMPLES
 
 SAMPLE_NAMES = sorted(p.parent.name for p in SAMPLES.glob("*/ground_truth.json"))
@@ -267,11 +274,7 @@ def test_a_relation_the_twins_read_has_the_same_rows_in_its_clickhouse_form(samp
     with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
         itl._register(local)  # itl_token_gaps, the ITL analyzer's own table
         expected = _rows(local, relation)
-        made = clickhouse.clickhouse_tables(relations_read("{" + relation + "}"))[relation]
-        rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made}"))
-        assert rows.column_names == expected.column_names
-        got = clickhouse.duckdb.from_arrow(rows.cast(expected.schema)).query(
-            "got", "SELECT * FROM got ORDER BY ALL").to_arrow_table()
+        got = clickhouse_relation_rows(clickhouse, relation, expected)
         assert not clickhouse.spans_read
     assert got.num_rows == expected.num_rows > 0
     assert got.equals(expected)
@@ -381,12 +384,9 @@ def test_exporting_twice_stores_each_span_twice_and_readers_read_it_once() -> No
         export_rows(local, url)
         itl._register(local)
         with ClickHouseStore.open(url) as clickhouse:  # in ClickHouse: the relations and the ITL analysis
-            made = clickhouse.clickhouse_tables(relations_read("".join(f"{{{r}}}" for r in CLICKHOUSE_RELATIONS)))
             for relation in CLICKHOUSE_RELATIONS:
                 expected = _rows(local, relation)
-                rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made[relation]}"))
-                got = clickhouse.duckdb.from_arrow(rows.cast(expected.schema)).query(
-                    "got", "SELECT * FROM got ORDER BY ALL").to_arrow_table()
+                got = clickhouse_relation_rows(clickhouse, relation, expected)
                 assert got.num_rows == expected.num_rows > 0 and got.equals(expected), relation
             assert itl.analyze_itl(clickhouse) == itl.analyze_itl(local)
             assert not clickhouse.spans_read

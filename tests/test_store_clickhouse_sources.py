@@ -14,12 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from infertrace.analyzers import itl
 from infertrace.report import ReportOptions, build_report
-from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS, plain_columns, relations_read
+from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS
 from infertrace.store.clickhouse.store import ClickHouseStore
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import RELATIONS, Store, open_store
@@ -28,7 +27,7 @@ from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.profiles import TelemetrySpec
-from tests.clickhouse_stores import DUCKDB_FORM, exported
+from tests.clickhouse_stores import DUCKDB_FORM, clickhouse_relation_rows, exported
 from tests.fleet_traces import fleet_from_toml
 from tests.test_sources_e2e import DURATION_S, ENGINE_FAULTS, FLEET, SEED
 
@@ -71,10 +70,6 @@ def _source(source: str) -> tuple[str, str]:
     return local, exported(local, f"source_{root.name}")
 
 
-def _sorted(store: Store, table: pa.Table) -> pa.Table:
-    return store.duckdb.from_arrow(table).query("t", "SELECT * FROM t ORDER BY ALL").to_arrow_table()
-
-
 @pytest.mark.parametrize("source", SOURCES)
 def test_each_sources_requests_are_found_on_both_backends(source: str) -> None:
     """The comparisons below are not over empty relations: every source gives requests, and the simulated fleets
@@ -95,10 +90,7 @@ def test_the_clickhouse_form_of_a_relation_gives_the_duckdb_rows_for_every_sourc
     with Store.open(local_dir) as local, ClickHouseStore.open(url) as clickhouse:
         itl._register(local)  # itl_token_gaps, the ITL analyzer's own table
         expected = local.sql(f"SELECT * FROM {relation} ORDER BY ALL").to_arrow_table()
-        made = clickhouse.clickhouse_tables(relations_read("{" + relation + "}"))[relation]
-        rows = plain_columns(clickhouse.connection.query_arrow(f"SELECT * FROM {made}"))
-        assert rows.column_names == expected.column_names
-        got = _sorted(clickhouse, rows.cast(expected.schema))
+        got = clickhouse_relation_rows(clickhouse, relation, expected)
         assert not clickhouse.spans_read
     assert got.num_rows == expected.num_rows
     assert got.equals(expected), relation

@@ -219,17 +219,17 @@ class ClickHouseStore(Store):
         table = self.connection.target.table
         where, bound = window_clause(table, self.since_ns, self.until_ns)
         if DUPLICATES not in self._tables:
-            self._make_table(DUPLICATES.strip("_"), duplicate_keys_sql(table, where), bound, DUPLICATES)
+            self._make_table(DUPLICATES, duplicate_keys_sql(table, where), bound)
         for name in names:
             if name not in self._tables:
-                self._make_table(name, relation_sql(name, table, where, self._tables), bound, name)
+                self._make_table(name, relation_sql(name, table, where, self._tables), bound)
         return {name: self._tables[name] for name in [DUPLICATES, *names]}
 
-    def _make_table(self, name: str, sql: str, bound: dict[str, Any], key: str) -> None:
-        made = f"infertrace_{name}_{self._token}"
+    def _make_table(self, name: str, sql: str, bound: dict[str, Any]) -> None:
+        made = f"infertrace_{name.strip('_')}_{self._token}"
         self.connection.command(f"CREATE TEMPORARY TABLE {made} ENGINE = MergeTree ORDER BY tuple() "
                                 f"AS SELECT * FROM ({sql})" + SETTINGS_CLAUSE, bound)
-        self._tables[key] = made
+        self._tables[name] = made
 
     def _drop_tables(self) -> None:
         for made in self._tables.values():
