@@ -113,6 +113,16 @@ def runbook(root: str, snapshot: tuple[str, ...], name: str, values: tuple[tuple
         return run_query(store, name, dict(values))
 
 
+@st.cache_data(max_entries=64, show_spinner=False)
+def runbook_notes(root: str, snapshot: tuple[str, ...], name: str, values: tuple[tuple[str, str], ...],
+                  rows: int) -> list[str]:
+    """What a runbook answer of `rows` rows could not draw on in this store, and with no rows why not."""
+    from infertrace.runbook import answer_notes
+
+    with reader(root, snapshot) as store:
+        return answer_notes(store, name, dict(values), rows)
+
+
 def current() -> tuple[str, tuple[str, ...]]:
     """(store directory, snapshot) for the page being rendered; stops the page when there is no store."""
     root = st.session_state.get("store_dir")

@@ -261,6 +261,12 @@ def test_runbook_page_runs_a_query_with_bound_parameters_and_reports_bad_values(
     at.text_input(key="param-ttft_breakdown-since").input("yesterday")
     at.button[0].click().run()
     assert any("parameter since" in e.value for e in at.error)
+    # an empty answer says why: here, a model the store does not hold
+    at.text_input(key="param-ttft_breakdown-since").input("")
+    at.text_input(key="param-ttft_breakdown-model").input("llama-3-8")
+    at.button[0].click().run()
+    assert [w.value for w in at.warning] == ["model 'llama-3-8': no model of that name in this store; did you mean "
+                                             "llama-3-8b?"]
 
 
 @pytest.mark.slow

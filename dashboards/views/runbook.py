@@ -32,6 +32,8 @@ if submitted or not q.parameters:
         st.error(str(e))
     else:
         st.caption(f"{len(frame)} rows; times in UTC")
+        for note in results.runbook_notes(root, snap, name, tuple(sorted(values.items())), len(frame)):
+            (st.warning if frame.empty else st.info)(note)
         links = {}
         if "request_id" in frame.columns:  # each request opens its waterfall
             frame = frame.assign(waterfall=[charts.request_url(r) if r else None for r in frame["request_id"]])

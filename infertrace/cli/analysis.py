@@ -44,7 +44,7 @@ def query(
       infertrace query --store traces/ worst_itl_gaps --param top=5
       infertrace query --store traces/ slowest_requests --param since=-15m --format csv
     """
-    from infertrace.runbook import RunbookError, load_queries, run_query
+    from infertrace.runbook import RunbookError, answer_notes, load_queries, run_query
     from infertrace.runbook.runner import FORMATS, format_frame, frame_table
 
     queries = load_queries()
@@ -82,6 +82,7 @@ def query(
         with open_store(store, *(int(w) if isinstance(w, int) else None for w in window)) as opened, \
                 err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
+            said = answer_notes(opened, q, values, len(frame))
     except RunbookError as e:
         raise fail(str(e)) from None
     except (OSError, ValueError) as e:
@@ -90,6 +91,9 @@ def query(
         show(lambda width: [frame_table(frame)], lambda: format_frame(frame, "table"))
     else:
         print(format_frame(frame, fmt))
+    # on stderr, so that the rows on stdout stay as they are for whatever reads them
+    for line in ([f"{name}: no rows"] if frame.empty else []) + [f"note: {note}" for note in said]:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]

@@ -2,6 +2,7 @@
 under `queries/`), runnable from `infertrace query` and the dashboard, documented in RUNBOOK.md."""
 
 from infertrace.runbook.catalog import Parameter, Query, RunbookError, get_query, load_queries, parse_time_ns
-from infertrace.runbook.runner import run_query
+from infertrace.runbook.runner import answer_notes, run_query
 
-__all__ = ["Parameter", "Query", "RunbookError", "get_query", "load_queries", "parse_time_ns", "run_query"]
+__all__ = ["Parameter", "Query", "RunbookError", "answer_notes", "get_query", "load_queries", "parse_time_ns",
+           "run_query"]

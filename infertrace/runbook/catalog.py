@@ -8,6 +8,7 @@ A header is the file's leading `--` comment lines:
     -- param request_id text: Request id (gen_ai.request.id).
     -- param min_itl_ms float = 0: Only tokens whose ITL is at least this many milliseconds.
     -- example: request_id=tenant-a-000042
+    -- needs tokens WHERE itl_ns IS NOT NULL: tokens after a request's first (per-token times)
 
 A field continues on following lines indented by more than one space after `--`. Parameters appear in the
 SQL as `$name` and are bound by DuckDB; values are never formatted into the SQL text. A parameter without
@@ -16,6 +17,11 @@ SQL as `$name` and are bound by DuckDB; values are never formatted into the SQL 
 Parameter types: `text`, `int`, `float`, `time` (ISO 8601, UTC when no offset is given, or epoch seconds,
 or epoch nanoseconds; bound as int64 ns since the epoch, like every time in the store) and `text[]`
 (comma-separated).
+
+A `needs` line names rows the query summarises, beyond there being any in the relations it reads: the relation, a
+condition on its columns and what such rows are. When a query finds nothing, `explain.notes` says which of its
+needs no row of the store meets (a store from an engine that never sets the attribute, a fleet without the
+component), so that the empty answer is not read as "nothing wrong".
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ PARAMETER_TYPES = ("text", "int", "float", "time", "text[]")
 
 _FIELD = re.compile(r"^--\s(\w+)\s*:\s?(.*)$")
 _PARAM_LINE = re.compile(r"^--\sparam\s+(.+)$")
+_NEEDS_LINE = re.compile(r"^--\sneeds\s+(.+)$")
+_NEEDS = re.compile(r"^(\w+)\s+WHERE\s+(.+?):\s+(.+)$")
 _PARAM = re.compile(r"^(\w+)\s+(text\[\]|text|int|float|time)(?:\s*=\s*(\S+))?$")
 _CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
@@ -107,6 +115,13 @@ def _in_range(ns: int, text: str) -> int:
 
 
 @dataclass(frozen=True)
+class Need:
+    relation: str
+    condition: str  # SQL over the relation's columns
+    description: str  # what the rows that meet it are, and which sources have them
+
+
+@dataclass(frozen=True)
 class Query:
     name: str
     title: str
@@ -115,6 +130,7 @@ class Query:
     parameters: tuple[Parameter, ...]
     example: str  # `k=v k=v` that makes a useful run; may be empty
     sql: str
+    needs: tuple[Need, ...] = ()
 
     def parameter(self, name: str) -> Parameter:
         for p in self.parameters:
@@ -148,14 +164,17 @@ def parse_query(name: str, text: str) -> Query:
             break
         field = _FIELD.match(line)
         param = _PARAM_LINE.match(line)
+        needs = _NEEDS_LINE.match(line)
         continued = _CONTINUATION.match(line)
         if param:
             entries.append(["param", param.group(1).strip()])
+        elif needs:
+            entries.append(["needs", needs.group(1).strip()])
         elif field:
             entries.append([field.group(1), field.group(2).strip()])
         elif continued and entries:
             entries[-1][1] += " " + continued.group(1).strip()
-    fields = {key: value for key, value in entries if key != "param"}
+    fields = {key: value for key, value in entries if key not in ("param", "needs")}
     for required in ("title", "question", "when"):
         if not fields.get(required):
             raise RunbookError(f"queries/{name}.sql: header has no '-- {required}:' line")
@@ -172,8 +191,15 @@ def parse_query(name: str, text: str) -> Query:
     if declared != used:
         raise RunbookError(f"queries/{name}.sql: declared parameters {sorted(declared)} but the SQL uses "
                            f"{sorted(used)}")
+    needs = []
+    for spec in (value for key, value in entries if key == "needs"):
+        match = _NEEDS.match(spec)
+        if not match:
+            raise RunbookError(f"queries/{name}.sql: cannot read needs line {spec!r}; expected "
+                               "'RELATION WHERE CONDITION: what such rows are'")
+        needs.append(Need(match.group(1), match.group(2).strip(), match.group(3).strip()))
     return Query(name, fields["title"], fields["question"], fields["when"], tuple(parameters),
-                 fields.get("example", ""), text)
+                 fields.get("example", ""), text, tuple(needs))
 
 
 def _strip_comments(sql: str) -> str:

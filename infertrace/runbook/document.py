@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infertrace.runbook.catalog import Query, load_queries
+from infertrace.runbook.explain import relations_read
 
 PREAMBLE = """\
 # infertrace runbook
@@ -19,11 +20,20 @@ Each query is plain SQL over the store's relations (`requests`, `steps`, `step_m
 or from the dashboard's Runbook page. Parameters are bound by DuckDB, never formatted into the SQL. Times
 (`time`) are ISO 8601 (UTC unless an offset is given), epoch seconds or epoch nanoseconds; `text[]` is
 comma-separated; `null` means "no filter" where a parameter is optional.
+
+Each query lists the relations it reads and, where it summarises particular rows, what it needs. An answer says
+beside its rows (on stderr, or under the table in the dashboard) which of those the store has nothing in, and an
+empty answer why, as far as the store can tell: a relation no span of this store fills (vLLM, SGLang and TGI
+export no engine step spans), a request, instance, model or tenant it does not hold, a window outside its spans.
 """
 
 
 def query_section(q: Query) -> str:
-    lines = [f"## {q.name}", "", f"*{q.title}.*", "", f"**Question.** {q.question}", "", f"**When.** {q.when}", ""]
+    lines = [f"## {q.name}", "", f"*{q.title}.*", "", f"**Question.** {q.question}", "", f"**When.** {q.when}", "",
+             "**Reads.** " + ", ".join(f"`{r}`" for r in relations_read(q.sql)), ""]
+    if q.needs:
+        lines += ["**Needs.** " + "; ".join(f"{n.description} (`{n.relation}` where `{n.condition}`)"
+                                             for n in q.needs), ""]
     if q.parameters:
         lines += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
         for p in q.parameters:

@@ -10,6 +10,7 @@ import pandas as pd
 from rich.table import Table
 
 from infertrace.runbook.catalog import Query, RunbookError, get_query
+from infertrace.runbook.explain import notes
 from infertrace.terminal import plain_text, rich_table
 
 if TYPE_CHECKING:
@@ -25,6 +26,13 @@ def run_query(store: Store, query: str | Query, values: Mapping[str, Any] | None
         return store.sql(q.sql, params=bound).df()
     except duckdb.Error as e:
         raise RunbookError(f"query {q.name} failed: {e}") from e
+
+
+def answer_notes(store: Store, query: str | Query, values: Mapping[str, Any] | None, rows: int) -> list[str]:
+    """What the query's answer with `values` (`rows` rows) could not draw on in this store, and with no rows why
+    not (`explain.notes`): to print beside the answer."""
+    q = get_query(query) if isinstance(query, str) else query
+    return notes(store, q, q.bind(values or {}), rows)
 
 
 FORMATS = ("table", "markdown", "csv", "json")

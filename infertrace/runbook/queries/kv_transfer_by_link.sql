@@ -4,6 +4,8 @@
 -- when: TTFT rose for a disaggregated model; the link between prefill and decode workers is suspect.
 -- param since time = null: Window start.
 -- param until time = null: Window end (exclusive).
+-- needs component_calls WHERE component = 'kv_transfer': KV transfers between a prefill and a decode engine
+--   (`kv_transfer` spans: prefill/decode disaggregation)
 SELECT
     kv_link AS link,
     kv_source AS source,

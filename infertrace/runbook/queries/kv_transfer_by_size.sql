@@ -6,6 +6,8 @@
 --   down) from longer prompts (more transfers in the large bands at the usual bandwidth).
 -- param since time = null: Window start (transfer start).
 -- param until time = null: Window end (exclusive).
+-- needs component_calls WHERE component = 'kv_transfer' AND kv_bytes IS NOT NULL: KV transfers with their size
+--   (`kv_transfer` spans with infertrace.kv_transfer.bytes: prefill/decode disaggregation)
 WITH t AS (
     SELECT kv_link AS link, kv_bytes, latency_ns,
            CAST(power(2, floor(log2(greatest(kv_bytes / 1e6, 1)))) AS BIGINT) AS band_mb

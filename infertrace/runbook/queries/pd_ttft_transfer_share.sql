@@ -5,6 +5,8 @@
 -- when: Deciding whether disaggregation pays for a model, or whether its link is the bottleneck of TTFT.
 -- param since time = null: Window start (arrival at the first engine).
 -- param until time = null: Window end (exclusive).
+-- needs requests WHERE serving = 'disaggregated': requests served by a prefill and a decode engine
+--   (prefill/decode disaggregation)
 SELECT
     model,
     count(*) FILTER (WHERE leg_problem IS NULL) AS requests,

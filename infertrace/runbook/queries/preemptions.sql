@@ -5,6 +5,7 @@
 --   their output length explains.
 -- param since time = null: Window start.
 -- param until time = null: Window end (exclusive).
+-- needs step_membership WHERE role = 'preempted': requests preempted in an engine step
 WITH p AS (
     SELECT m.instance, m.request_id, m.start_ns
     FROM step_membership m

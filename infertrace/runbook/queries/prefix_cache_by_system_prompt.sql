@@ -6,6 +6,8 @@
 -- param tenant text = null: Only this tenant.
 -- param since time = null: Window start (arrival at the engine).
 -- param until time = null: Window end (exclusive).
+-- needs requests WHERE system_prompt_id IS NOT NULL: requests that name their shared system prompt
+--   (infertrace.request.system_prompt.id: this project's engine sets it; vLLM, SGLang and TGI do not)
 SELECT
     system_prompt_id,
     tenant,

@@ -4,6 +4,9 @@
 -- when: Customers report "Too Many Requests", or gateway error rates rose without engine latency rising.
 -- param since time = null: Window start.
 -- param until time = null: Window end (exclusive).
+-- needs component_calls WHERE component_kind = 'rate_limiter': calls to a rate limiter (spans whose resource
+--   has infertrace.component.kind = rate_limiter, as this project's gateway sets; another gateway's rate
+--   limiter is a component call of its own name, see `component_latency_over_time`)
 SELECT
     instance AS rate_limiter,
     tenant,

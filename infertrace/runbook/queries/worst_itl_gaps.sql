@@ -7,8 +7,14 @@
 -- param model text = null: Only this model's engines.
 -- param top int = 20: How many gaps.
 -- example: top=10
+-- Engines without step spans that time each token (SGLang, TGI) have gaps but no steps to find culprits in: their
+-- prefill columns are empty (0 and NULL); the model then comes from the engine's request spans.
 WITH engine AS (
-    SELECT DISTINCT instance, model FROM steps
+    SELECT instance, arg_min(model, from_legs) AS model
+    FROM (SELECT DISTINCT instance, model, false AS from_legs FROM steps
+          UNION ALL
+          SELECT DISTINCT instance, model, true FROM request_legs WHERE instance IS NOT NULL)
+    GROUP BY instance
 ),
 gap AS (
     SELECT t.request_id, t.instance, e.model, t.token_index, t.time_ns, t.itl_ns, t.time_ns - t.itl_ns AS previous_ns
