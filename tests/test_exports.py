@@ -21,11 +21,17 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 from prometheus_client.parser import text_string_to_metric_families
 
 from infertrace.analyzers.itl import analyze_itl
+from infertrace.analyzers.itl_requests import attribute_store_requests
 from infertrace.analyzers.prefix_cache import analyze_prefix_cache
 from infertrace.export.otlp import write_otlp
 from infertrace.export.perfetto import write_perfetto
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
+from reference_engine.engine.config import EngineConfig
+from reference_engine.simulate import simulate
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
 from tests.incident_stores import SAMPLES, sample_store
 from tests.otlp_proto import spans
 
@@ -105,6 +111,55 @@ def test_perfetto_export_draws_each_stall_as_flows_from_the_ground_truth_culprit
     assert victims == set(truth["victims"])
     assert all(s["name"] == "stalled" and s["parent"]["name"] == "decode"
                for s in parsed.slices if set(s["flows_in"]) & flows)
+
+
+def _profile_store(tmp_path: Path, telemetry: str | None) -> Path:
+    """Twenty seconds of long prompts arriving among decoding requests on one prefill-first engine, its spans as
+    `telemetry`'s (None: this project's), ingested."""
+    requests = synthetic_requests(SyntheticWorkload(rate=3.0, prompt_mean=3000, output_mean=120, max_tokens=256),
+                                  20.0, seed=11, model="llama-3-8b")
+    spans_file = tmp_path / f"{telemetry or 'native'}.jsonl"
+    simulate(EngineConfig(), requests, OtlpJsonLinesWriter(spans_file), seed=11,
+             telemetry=TelemetrySpec(telemetry) if telemetry else None)
+    ingest_paths(tmp_path / f"{telemetry or 'native'}-store", [spans_file])
+    return tmp_path / f"{telemetry or 'native'}-store"
+
+
+def test_perfetto_export_of_sglangs_spans_draws_the_request_only_stall_windows_and_their_true_culprits(
+        tmp_path: Path) -> None:
+    with Store.open(_profile_store(tmp_path, "sglang")) as store:
+        summary = write_perfetto(store, tmp_path / "sglang.pftrace")
+        attribution = attribute_store_requests(store)
+    assert (summary.stall_method, summary.steps) == ("requests", 0)
+    assert "stall windows from request spans and token times" in summary.sentence()
+    trace = Trace()
+    trace.ParseFromString((tmp_path / "sglang.pftrace").read_bytes())
+    parsed = _Slices(trace)
+    source = {f: parsed.request_of(s) for s in parsed.slices if s["name"] == "culprit prefill"
+              for f in s["flows_out"]}
+    assert all(parsed.request_of(s["parent"]) == parsed.request_of(s) and s["parent"]["name"] == "prefill"
+               for s in parsed.slices if s["name"] == "culprit prefill")
+    drawn = {(source[f], parsed.request_of(s)) for s in parsed.slices if s["name"] == "stalled"
+             for f in s["flows_in"]}
+    assert all(s["parent"]["name"] == "decode" for s in parsed.slices if s["name"] == "stalled")
+    expected = {(c.request_id, v) for s in attribution.stalls for c in s.culprits for v in s.victims}
+    assert drawn == expected and len(drawn) == summary.flows > 0
+    # the same simulation with this project's step spans: every culprit named with confidence is a prefill that
+    # stalled decodes there
+    with Store.open(_profile_store(tmp_path, None)) as native:
+        truth = {c.request_id for s in analyze_itl(native).stalls for c in s.culprits}
+    confident = {c.request_id for s in attribution.stalls for c in s.culprits if c.confidence >= 0.5}
+    assert confident and confident <= truth
+
+
+def test_perfetto_export_of_vllms_spans_says_it_had_nothing_to_find_stalls_in(tmp_path: Path) -> None:
+    with Store.open(_profile_store(tmp_path, "vllm-v1")) as store:
+        summary = write_perfetto(store, tmp_path / "vllm.pftrace")
+    assert (summary.stall_method, summary.stalls, summary.flows) == ("", 0, 0)
+    assert summary.requests > 0
+    assert summary.sentence().endswith("no stall drawn: the store has neither engine_step spans nor per-token "
+                                       "times to find stalls in (vLLM exports neither; `infertrace ingest "
+                                       f"--client-tokens` adds a streaming client's); {summary.packets} packets")
 
 
 @pytest.mark.skipif(TRACE_PROCESSOR_SHELL is None, reason="no trace_processor_shell here (the perfetto package "

@@ -70,12 +70,13 @@ def export(
         with Store.open(store) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
-            known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps").fetchall()}
+            known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps UNION "
+                                              "SELECT DISTINCT instance FROM request_legs").fetchall()}
             for name in engine or ():
                 if name not in known:
                     from infertrace.cli.console import did_you_mean
 
-                    raise fail(f"--engine {name!r}: no engine steps of that instance in the store"
+                    raise fail(f"--engine {name!r}: no engine instance of that name in the store"
                                f"{did_you_mean(name, known)}")
             with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
                 task = bar.add_task(fmt, total=None)

@@ -10,6 +10,12 @@ the trace processor). Per engine instance, one process with:
 - flows: from the culprit prefill chunk of each stall (`infertrace.analyzers.itl`) to each victim's `stalled`
   slice, so that selecting a culprit's chunk in the UI shows the requests it stalled.
 
+An engine that exports no step spans but times each token (SGLang, TGI; or a streaming client's token times) has
+no steps track; its stalls are the request-only method's windows (`infertrace.analyzers.itl_requests`): a `stalled`
+slice over each victim's window and a flow from each culprit's `culprit prefill` slice (the part of its prefill in
+the window), the culprit's confidence as an argument. Where neither is in the store (vLLM's spans), no stall is
+drawn and the summary says why.
+
 Timestamps are nanoseconds since the Unix epoch, UTC (a clock snapshot maps the trace clock to wall time).
 """
 
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import pandas as pd
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     BuiltinClock,
     TracePacket,
@@ -35,6 +42,7 @@ from infertrace.export import query_text
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis, Stall
+    from infertrace.analyzers.itl_requests import RequestStall
     from infertrace.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -60,10 +68,20 @@ class PerfettoSummary:
     stalls: int
     flows: int
     packets: int
+    stall_method: str = "steps"  # 'steps' (engine_step spans), 'requests' (request and token times: windows), or
+    # '' (neither in the store: no stall looked for)
 
     def sentence(self) -> str:
+        stalls = {"steps": f"{self.stalls} stalls as {self.flows} culprit→victim flows",
+                  "requests": f"{self.stalls} stall windows from request spans and token times (no engine_step "
+                              f"spans: windows, not steps) as {self.flows} culprit→victim flows",
+                  "": f"no stall drawn: {NO_STALL_INPUTS}"}[self.stall_method]
         return (f"{self.engines} engines, {self.steps} steps, {self.requests} requests ({self.chunks} prefill "
-                f"chunks), {self.stalls} stalls as {self.flows} culprit→victim flows; {self.packets} packets")
+                f"chunks), {stalls}; {self.packets} packets")
+
+
+NO_STALL_INPUTS = ("the store has neither engine_step spans nor per-token times to find stalls in (vLLM exports "
+                   "neither; `infertrace ingest --client-tokens` adds a streaming client's)")
 
 
 class _Writer:
@@ -140,7 +158,8 @@ class _Child:
 
 
 def _int(value: Any) -> int | None:
-    return None if value is None or value != value else int(value)
+    """An int, or None for SQL's NULL as pandas gives it (None, NaN, or NA in a column of a nullable type)."""
+    return None if value is None or value is pd.NA or value != value else int(value)
 
 
 def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = None, until_ns: int | None = None,
@@ -149,47 +168,63 @@ def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = N
     """Writes the trace of the engines in the window (steps ending, requests overlapping [since, until)) to
     `out`. `itl` is the ITL analysis of the store (computed when not given); its stalls become flows."""
     from infertrace.analyzers.itl import analyze_itl
+    from infertrace.analyzers.itl_requests import attribute_store_requests, token_source
 
     wanted = sorted(set(instances)) if instances is not None else None
     params = {"since": since_ns, "until": until_ns, "instances": wanted}
     steps = store.sql(query_text("perfetto_steps"), params=params).df()
     requests = store.sql(query_text("perfetto_requests"), params=params).df()
     chunks = store.sql(query_text("perfetto_chunks"), params=params).df()
-    analysis = itl if itl is not None else analyze_itl(store)
-    stalls = [s for s in analysis.stalls
-              if (since_ns is None or s.end_ns >= since_ns) and (until_ns is None or s.end_ns < until_ns)
-              and (wanted is None or s.instance in wanted)]
-    log.info("perfetto export: %d steps, %d requests, %d prefill chunks, %d stalls", len(steps), len(requests),
-             len(chunks), len(stalls))
+
+    def kept(instance: str, end_ns: int) -> bool:
+        return ((since_ns is None or end_ns >= since_ns) and (until_ns is None or end_ns < until_ns)
+                and (wanted is None or instance in wanted))
+
+    present = set(requests["request_id"])
+    stall_at: dict[tuple[str, int], Stall] = {}
+    if itl is not None or store.sql("SELECT EXISTS (SELECT 1 FROM steps)").fetchall()[0][0]:
+        stalls: list[Any] = [s for s in (itl or analyze_itl(store)).stalls if kept(s.instance, s.end_ns)]
+        stall_at = {(s.instance, s.end_ns): s for s in stalls}
+        children, flows = _stall_children(stalls, chunks, present)
+        method = "steps"
+    elif (source := token_source(store)) is not None:
+        stalls = [s for s in attribute_store_requests(store, tokens=source).stalls if kept(s.instance, s.end_ns)]
+        children, flows = _request_stall_children(stalls, requests, present)
+        method = "requests"
+    else:
+        stalls, children, flows, method = [], {}, 0, ""
+    log.info("perfetto export: %d steps, %d requests, %d prefill chunks, %d stalls (%s)", len(steps), len(requests),
+             len(chunks), len(stalls), method or "none looked for")
     if isinstance(out, Path):
         with out.open("wb") as stream:
-            return _write(stream, steps, requests, chunks, stalls, on_progress)
-    return _write(out, steps, requests, chunks, stalls, on_progress)
+            packets, engines = _write(stream, steps, requests, stall_at, children, on_progress)
+    else:
+        packets, engines = _write(out, steps, requests, stall_at, children, on_progress)
+    return PerfettoSummary(engines=engines, steps=len(steps), requests=len(requests), chunks=len(chunks),
+                           stalls=len(stalls), flows=flows, packets=packets, stall_method=method)
 
 
-def _write(stream: IO[bytes], steps: Any, requests: Any, chunks: Any, stalls: list[Stall],
-           on_progress: Callable[[int], None] | None) -> PerfettoSummary:
+def _write(stream: IO[bytes], steps: Any, requests: Any, stall_at: dict[tuple[str, int], Stall],
+           children: dict[str, list[_Child]], on_progress: Callable[[int], None] | None) -> tuple[int, int]:
+    """Draws the engines; returns (packets, engines)."""
     writer = _Writer(stream)
     starts = [int(f.min()) for f in (steps["start_ns"], requests["arrival_ns"]) if len(f)]
     writer.clock(min(starts) if starts else 0)
     models = {**dict(zip(requests["instance"], requests["model"], strict=True)),
               **dict(zip(steps["instance"], steps["model"], strict=True))}
     engines = sorted(set(steps["instance"]) | set(requests["instance"]))
-    stall_at = {(s.instance, s.end_ns): s for s in stalls}
-    present = set(requests["request_id"])
-    children, flows = _stall_children(stalls, chunks, present)
     done = 0
     for pid, instance in enumerate(engines, start=1):
         model = models.get(instance)
         process = writer.track(f"{instance} ({model})" if model else str(instance), pid=pid)
         engine_steps = steps[steps["instance"] == instance]
-        _write_steps(writer, process, engine_steps, stall_at, instance)
+        if len(engine_steps):
+            _write_steps(writer, process, engine_steps, stall_at, instance)
         _write_requests(writer, process, requests[requests["instance"] == instance], children)
         done += len(engine_steps) + int((requests["instance"] == instance).sum())
         if on_progress is not None:
             on_progress(done)
-    return PerfettoSummary(engines=len(engines), steps=len(steps), requests=len(requests), chunks=len(chunks),
-                           stalls=len(stalls), flows=flows, packets=writer.packets)
+    return writer.packets, len(engines)
 
 
 def _write_steps(writer: _Writer, process: int, steps: Any, stall_at: dict[tuple[str, int], Stall],
@@ -258,6 +293,41 @@ def _stall_children(stalls: list[Stall], chunks: Any, present: set[str]) -> tupl
             for victim in victims:
                 children[victim].append(_Child(s.start_ns, s.end_ns, "stalled", {
                     "causes": ", ".join(s.causes), "added_ms": s.added_ns / 1e6, "step": s.step_index}, [], []))
+    return children, flows
+
+
+def _request_stall_children(stalls: list[RequestStall], requests: Any,
+                            present: set[str]) -> tuple[dict[str, list[_Child]], int]:
+    """Each request's slices for the request-only stall windows: the part of each culprit's prefill inside the
+    window (its whole prefill where the clocks put it just outside), with a flow to each victim's `stalled` slice."""
+    children: dict[str, list[_Child]] = defaultdict(list)
+    prefill = {r: (lo, hi) for r, s, f in zip(requests["request_id"], requests["scheduled_ns"],
+                                              requests["first_token_ns"], strict=True)
+               if (lo := _int(s)) is not None and (hi := _int(f)) is not None}
+    flow_ids = itertools.count(1)
+    flows = 0
+    for s in stalls:
+        victims = [v for v in s.victims if v in present]
+        for c in s.culprits:
+            if c.request_id not in present or c.request_id not in prefill:
+                continue
+            lo, hi = prefill[c.request_id]
+            start, end = (max(lo, s.start_ns), min(hi, s.end_ns)) if lo < s.end_ns and hi > s.start_ns else (lo, hi)
+            culprit = _Child(start, end, "culprit prefill", {
+                "uncached_tokens": c.uncached_tokens, "confidence": round(c.confidence, 4),
+                "stalled_requests": len(s.victims), "excess_ms": s.excess_ns / 1e6}, [], [])
+            children[c.request_id].append(culprit)
+            for victim in victims:
+                flow = next(flow_ids)
+                culprit.flows_out.append(flow)
+                children[victim].append(_Child(s.start_ns, s.end_ns, "stalled", {
+                    "culprit": c.request_id, "confidence": round(c.confidence, 4),
+                    "worst_itl_ms": s.worst_itl_ns / 1e6}, [], [flow]))
+                flows += 1
+        if not s.culprits:  # no prefill in the window explains it
+            for victim in victims:
+                children[victim].append(_Child(s.start_ns, s.end_ns, "stalled", {
+                    "culprit": "none found", "worst_itl_ms": s.worst_itl_ns / 1e6}, [], []))
     return children, flows
 
 
