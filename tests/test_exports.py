@@ -282,6 +282,37 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
         process.wait(timeout=30)
 
 
+def test_metrics_of_engines_without_step_spans_leave_out_what_their_spans_lack_and_say_why(tmp_path: Path) -> None:
+    served = {}
+    for telemetry in ("vllm-v1", "sglang"):
+        store_dir = _profile_store(tmp_path, telemetry)
+        process = subprocess.Popen([sys.executable, "-m", "infertrace", "serve-metrics", "--store", str(store_dir),
+                                    "--listen", "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout is not None
+            served[telemetry] = _scrape(process.stdout.readline().split()[2])
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    vllm, sglang = served["vllm-v1"], served["sglang"]
+    missing = {s.labels["metric"]: s.labels["reason"] for s in vllm["infertrace:metric_unavailable"].samples}
+    # vLLM's spans carry no cached-token count and no preemption count: no zero is made up for them
+    assert not vllm["vllm:prefix_cache_hits"].samples and not vllm["vllm:num_preemptions"].samples
+    assert missing["vllm:prefix_cache_hits_total"] == "no request span of this store carries a cached-token count"
+    assert missing["vllm:num_preemptions_total"] == "no request span of this store counts its preemptions"
+    assert missing["infertrace:itl_stalls_total"].startswith("the store has neither engine_step spans nor per-token")
+    assert missing["vllm:num_requests_running"] == "no engine_step spans: an engine's load is read from its steps"
+    assert sum(s.value for s in _samples(vllm["vllm:prompt_tokens"], "_total")) > 0
+    # SGLang times each token: its stall windows are counted, the per-step stall counters say where they went
+    with Store.open(tmp_path / "sglang-store") as store:
+        attribution = attribute_store_requests(store)
+    windows = sum(s.value for s in _samples(sglang["infertrace:itl_stall_windows"], "_total"))
+    assert windows == len(attribution.stalls) > 0
+    missing = {s.labels["metric"]: s.labels["reason"] for s in sglang["infertrace:metric_unavailable"].samples}
+    assert missing["infertrace:itl_stalls_total"].endswith("see infertrace:itl_stall_windows_total")
+    assert "vllm:prefix_cache_hits_total" not in missing and sglang["vllm:prefix_cache_hits"].samples
+
+
 @pytest.mark.slow
 def test_collect_with_metrics_serves_them_and_materialises_what_it_received(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"

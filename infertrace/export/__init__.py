@@ -14,6 +14,24 @@ Each reads the store (and the analyzers' results) and renders; none computes an 
 from __future__ import annotations
 
 from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infertrace.store.store import Store
+
+NO_STALL_INPUTS = ("the store has neither engine_step spans nor per-token times to find stalls in (vLLM exports "
+                   "neither; `infertrace ingest --client-tokens` adds a streaming client's)")
+
+
+def stall_source(store: Store) -> str:
+    """Where the exports find ITL stalls on this store: 'steps' (engine_step spans: `analyzers.itl`), 'requests'
+    (engines that time each token or a client's token times: `analyzers.itl_requests`, windows rather than steps),
+    or '' (neither: `NO_STALL_INPUTS`)."""
+    from infertrace.analyzers.itl_requests import token_source
+
+    if store.sql("SELECT EXISTS (SELECT 1 FROM steps)").fetchall()[0][0]:
+        return "steps"
+    return "requests" if token_source(store) is not None else ""
 
 
 def query_text(name: str) -> str:

@@ -17,7 +17,14 @@ What only infertrace knows, under `infertrace:`:
   pause;
 - `infertrace:itl_stall_victim_seconds_total{culprit_tenant}`: the delay a tenant's prefills handed to other
   requests' tokens (Σ over victims);
-- `infertrace:prefix_cache_hit_rate{tenant}`: share of the tenant's prompt tokens read from the prefix cache.
+- `infertrace:itl_stall_windows_total{engine, model_name, culprit_tenant}`: on engines without step spans that
+  time each token (SGLang, TGI, a streaming client's times), the request-only method's stall windows instead;
+- `infertrace:prefix_cache_hit_rate{tenant}`: share of the tenant's prompt tokens read from the prefix cache;
+- `infertrace:metric_unavailable{metric, reason}` = 1 for each metric above the store cannot give, and why (no
+  step spans, no token times, no cached-token counts): an absent series never reads as a zero.
+
+A counter whose inputs an engine's spans do not carry (vLLM's carry no cached-token or preemption counts) is left
+out for that engine, rather than reported as 0.
 
 Counters are totals over the store; as a collector adds spans they only grow, as Prometheus expects.
 """
@@ -33,13 +40,15 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from infertrace.export import query_text
+from infertrace.export import NO_STALL_INPUTS, query_text, stall_source
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis
+    from infertrace.analyzers.itl_requests import RequestOnlyAttribution
     from infertrace.analyzers.prefix_cache import PrefixCacheAnalysis
     from infertrace.store.store import Store
 
@@ -94,11 +103,12 @@ def derived_metrics(store: Store, itl: ItlAnalysis | None = None,
                     cache: PrefixCacheAnalysis | None = None) -> list[Metric]:
     """Every metric family above, computed from the store (and the ITL and prefix-cache analyses)."""
     from infertrace.analyzers.itl import analyze_itl
+    from infertrace.analyzers.itl_requests import attribute_store_requests
     from infertrace.analyzers.prefix_cache import analyze_prefix_cache
 
-    itl = itl if itl is not None else analyze_itl(store)
     cache = cache if cache is not None else analyze_prefix_cache(store)
     families: list[Metric] = []
+    unavailable: dict[str, str] = {}  # metric -> why the store cannot give it
     requests = store.sql(query_text("metrics_request_histograms"), params={
         "ttft": list(TTFT_BUCKETS), "e2e": list(REQUEST_LATENCY_BUCKETS), "phase": list(REQUEST_LATENCY_BUCKETS),
     }).df()
@@ -111,18 +121,41 @@ def derived_metrics(store: Store, itl: ItlAnalysis | None = None,
     itl_rows = _bucket_rows(tokens, lambda r: (models.get(r.instance, ""), r.instance), "tokens", ITL_BUCKETS)
     families.append(_histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens of a "
                                "request, in seconds.", ITL_BUCKETS, itl_rows))
-    families += _engine_totals(store)
-    families += _stall_metrics(itl)
+    if tokens.empty:
+        unavailable["vllm:inter_token_latency_seconds"] = ("no per-token times: no engine_step spans, SGLang or TGI "
+                                                           "token spans, or client token times")
+    families += _engine_totals(store, unavailable)
+    method = "steps" if itl is not None else stall_source(store)
+    if method == "steps":
+        families += _stall_metrics(itl or analyze_itl(store))
+    elif method == "requests":
+        families.append(_stall_window_metrics(attribute_store_requests(store), models))
+    if method != "steps":
+        for name in ("infertrace:itl_stalls_total", "infertrace:itl_stall_victim_seconds_total"):
+            unavailable[name] = NO_STALL_INPUTS if not method else ("counted per engine step, and this store has no "
+                                                                    "engine_step spans: see "
+                                                                    "infertrace:itl_stall_windows_total")
+    if not method:
+        unavailable["infertrace:itl_stall_windows_total"] = NO_STALL_INPUTS
     hit_rate = GaugeMetricFamily("infertrace:prefix_cache_hit_rate", "Share of the tenant's prompt tokens read "
                                  "from the prefix cache.", labels=["tenant"])
     for group in cache.by_tenant:
         if group.hit_rate is not None:
             hit_rate.add_metric([str(group.key)], float(group.hit_rate))
+    if not hit_rate.samples:
+        unavailable["infertrace:prefix_cache_hit_rate"] = "no request span of this store carries a cached-token count"
     families.append(hit_rate)
+    missing = GaugeMetricFamily("infertrace:metric_unavailable", "1 for each metric this store cannot give, with "
+                                "the reason (an absent series is not a zero).", labels=["metric", "reason"])
+    for name, reason in sorted(unavailable.items()):
+        missing.add_metric([name, reason], 1.0)
+    families.append(missing)
     return families
 
 
-def _engine_totals(store: Store) -> list[Metric]:
+def _engine_totals(store: Store, unavailable: dict[str, str]) -> list[Metric]:
+    """vLLM's counters and gauges per engine; a counter an engine's spans give no input for is left out for it, and
+    where no engine has one it goes into `unavailable`."""
     totals = store.sql(query_text("metrics_engine_totals")).df()
     counters = {column: CounterMetricFamily(name, documentation, labels=_LABELS) for column, name, documentation in (
         ("prompt_tokens", "vllm:prompt_tokens", "Prompt tokens of the engine's requests."),
@@ -137,16 +170,14 @@ def _engine_totals(store: Store) -> list[Metric]:
         ("waiting", "vllm:num_requests_waiting", "Requests waiting at the engine's last recorded step."),
         ("kv_usage", "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use at the engine's last "
                                                  "recorded step (1 = 100%)."))}
-    per_engine: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    per_engine: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     last: dict[tuple[str, str], dict[str, float | None]] = {}
     for r in totals.itertuples(index=False):
         labels = (r.model or "", r.instance)
         sums = per_engine[labels]
-        sums["prompt_tokens"] += r.prompt_tokens
-        sums["prompt_tokens_queried"] += r.prompt_tokens
-        sums["generation_tokens"] += r.generation_tokens
-        sums["cached_tokens"] += r.cached_tokens
-        sums["preemptions"] += r.preemptions
+        for column in counters:
+            if _known(value := getattr(r, column)):
+                sums[column] = sums.get(column, 0.0) + float(value)
         success.add_metric([*labels, str(r.finish_reason)], float(r.requests))
         kv = (float(r.kv_used_blocks) / float(r.kv_total_blocks)
               if _known(r.kv_used_blocks) and _known(r.kv_total_blocks) and r.kv_total_blocks else None)
@@ -154,16 +185,24 @@ def _engine_totals(store: Store) -> list[Metric]:
                         "waiting": r.waiting if _known(r.waiting) else None, "kv_usage": kv}
     for labels, sums in sorted(per_engine.items()):
         for column, family in counters.items():
-            family.add_metric(list(labels), float(sums[column]))
+            if column in sums:  # else the engine's spans do not count it: left out, not a zero
+                family.add_metric(list(labels), sums[column])
         for column, family in gauges.items():
             value = last[labels][column]
             if value is not None:  # no step spans: no load to report, rather than a zero
                 family.add_metric(list(labels), float(value))
+    for column, family in (*counters.items(), *gauges.items()):
+        if not family.samples and per_engine:
+            unavailable[family.name + ("_total" if family.type == "counter" else "")] = {
+                "prompt_tokens_queried": "no request span of this store carries a cached-token count",
+                "cached_tokens": "no request span of this store carries a cached-token count",
+                "preemptions": "no request span of this store counts its preemptions",
+            }.get(column, "no engine_step spans: an engine's load is read from its steps")
     return [*counters.values(), success, *gauges.values()]
 
 
 def _known(value: Any) -> bool:
-    return value is not None and value == value
+    return value is not None and value is not pd.NA and value == value
 
 
 def _stall_metrics(itl: ItlAnalysis) -> list[Metric]:
@@ -185,6 +224,19 @@ def _stall_metrics(itl: ItlAnalysis) -> list[Metric]:
     for tenant, seconds in sorted(delay.items()):
         handed.add_metric([tenant], seconds)
     return [count, handed]
+
+
+def _stall_window_metrics(attribution: RequestOnlyAttribution, models: dict[str, str]) -> Metric:
+    windows: dict[tuple[str, str, str], int] = defaultdict(int)
+    for s in attribution.stalls:
+        for tenant in {c.tenant or "" for c in s.culprits} or {""}:
+            windows[(models.get(s.instance, ""), s.instance, tenant)] += 1
+    family = CounterMetricFamily("infertrace:itl_stall_windows", "Stall windows of decoding requests found from "
+                                 "request spans and per-token times (engines without step spans), by culprit "
+                                 "tenant (empty: no culprit found).", labels=[*_LABELS, "culprit_tenant"])
+    for labels, n in sorted(windows.items()):
+        family.add_metric(list(labels), float(n))
+    return family
 
 
 class StoreMetrics:

@@ -38,7 +38,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     TrackEvent,
 )
 
-from infertrace.export import query_text
+from infertrace.export import NO_STALL_INPUTS, query_text, stall_source
 
 if TYPE_CHECKING:
     from infertrace.analyzers.itl import ItlAnalysis, Stall
@@ -79,9 +79,6 @@ class PerfettoSummary:
         return (f"{self.engines} engines, {self.steps} steps, {self.requests} requests ({self.chunks} prefill "
                 f"chunks), {stalls}; {self.packets} packets")
 
-
-NO_STALL_INPUTS = ("the store has neither engine_step spans nor per-token times to find stalls in (vLLM exports "
-                   "neither; `infertrace ingest --client-tokens` adds a streaming client's)")
 
 
 class _Writer:
@@ -168,7 +165,7 @@ def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = N
     """Writes the trace of the engines in the window (steps ending, requests overlapping [since, until)) to
     `out`. `itl` is the ITL analysis of the store (computed when not given); its stalls become flows."""
     from infertrace.analyzers.itl import analyze_itl
-    from infertrace.analyzers.itl_requests import attribute_store_requests, token_source
+    from infertrace.analyzers.itl_requests import attribute_store_requests
 
     wanted = sorted(set(instances)) if instances is not None else None
     params = {"since": since_ns, "until": until_ns, "instances": wanted}
@@ -182,17 +179,16 @@ def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = N
 
     present = set(requests["request_id"])
     stall_at: dict[tuple[str, int], Stall] = {}
-    if itl is not None or store.sql("SELECT EXISTS (SELECT 1 FROM steps)").fetchall()[0][0]:
+    method = "steps" if itl is not None else stall_source(store)
+    if method == "steps":
         stalls: list[Any] = [s for s in (itl or analyze_itl(store)).stalls if kept(s.instance, s.end_ns)]
         stall_at = {(s.instance, s.end_ns): s for s in stalls}
         children, flows = _stall_children(stalls, chunks, present)
-        method = "steps"
-    elif (source := token_source(store)) is not None:
-        stalls = [s for s in attribute_store_requests(store, tokens=source).stalls if kept(s.instance, s.end_ns)]
+    elif method == "requests":
+        stalls = [s for s in attribute_store_requests(store).stalls if kept(s.instance, s.end_ns)]
         children, flows = _request_stall_children(stalls, requests, present)
-        method = "requests"
     else:
-        stalls, children, flows, method = [], {}, 0, ""
+        stalls, children, flows = [], {}, 0
     log.info("perfetto export: %d steps, %d requests, %d prefill chunks, %d stalls (%s)", len(steps), len(requests),
              len(chunks), len(stalls), method or "none looked for")
     if isinstance(out, Path):
