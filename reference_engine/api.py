@@ -221,7 +221,8 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
 
 
 def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
-                                  measured: dict[str, tuple[int | None, int | None]], seed: int = 0
+                                  measured: dict[str, tuple[int | None, int | None]], seed: int = 0,
+                                  infer_prefixes: bool = True
                                   ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple[str, int]],
                                              tuple[int, int, float]]:
     """Fit the cost model to per-request timings alone (`measured`: request id -> (prefill ns, decode ns), e.g. vLLM's
@@ -230,10 +231,11 @@ def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
     overall, measured phases fitted, request id -> (shared prefix id, tokens) inferred from prefills faster than
     their whole prompt, (linear-layer passes of the capture compute-bound under the fit, the most tokens of one
     pass, the compute efficiency under which its most demanding pass would have been compute-bound)). Parameters
-    the timings leave unconstrained take the roofline's datasheet values (a MAP prior)."""
+    the timings leave unconstrained take the roofline's datasheet values (a MAP prior). `infer_prefixes=False` where
+    the spans report cached tokens: no hit is inferred from a prefill's time."""
     from reference_engine.compute.request_fit import fit_request_times
 
-    fit = fit_request_times(requests, deployment, measured, seed=seed)
+    fit = fit_request_times(requests, deployment, measured, seed=seed, infer_prefixes=infer_prefixes)
     return fit.cost, fit.median_error, fit.phases, fit.prefixes, (fit.compute_bound_passes, fit.largest_pass_tokens,
                                                                    fit.compute_floor)
 

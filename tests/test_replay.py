@@ -273,3 +273,35 @@ def test_a_tp_or_hardware_variant_of_a_capture_calibrated_on_request_timings_say
     text = render_text(build(request_spans, baseline, [Variant("tp=8", tp8.as_dict(), tp8.label(), d, 0.0, caveat)],
                              True))
     assert "tp=8: " in text and "not trustworthy: TP 4 → 8" in text
+
+
+def test_an_sglang_capture_is_compared_on_the_schedulers_clock_and_its_reported_cache_hits_are_not_inferred(
+        tmp_path: Path) -> None:
+    """SGLang's request span is its tokenizer's: TTFT includes tokenizing, dispatch and detokenizing, which the
+    replay does not model. The capture compares on the scheduler's clock, so a replay of an engine at the default
+    costs reproduces it; and a calibration on request timings takes the cached tokens SGLang reports, inferring no
+    hit from a prefill's time."""
+    from infertrace.cli.replay import calibrate_from_capture
+    from infertrace.replay.compare import trust
+    from reference_engine.engine.config import EngineConfig
+    from reference_engine.simulate import simulate
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.telemetry.profiles import TelemetrySpec
+    from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+    requests = synthetic_requests(SyntheticWorkload(rate=4.0, output_mean=80, max_tokens=256), 40.0, seed=5,
+                                  model="llama-3-8b")
+    simulate(EngineConfig(), requests, OtlpJsonLinesWriter(tmp_path / "sglang.jsonl"), seed=5,
+             telemetry=TelemetrySpec("sglang"))
+    ingest_paths(tmp_path / "store", [tmp_path / "sglang.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        capture = read_capture(store, "llama-3-8b")
+        assert capture.cached_tokens_reported and not capture.has_step_spans
+        assert any(n.startswith("TTFT and E2E as SGLang's scheduler saw them") for n in capture.notes)
+        assert any(r.shared_prefix_id or r.system_prompt_id for r in capture.requests)
+        baseline = trust(capture.observed, replay_distribution(capture.requests, capture.deployment))
+        assert baseline.trustworthy, baseline.sentence()
+        assert set(baseline.errors) == {"ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"}
+        calibrated, sentence = calibrate_from_capture(store, capture)
+    assert "measured request phases" in sentence and "inferred" not in sentence
+    assert [r.shared_prefix_id for r in calibrated.requests] == [r.shared_prefix_id for r in capture.requests]

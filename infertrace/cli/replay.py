@@ -42,8 +42,9 @@ def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Depl
 
 def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
     """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans),
-    or, where the store holds no step span (vLLM's request spans), to each request's measured prefill and decode
-    times; and a sentence with the fit's error. Raises ValueError when the store holds too few of either."""
+    or, where the store holds no step span (vLLM's, SGLang's request spans), to each request's measured prefill and
+    decode times (prefix-cache hits inferred from them only where the spans report no cached tokens); and a
+    sentence with the fit's error. Raises ValueError when the store holds too few of either."""
     from reference_engine.api import fit_cost_params, fit_cost_params_from_requests
 
     d = capture.deployment
@@ -53,7 +54,8 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
         what = f"{len(steps)} measured steps"
     else:
         measured = measured_phase_times(store, capture.model, capture.since_ns, capture.until_ns)
-        cost, errors, phases, prefixes, passes = fit_cost_params_from_requests(list(capture.requests), d, measured)
+        cost, errors, phases, prefixes, passes = fit_cost_params_from_requests(
+            list(capture.requests), d, measured, infer_prefixes=not capture.cached_tokens_reported)
         capture = replace(capture, linear_passes=passes)
         what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
                 "steps rebuilt by replaying the capture)")

@@ -128,6 +128,7 @@ class Capture:
     # tokens one pass carried, the compute efficiency under which the most demanding pass would have been) over the
     # capture's replayed steps; None: not calibrated that way
     linear_passes: tuple[int, int, float] | None = None
+    cached_tokens_reported: bool = False  # the spans give requests' cached-token counts (not vLLM's)
 
 
 def router_policy(routes: list[tuple[int, str, str | None]], replicas: int) -> str:
@@ -190,6 +191,18 @@ def _deployment(model: str, engines: list[dict[str, Any]], overrides: dict[str, 
     return Deployment(**values), source
 
 
+# What "the engine's clock" is for each source whose request span is an API server's (capture_requests.sql).
+_CORE_NOTES = {
+    "vllm-v1": "TTFT and E2E as vLLM's engine core measured them (time_in_queue + time_in_model_prefill, "
+               "+ time_in_model_inference), each request reaching the engine after the API server's own latency (its "
+               "span's TTFT less the core's; the replay does not model the API server)",
+    "sglang": "TTFT and E2E as SGLang's scheduler saw them (from its thread span's start to the end of the "
+              "request's first prefill_forward, and to the thread span's end), each request reaching the engine "
+              "after the tokenizer's own latency (tokenize and dispatch, and the detokenized first token after; the "
+              "replay does not model the tokenizer)",
+}
+
+
 def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns: int | None = None,
                  overrides: dict[str, Any] | None = None) -> Capture:
     """The window's traffic of `model` and what it saw. Raises ValueError when the window holds none."""
@@ -203,7 +216,8 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                          f"{', '.join(known) or 'none'}")
     columns = ("request_id", "tenant", "arrival_ns", "input_tokens", "output_tokens", "max_tokens", "cached_tokens",
                "system_prompt_id", "system_prompt_tokens", "assistant_prefill_tokens", "engine_error", "ttft_ns",
-               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns", "core_ttft_ns", "core_e2e_ns")
+               "e2e_ns", "preemptions", "timing_source", "instances", "route_ns", "core_ttft_ns", "core_e2e_ns",
+               "source")
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
@@ -217,9 +231,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     served = [r for r in records if r["engine_error"] is None and r["ttft_ns"] is not None]
     core = bool(served) and all(r["core_ttft_ns"] is not None and r["core_e2e_ns"] is not None for r in served)
     if core:  # a replay serves requests on the engine's clock: compare it with the engine core's view
-        notes.append("TTFT and E2E as vLLM's engine core measured them (time_in_queue + time_in_model_prefill, "
-                     "+ time_in_model_inference), each request reaching the engine after the API server's own "
-                     "latency (its span's TTFT less the core's; the replay does not model the API server)")
+        notes += [_CORE_NOTES[source] for source in sorted({r["source"] for r in served})]
         for r in served:
             r["arrival_ns"] += max(r["ttft_ns"] - r["core_ttft_ns"], 0)
     requests = _requests(records, deployment, block, notes)
@@ -229,7 +241,9 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
     has_steps = any(e["step_spans"] for e in engines)
     if not has_steps:
-        notes.append("no engine step spans: the captured ITL and KV use cannot be compared with the replay's")
+        notes.append("no engine step spans: the captured KV use cannot be compared with the replay's" if len(itl) else
+                     "no engine step spans and no per-token times: the captured ITL and KV use cannot be compared "
+                     "with the replay's")
     first = min(r["arrival_ns"] for r in records)
     last = max(r["arrival_ns"] + (r["e2e_ns"] or 0) for r in records)
     kv_params = {**params, "since_ns": first, "until_ns": last + 1}
@@ -245,7 +259,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                      f"({', '.join(f'{n}× {s}' for s, n in sorted(unserved.items()))}): not replayed, their outcome "
                      "does not depend on the engines")
     return Capture(model, since_ns, until_ns, tuple(requests), deployment, observed, unserved, has_steps, source,
-                   tuple(notes))
+                   tuple(notes), cached_tokens_reported=any(r["cached_tokens"] is not None for r in records))
 
 
 def _requests(records: list[dict[str, Any]], deployment: Deployment, block: int,

@@ -247,17 +247,20 @@ def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, in
 
 def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
                       measured: Mapping[str, tuple[int | None, int | None]], iterations: int = 3,
-                      seed: int = 0) -> RequestFit:
+                      seed: int = 0, infer_prefixes: bool = True) -> RequestFit:
     """CostParams for `deployment` from each request's measured (prefill ns, decode ns) (None: not measured), and
-    the shared prefixes the measured prefills show. Raises ValueError when too few requests were measured."""
+    the shared prefixes the measured prefills show. `infer_prefixes=False` where the spans report each request's
+    cached tokens (SGLang's, this project's): the requests' prefixes are then already what the engine reported, and
+    a prefill measured faster than replayed is not taken for a hit it did not report. Raises ValueError when too few
+    requests were measured."""
     cost = dict(deployment.cost)
     prefixes: dict[str, tuple[str, int]] = {}
     hits: dict[str, tuple[str, int]] = {}  # the measured hits (`prefixes` adds the requests that computed them)
     current = list(requests)
     for iteration in range(iterations):
         recorder, _ = _replayed(current, deployment, cost, seed)
-        cost = _fit(recorder, measured, deployment, hits_unknown=iteration == 0)
-        if iteration < iterations - 1:
+        cost = _fit(recorder, measured, deployment, hits_unknown=infer_prefixes and iteration == 0)
+        if infer_prefixes and iteration < iterations - 1:
             # the hits, from the prefills replayed under this fit with the hits inferred so far: a request batched
             # with another's prefill shares its step, so its own hit shows only once the step's other members are
             # replayed with theirs (a request replayed alone where it was measured sharing a step looks slower)

@@ -10,22 +10,38 @@
 --   engine), ttft_ns (arrival to first token on the engine that prefilled), e2e_ns (arrival to last token),
 --   preemptions, timing_source, instances (engine rows of the request), route_ns (when the router took the
 --   request; NULL without a route span: the router's decision time, which a replay routes at),
---   core_ttft_ns and core_e2e_ns (vLLM V1 only: TTFT and E2E on the engine core's clock, time_in_queue plus
---   time_in_model_prefill or time_in_model_inference; its ttft_ns and e2e_ns add the API server's own latency).
+--   core_ttft_ns and core_e2e_ns (TTFT and E2E as the engine's scheduler saw them, where the request span is
+--   an API server's whose own latency the replay does not model: vLLM V1's engine core, time_in_queue plus
+--   time_in_model_prefill or time_in_model_inference; SGLang's scheduler, from its thread span's start to the
+--   end of the request's first prefill_forward or to the thread span's end, the tokenizer's tokenize, dispatch
+--   and detokenize left out; NULL for other sources), source (request_legs' source).
 WITH routes AS (
     SELECT trace_id, min(start_ns) AS route_ns
     FROM spans WHERE name = 'route' AND "attr.infertrace.route.target" IS NOT NULL
     GROUP BY trace_id
 ),
+sglang AS (
+    SELECT trace_id,
+           min(start_ns) FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS scheduler_ns,
+           max(end_ns) FILTER (WHERE "attr.thread_label" LIKE '%Scheduler') AS scheduler_end_ns,
+           min(end_ns) FILTER (WHERE name = 'prefill_forward') AS first_token_ns
+    FROM spans
+    WHERE (name = 'prefill_forward' OR "attr.thread_label" LIKE '%Scheduler')
+      AND trace_id IN (SELECT trace_id FROM request_legs WHERE source = 'sglang' AND model = $model)
+    GROUP BY trace_id
+),
 rows AS (
     SELECT r.*, routes.route_ns,
            CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
-               + s."attr.gen_ai.latency.time_in_model_prefill") * 1e9) AS BIGINT) END AS core_ttft_ns,
+               + s."attr.gen_ai.latency.time_in_model_prefill") * 1e9) AS BIGINT)
+                WHEN r.source = 'sglang' THEN g.first_token_ns - g.scheduler_ns END AS core_ttft_ns,
            CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
-               + s."attr.gen_ai.latency.time_in_model_inference") * 1e9) AS BIGINT) END AS core_e2e_ns
+               + s."attr.gen_ai.latency.time_in_model_inference") * 1e9) AS BIGINT)
+                WHEN r.source = 'sglang' THEN g.scheduler_end_ns - g.scheduler_ns END AS core_e2e_ns
     FROM request_legs r
     JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
     LEFT JOIN routes ON routes.trace_id = r.trace_id
+    LEFT JOIN sglang g ON g.trace_id = r.trace_id
     WHERE r.model = $model
 )
 SELECT
@@ -47,7 +63,8 @@ SELECT
     count(*) AS instances,
     min(route_ns) AS route_ns,
     arg_min(core_ttft_ns, arrival_ns) AS core_ttft_ns,
-    max(core_e2e_ns) AS core_e2e_ns
+    max(core_e2e_ns) AS core_e2e_ns,
+    any_value(source) AS source
 FROM rows
 GROUP BY request_id
 HAVING min(arrival_ns) >= $since_ns AND min(arrival_ns) < $until_ns
