@@ -305,3 +305,22 @@ def test_an_sglang_capture_is_compared_on_the_schedulers_clock_and_its_reported_
         calibrated, sentence = calibrate_from_capture(store, capture)
     assert "measured request phases" in sentence and "inferred" not in sentence
     assert [r.shared_prefix_id for r in calibrated.requests] == [r.shared_prefix_id for r in capture.requests]
+
+
+def test_a_capture_whose_spans_carry_no_prompt_length_is_refused_naming_the_source(tmp_path: Path) -> None:
+    """TGI's spans carry no token counts: a replay with made-up prompt lengths would be fitted to nonsense."""
+    from reference_engine.engine.config import EngineConfig
+    from reference_engine.simulate import simulate
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.telemetry.profiles import TelemetrySpec
+    from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+    requests = synthetic_requests(SyntheticWorkload(rate=4.0, output_mean=40, max_tokens=128), 10.0, seed=5,
+                                  model="llama-3-8b")
+    simulate(EngineConfig(), requests, OtlpJsonLinesWriter(tmp_path / "tgi.jsonl"), seed=5,
+             telemetry=TelemetrySpec("tgi"))
+    ingest_paths(tmp_path / "store", [tmp_path / "tgi.jsonl"])
+    result = infertrace("replay", "--store", str(tmp_path / "store"), "--model", "llama-3-8b", "--set", "chunk=512")
+    assert result.returncode == 2, result.stdout
+    assert (f"{len(requests)} of the {len(requests)} requests of 'llama-3-8b' in that window have no prompt length "
+            "in their spans (source: tgi;") in result.stderr

@@ -219,6 +219,13 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
                "e2e_ns", "preemptions", "timing_source", "instances", "route_ns", "core_ttft_ns", "core_e2e_ns",
                "source")
     records = [dict(zip(columns, row, strict=True)) for row in rows]
+    unsized = [r for r in records if r["input_tokens"] is None and r["engine_error"] is None]
+    if unsized:
+        sources = ", ".join(sorted({str(r["source"]) for r in unsized}))
+        raise ValueError(f"{len(unsized)} of the {len(records)} requests of {model!r} in that window have no prompt "
+                         f"length in their spans (source: {sources}; TGI's spans carry none, it sends token counts in "
+                         "response headers): a replay cannot rebuild their prefills. Spans that carry "
+                         "gen_ai.usage.input_tokens on the engine's request span are needed")
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
                    "max_num_seqs", "chunked_prefill", "prefix_caching", "prefill_microbatch", "block_size",

@@ -50,8 +50,9 @@ class Trust:
         assert self.worst_metric is not None and self.worst_error is not None
         return (f"The replay is not trustworthy: its baseline misses the capture by {self.worst_error:+.1%} on "
                 f"{self.worst_metric.removesuffix('_ms').replace('_', ' ')} (tolerance {TRUST_TOLERANCE:.0%}; "
-                f"{checked}). Calibrate the cost model to these engines (infertrace calibrate) or check the "
-                "captured config before acting on the variants.")
+                f"{checked}). Calibrate the cost model to these engines (`infertrace replay --calibrate`: to their "
+                "step spans, or without them to each request's measured times, prefix-cache hits included) or "
+                "check the captured config before acting on the variants.")
 
 
 def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> str | None:
