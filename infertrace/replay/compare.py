@@ -36,7 +36,8 @@ class Trust:
     worst_error: float | None
     unchecked: tuple[str, ...]  # metrics the capture does not have
 
-    def sentence(self) -> str:
+    def sentence(self, calibrated: bool = False) -> str:
+        """What the baseline's match says; `calibrated`: the cost model was fitted to these engines already."""
         if self.trustworthy is None:
             return "The baseline replay could not be compared with the capture: " + ", ".join(self.unchecked) + \
                 " missing."
@@ -50,9 +51,12 @@ class Trust:
         assert self.worst_metric is not None and self.worst_error is not None
         return (f"The replay is not trustworthy: its baseline misses the capture by {self.worst_error:+.1%} on "
                 f"{self.worst_metric.removesuffix('_ms').replace('_', ' ')} (tolerance {TRUST_TOLERANCE:.0%}; "
-                f"{checked}). Calibrate the cost model to these engines (`infertrace replay --calibrate`: to their "
-                "step spans, or without them to each request's measured times, prefix-cache hits included) or "
-                "check the captured config before acting on the variants.")
+                f"{checked}). "
+                + ("The cost model is calibrated to these engines already: check the captured config (--captured) "
+                   "before acting on the variants." if calibrated else
+                   "Calibrate the cost model to these engines (`infertrace replay --calibrate`: to their step spans, "
+                   "or without them to each request's measured times, prefix-cache hits included) or check the "
+                   "captured config before acting on the variants."))
 
 
 def variant_caveat(capture: Capture, variant: Deployment, calibrated: bool) -> str | None:
@@ -149,7 +153,7 @@ class WhatIf:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["schema"] = SCHEMA
-        doc["trust"]["sentence"] = self.trust.sentence()
+        doc["trust"]["sentence"] = self.trust.sentence(self.calibrated)
         doc["unserved"] = {str(k): v for k, v in self.unserved.items()}
         doc["quantiles"] = list(QUANTILES)
         return doc
@@ -196,7 +200,7 @@ def render_text(result: WhatIf) -> str:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths,
                                                                                                    strict=True))))
     lines += ["", "Latencies in ms (p50/p99 over requests for TTFT and E2E, over tokens for ITL).",
-              result.trust.sentence()]
+              result.trust.sentence(result.calibrated)]
     for v in result.variants:
         lines.append(f"  {v.name}: {v.label}" + (f" — {v.untrustworthy}" if v.untrustworthy else ""))
     lines += [f"note: {n}" for n in result.notes]
