@@ -247,3 +247,33 @@ def test_a_chunked_prefill_with_one_long_step_among_short_ones_is_still_named() 
     result = attribute_from_requests(requests, tokens, clock="client")
     named = {c.request_id for s in result.stalls for c in s.culprits}
     assert len(named) >= 36 and named <= {f"p{i}" for i in range(40)}
+
+
+def test_prefills_without_a_prompt_length_are_named_by_their_prefills_length_and_said_unsized() -> None:
+    # As the back-to-back case, but the spans give no prompt length (TGI's carry no token counts): each prefill
+    # still gets its own window, its uncached tokens are unknown rather than made up, and a note says so.
+    requests = _requests([("a", "e0", -500, -490, 100), ("p1", "e0", 100, 140, 1500), ("p2", "e0", 140, 180, 1500)])
+    requests["input_tokens"] = None
+    requests["cached_tokens"] = None
+    tokens = _table(_tokens("a", [*_steady("a", -490, 100), *_steady("a", 190, 400)]),
+                    _tokens("p1", [140, *_steady("p1", 190, 400)]), _tokens("p2", _steady("p2", 180, 400)))
+    result = attribute_from_requests(requests, tokens)
+    by_culprit = {c.request_id: c for s in result.stalls for c in s.culprits}
+    assert set(by_culprit) == {"p1", "p2"}
+    assert [c.uncached_tokens for c in by_culprit.values()] == [None, None]
+    assert [c.confidence for c in by_culprit.values()] == [1.0, 1.0]
+    assert any(n.startswith("3 requests have no prompt length on their spans") for n in result.notes)
+
+
+def test_two_unsized_prefills_in_one_window_share_it_by_how_long_each_prefilled_in_it() -> None:
+    # Decode-first with chunks: "a" decodes at 10 ms steps, and two prompts prefill side by side, p1 for 120 ms
+    # and p2 for the last 40 ms of it; every step of theirs stalls "a" by 30 ms. Without token counts the longer
+    # prefill in the window carries the larger share.
+    requests = _requests([("a", "e0", -500, -490, 100), ("p1", "e0", 100, 220, 1500), ("p2", "e0", 180, 220, 500)])
+    requests["input_tokens"] = None
+    decode = [*_steady("a", -490, 100), *range(140, 221, 40), *_steady("a", 230, 500)]
+    tokens = _table(_tokens("a", decode), _tokens("p1", [220, *_steady("p1", 230, 500)]),
+                    _tokens("p2", [220, *_steady("p2", 230, 500)]))
+    result = attribute_from_requests(requests, tokens)
+    shares = {c.request_id: c.confidence for s in result.stalls for c in s.culprits}
+    assert set(shares) == {"p1", "p2"} and shares["p1"] > shares["p2"] > 0, result.stalls

@@ -52,7 +52,10 @@ spans and the token times, per engine instance:
    stall (prefills batched in the same steps); each culprit's confidence is its share of the stall's estimated
    prefill work (uncached prompt tokens spread evenly over its interval), times how clearly it overlaps the
    window beyond the timing noise (`overlap / (overlap + noise)`: 1 on the engine's own clock, less for a prefill
-   that meets a client-timed window by about a jitter);
+   that meets a client-timed window by about a jitter). A request whose spans give no prompt length (TGI's carry
+   no token counts) has its prefill's length stand in for its tokens (at the instance's median time per uncached
+   token, where other requests give one), it is not told apart from a prefill held by a host pause (step 4's
+   rule needs its tokens), its `uncached_tokens` is None, and a note says how many;
 7. spikes no candidate explains are reported as windows without a culprit (`unexplained`): without step
    spans a preemption's recompute and a host pause look alike (no request was prefilling).
 
@@ -89,7 +92,7 @@ class RequestOnlyParams:
 class RequestCulprit:
     request_id: str
     tenant: str | None
-    uncached_tokens: int
+    uncached_tokens: int | None  # None: the spans give no prompt length (TGI's)
     confidence: float  # share of the window's estimated prefill work, discounted by timing noise
     contained: bool  # its whole prefill interval lies inside the window
 
@@ -181,6 +184,11 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
     if missing:
         notes.append(f"{missing} requests have no prefill interval (no instance, first scheduling or first token "
                      "on their span): they cannot be named as culprits")
+    unsized = int(prefill.loc[prefill["input_tokens"].isna(), "request_id"].nunique())
+    if unsized:
+        notes.append(f"{unsized} requests have no prompt length on their spans (TGI's carry no token counts): as "
+                     "culprits, their prefill's length stands in for their tokens, and a prefill of theirs held by a "
+                     "host pause cannot be told from a long one")
     stalls: list[RequestStall] = []
     baselines: dict[str, int] = {}
     for instance in sorted(set(g.instance.tolist())):
@@ -272,8 +280,14 @@ class _Candidates:
             self.end[order]
         self.shift = shift[order]
         self.default_shift = default_offset
-        self.uncached = (rows["input_tokens"].fillna(0) - rows["cached_tokens"].fillna(0)).clip(lower=1).to_numpy(
+        uncached = (rows["input_tokens"].fillna(0) - rows["cached_tokens"].fillna(0)).clip(lower=1).to_numpy(
             dtype=np.float64)[order]
+        self.sized = rows["input_tokens"].notna().to_numpy(dtype=bool)[order]  # the spans give its prompt length
+        # The instance's median time per uncached token over the prefills whose length is known; where none is,
+        # a prefill's length stands in for its tokens at one token per ns (only shares of it are used).
+        lengths = (self.end - self.start).astype(np.float64)
+        self.per_token = float(np.median(lengths[self.sized] / uncached[self.sized])) if self.sized.any() else 0.0
+        self.uncached = np.where(self.sized, uncached, lengths / (self.per_token or 1.0))
 
 
 @dataclass
@@ -301,8 +315,8 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
     centred = excess - shift
     step = base + shift  # the engine's decode step: its median normal gap
     # What a prefill's own step may plausibly cost: four times the instance's median time per uncached token,
-    # plus 20 ms; a longer one held something else (a host pause).
-    per_token = float(np.median((cands.end - cands.start) / cands.uncached)) if len(cands.ids) else 0.0
+    # plus 20 ms; a longer one held something else (a host pause). Only where the prompt's length is known.
+    per_token = cands.per_token
     # A gap is shown normal only beyond what two tokens' jitter could take off a stalled one.
     normal = np.flatnonzero(centred < threshold - 2 * noise)
     normal = normal[np.argsort(g.start[normal], kind="stable")]
@@ -372,7 +386,7 @@ def _instance_stalls(instance: str, g: _Gaps, base: np.ndarray, excess: np.ndarr
         # shown only where two do not fit.
         one_step = spanning >= (f - s) - noise and (fit == 1 or not small_chunks)
         own = (f - s) - (0 if decodes_wait else float(np.median(step[over])))
-        if own > 4 * per_token * cands.uncached[j] + 20_000_000:
+        if cands.sized[j] and own > 4 * per_token * cands.uncached[j] + 20_000_000:
             continue  # far longer than its prompt can cost: it was held by something else (a host pause)
         timed = one_step and own >= needed and np.median(delay) >= needed
         if not (clear or timed):
@@ -447,7 +461,8 @@ def _stall(instance: str, lo: int, hi: int, members: list[_Claim], g: _Gaps, exc
     work = cands.uncached[js] * overlap.astype(np.float64) / np.maximum(f - s, 1).astype(np.float64)
     share = work / work.sum() if work.sum() > 0 else np.full(len(js), 1 / len(js))
     clear = overlap / (overlap + noise) if noise else np.ones(len(js))
-    culprits = [RequestCulprit(str(cands.ids[j]), cands.tenants[j], int(cands.uncached[j]), float(sh * cl),
+    culprits = [RequestCulprit(str(cands.ids[j]), cands.tenants[j],
+                               int(cands.uncached[j]) if cands.sized[j] else None, float(sh * cl),
                                bool(x >= lo and y <= hi))
                 for j, sh, cl, x, y in zip(js, share, clear, s, f, strict=True) if sh * cl >= p.min_confidence]
     culprits.sort(key=lambda c: -c.confidence)

@@ -120,7 +120,8 @@ def _itl_windows(section: dict[str, Any]) -> list[Block]:
         blocks.append(Table(
             ("culprit request", "tenant", "engine", "uncached tokens", "stalls", "victims", "victim ms total",
              "confidence"),
-            tuple((c["request_id"], c["tenant"], c["instance"], c["uncached_tokens"], c["stalls"], c["victims"],
+            tuple((c["request_id"], c["tenant"], c["instance"],
+                   "unknown" if c["uncached_tokens"] is None else c["uncached_tokens"], c["stalls"], c["victims"],
                    c["victim_excess_ms"], c["confidence"]) for c in section["top_culprits"])))
     blocks += [Paragraph(note) for note in section["notes"]]
     return blocks

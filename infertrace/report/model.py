@@ -421,9 +421,11 @@ def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
         title = f"{itl['stalls']} stall windows with a culprit prefill ({itl['method']})"
         evidence = {"stalls": itl["stalls"], "unexplained": itl["unexplained"]}
         if top:
-            title += (f"; worst culprit {top['request_id']} ({top['tenant']}, {top['uncached_tokens']} uncached prompt "
-                      f"tokens, confidence {top['confidence']}) stalled {top['victims']} requests by "
-                      f"{top['victim_excess_ms']} ms in total")
+            tokens = ("prompt length unknown" if top["uncached_tokens"] is None else
+                      f"{top['uncached_tokens']} uncached prompt tokens")
+            title += (f"; worst culprit {top['request_id']} ({top['tenant']}, {tokens}, confidence "
+                      f"{top['confidence']}) stalled {top['victims']} requests by {top['victim_excess_ms']} ms in "
+                      "total")
             evidence.update(culprit=top["request_id"], victims=top["victims"], confidence=top["confidence"])
         out.append({"id": "itl:stalls", "severity": "info", "section": "itl", "title": title, "evidence": evidence})
     elif itl.get("status") == "ok" and itl["stalls"]:
