@@ -83,3 +83,15 @@ def test_a_request_with_no_tenant_or_prompt_length_recorded_has_no_value_of_eith
     requests["input_tokens"] = requests["input_tokens"].astype(float).where(~unknown, np.nan)
     result = attribute_lift(requests, unknown)
     assert not [x.sentence() for x in result.over_represented if "unknown" in x.sentence()]
+
+
+def test_requests_whose_engine_reports_no_cached_tokens_have_no_cache_hit_value_not_no() -> None:
+    # Two models: one on engines that report cached tokens, one on vLLM's (no cached-token count). The slow
+    # requests are the vLLM model's: "no prefix-cache hit" must not be named beside the model.
+    rng = np.random.default_rng(7)
+    requests = _requests(3000, rng)
+    vllm = (requests["model"] == "qwen-2.5-1.5b").to_numpy()
+    requests["cached_tokens"] = requests["cached_tokens"].astype(float).where(~vllm, np.nan)
+    selected = vllm & (rng.random(len(requests)) < 0.6)
+    found = {x.attribute for x in attribute_lift(requests, selected).over_represented}
+    assert "model" in found and "prefix_cache_hit" not in found, found

@@ -54,15 +54,18 @@ def _engine_value(requests: pd.DataFrame, values: np.ndarray) -> pd.Series:
     return pd.Series(np.where(_reached_engine(requests), values, None), index=requests.index, dtype=object)
 
 
-def _yes_no(requests: pd.DataFrame, mask: pd.Series) -> pd.Series:
-    return _engine_value(requests, np.where(mask.to_numpy(dtype=bool), "yes", "no"))
+def _yes_no(requests: pd.DataFrame, counts: pd.Series) -> pd.Series:
+    """"yes" where the count is positive, "no" where it is 0, None where the request's spans give no count (vLLM's
+    carry no cached-token count: unknown, not "no")."""
+    values = np.where(counts.fillna(0).to_numpy() > 0, "yes", "no")
+    return _engine_value(requests, np.where(counts.notna().to_numpy(), values, None))
 
 
 # attribute -> (how to read it from request_outcomes rows, None where unknown; how a sentence names a value)
 ATTRIBUTES: dict[str, tuple[Callable[[pd.DataFrame], pd.Series], Callable[[str], str]]] = {
-    "assistant_prefill": (lambda r: _yes_no(r, r["assistant_prefill_tokens"].fillna(0) > 0),
+    "assistant_prefill": (lambda r: _yes_no(r, r["assistant_prefill_tokens"]),
                           lambda v: "an assistant prefill" if v == "yes" else "no assistant prefill"),
-    "prefix_cache_hit": (lambda r: _yes_no(r, r["cached_tokens"].fillna(0) > 0),
+    "prefix_cache_hit": (lambda r: _yes_no(r, r["cached_tokens"]),
                          lambda v: "a prefix-cache hit" if v == "yes" else "no prefix-cache hit"),
     "prompt_tokens": (lambda r: _prompt_bucket(r["input_tokens"]), lambda v: f"a prompt of {v} tokens"),
     "tenant": (lambda r: _known(r["tenant"]), lambda v: f"tenant {v}"),
