@@ -49,7 +49,7 @@ def doc(store: Store, analyses: tuple) -> dict:
 def test_json_report_validates_against_the_documented_schema(doc: dict) -> None:
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     jsonschema.validate(json.loads(render(doc, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
-    assert doc["schema"] == "infertrace.report/1"
+    assert doc["schema"] == "infertrace.report/2"
 
 
 def test_the_schema_rejects_a_document_with_an_undocumented_field(doc: dict) -> None:
@@ -249,3 +249,25 @@ def test_an_incident_no_candidate_is_blamed_for_reads_as_unexplained_not_as_its_
     assert actions and all(a.startswith("Look outside the traces") for a in actions)
     assert "Unexplained:" in render(unexplained, "table") and "Evidence for #1" not in render(unexplained, "table")
     assert all("Most likely cause" not in d.summary() for d in nobody.diagnoses)
+
+
+def test_an_slo_target_the_store_cannot_observe_is_unchecked_not_met(tmp_path: Path) -> None:
+    """vLLM's request spans without a gateway: no per-token times, no gateway to count errors and 429s. Those
+    targets are `unknown`, listed as unchecked with why, and never a finding; the text says so under the table."""
+    from infertrace.store.ingest import ingest_paths
+
+    ingest_paths(tmp_path / "store", [ROOT / "tests" / "fixtures" / "sources" / "vllm_v1.jsonl"])
+    with Store.open(tmp_path / "store") as vllm:
+        doc = build_report(vllm, ReportOptions(sections=("slo",)))
+    jsonschema.validate(json.loads(render(doc, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
+    (model,) = doc["sections"]["slo"]["models"]
+    severity = {c["key"]: c["severity"] for c in model["checks"]}
+    assert severity == {"ttft_p99_ms": "ok", "itl_p99_ms": "unknown", "e2e_p99_ms": "ok",
+                        "error_rate": "unknown", "rejected_rate": "unknown"}
+    assert {u["key"]: u["why"].split(" (")[0] for u in model["unchecked"]} == {
+        "itl_p99_ms": "no per-token times", "error_rate": "no gateway entry span",
+        "rejected_rate": "no gateway entry span"}
+    assert model["severity"] == "ok" and not doc["findings"]
+    text = " ".join(render(doc, "table").split())
+    assert "TTFT and E2E from the engine's request span to the first/last token (no gateway entry span)" in text
+    assert "Not checked, for lack of data (the slo column is the worst of the checks made): itl_p99_ms" in text

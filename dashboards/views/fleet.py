@@ -9,6 +9,8 @@ import pandas as pd
 import results
 import streamlit as st
 
+from infertrace.analyzers.slo import UNCHECKED
+
 SEVERITY_COLOURS = {"ok": "#dcfce7", "warning": "#fef3c7", "critical": "#fde2e1"}
 
 root, snap = results.current()
@@ -42,9 +44,15 @@ rates = {c: st.column_config.NumberColumn(format="%.4f") for c in ("error rate",
 st.dataframe(table.style.map(lambda v: f"background-color: {SEVERITY_COLOURS.get(v, '')}", subset=["slo"]),
              hide_index=True, width="stretch", key="slo_table", column_config={**milliseconds, **rates})
 breaches = [f"{m.model}: {c.target.key} {c.observed:.4g} > {c.target.threshold:g} ({c.severity})"
-            for m in summary.models for c in m.checks if c.severity != "ok"]
+            for m in summary.models for c in m.checks if c.severity in ("warning", "critical")]
 for line in breaches:
     st.warning(line)
+unchecked: dict[str, list[str]] = {}  # why -> "model: key"
+for m in summary.models:
+    for c in m.unchecked:
+        unchecked.setdefault(UNCHECKED[c.target.metric], []).append(f"{m.model} {c.target.key}")
+for why, what in unchecked.items():
+    st.info(f"Not checked ({why}): {', '.join(what)}. The slo column is the worst of the checks made.")
 
 left, right = st.columns(2)
 metric = left.selectbox("Metric", ["ttft", "itl", "e2e"], format_func=str.upper, key="fleet_metric")

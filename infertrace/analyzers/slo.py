@@ -90,7 +90,7 @@ class Percentiles:
 class SloCheck:
     target: SloTarget
     observed: float | None
-    severity: str  # ok | warning | critical
+    severity: str  # ok | warning | critical, or unknown: nothing in the store to observe it from (`UNCHECKED`)
 
     @property
     def ratio(self) -> float | None:
@@ -121,7 +121,21 @@ class ModelSlo:
 
     @property
     def severity(self) -> str:
-        return max((c.severity for c in self.checks), key=SEVERITIES.index, default="ok")
+        """The worst of the checks the store could make (`unchecked` lists the others)."""
+        return max((c.severity for c in self.checks if c.severity in SEVERITIES), key=SEVERITIES.index,
+                   default="ok")
+
+    @property
+    def unchecked(self) -> tuple[SloCheck, ...]:
+        """The targets the store holds nothing to check against for this model (`UNCHECKED` says why)."""
+        return tuple(c for c in self.checks if c.severity == "unknown")
+
+
+# Why a target could not be checked: what the metric is read from, which the store lacks for the model.
+UNCHECKED = {"ttft": "no request with a first token", "e2e": "no request that finished",
+             "itl": "no per-token times (engine_step spans, SGLang's or TGI's token spans, or a client's token times)",
+             "error_rate": "no gateway entry span (errors and 429s are counted where the gateway answered)",
+             "rejected_rate": "no gateway entry span (errors and 429s are counted where the gateway answered)"}
 
 
 @dataclass(frozen=True)
@@ -294,7 +308,9 @@ def _ms(ns: Any) -> float | None:
 
 
 def _severity(observed: float | None, threshold: float, critical_ratio: float) -> str:
-    if observed is None or observed <= threshold:
+    if observed is None:
+        return "unknown"
+    if observed <= threshold:
         return "ok"
     return "critical" if observed >= critical_ratio * threshold else "warning"
 

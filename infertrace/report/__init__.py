@@ -1,4 +1,4 @@
-"""`infertrace report`: the analyzers' results over a store, as one document (schema `infertrace.report/1`)
+"""`infertrace report`: the analyzers' results over a store, as one document (schema `infertrace.report/2`)
 rendered as a terminal table, markdown, HTML or JSON. See docs/report.md."""
 
 from infertrace.report.model import SCHEMA_ID, SEVERITIES, ReportOptions, build_report, severity_at_least

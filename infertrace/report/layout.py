@@ -63,8 +63,13 @@ def _selection(doc: dict[str, Any]) -> str:
 
 def _slo(section: dict[str, Any]) -> list[Block]:
     targets = ", ".join(f"{t['key']} ≤ {cell(t['threshold'])}" for t in section["targets"])
+    gateway = [m["model"] for m in section["models"] if m["gateway_requests"]]
+    source = ("from the gateway to the first/last token" if len(gateway) == len(section["models"]) else
+              "from the engine's request span to the first/last token (no gateway entry span)" if not gateway else
+              "from the gateway to the first/last token where its entry spans are in the store, else from the "
+              "engine's request span")
     blocks: list[Block] = [Paragraph(f"Targets: {targets}; critical at {cell(section['critical_ratio'])}× a "
-                                     f"target. TTFT and E2E from the gateway to the first/last token.")]
+                                     f"target. TTFT and E2E {source}.")]
     rows, sev = [], []
     for m in section["models"]:
         rows.append((m["model"], m["severity"], m["gateway_requests"], m["engine_requests"],
@@ -75,6 +80,21 @@ def _slo(section: dict[str, Any]) -> list[Block]:
     blocks.append(Table(("model", "slo", "gateway req", "engine req", "ttft p50 ms", "ttft p95 ms", "ttft p99 ms",
                          "itl p50 ms", "itl p95 ms", "itl p99 ms", "e2e p50 ms", "e2e p99 ms", "error rate",
                          "429 rate"), tuple(rows), tuple(sev)))
+    # a target with nothing to check it against is said so, per reason, so that "ok" is not read as met
+    unchecked: dict[str, dict[str, list[str]]] = {}  # why -> key -> models
+    for m in section["models"]:
+        for u in m.get("unchecked", ()):
+            unchecked.setdefault(u["why"], {}).setdefault(u["key"], []).append(m["model"])
+    everyone = len(section["models"])
+
+    def which(models: list[str]) -> str:
+        return "every model" if len(models) == everyone else ", ".join(models)
+
+    said = ["; ".join(f"{key} ({which(models)})" for key, models in keys.items()) + f": {why}"
+            for why, keys in unchecked.items()]
+    if said:
+        blocks.append(Paragraph("Not checked, for lack of data (the slo column is the worst of the checks made): "
+                                + ". ".join(said) + "."))
     return blocks
 
 

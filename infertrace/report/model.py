@@ -1,4 +1,4 @@
-"""The report as one JSON-ready document (schema `infertrace.report/1`, `schema.json`, docs/report.md), built
+"""The report as one JSON-ready document (schema `infertrace.report/2`, `schema.json`, docs/report.md), built
 from the analyzers' results. Every renderer (table, markdown, html, json) renders this document; nothing
 here computes a statistic: numbers are copied from analyzer results, converted to milliseconds and rounded.
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from infertrace.analyzers.slo import DEFAULT_TARGETS, SloSummary, SloTarget, slo_summary
+from infertrace.analyzers.slo import DEFAULT_TARGETS, UNCHECKED, SloSummary, SloTarget, slo_summary
 from infertrace.report.recommendations import recommend
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from infertrace.sources.capabilities import StoreCoverage
     from infertrace.store.store import Store
 
-SCHEMA_ID = "infertrace.report/1"
+SCHEMA_ID = "infertrace.report/2"
 SEVERITIES = ("ok", "info", "warning", "critical")
 SECTIONS = ("slo", "incidents", "itl", "ttft", "prefix_cache", "prefill_throughput")
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ def slo_section(summary: SloSummary) -> dict[str, Any]:
             "e2e_ms": pct(m.e2e),
             "checks": [{"key": c.target.key, "threshold": c.target.threshold,
                         "observed": _r(c.observed, 6), "severity": c.severity} for c in m.checks],
+            # targets the store holds nothing to check against for this model, and why: never read as met
+            "unchecked": [{"key": c.target.key, "why": UNCHECKED[c.target.metric]} for c in m.unchecked],
         } for m in summary.models],
     }
 
@@ -402,7 +404,7 @@ def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     slo = sections.get("slo", {})
     for m in slo.get("models", []):
         for c in m["checks"]:
-            if c["severity"] != "ok":
+            if c["severity"] not in ("ok", "unknown"):
                 out.append({"id": f"slo:{m['model']}:{c['key']}", "severity": c["severity"], "section": "slo",
                             "title": f"{m['model']}: {c['key']} {c['observed']} exceeds the SLO of {c['threshold']}",
                             "evidence": {"observed": c["observed"], "threshold": c["threshold"]}})

@@ -1,6 +1,6 @@
 """Renderers: the report document as `table` (rich tables and wrapped text for a terminal; `renderables` for
 printing in colour), `markdown`, `html` (one self-contained page) or `json` (the document itself, schema
-`infertrace.report/1`)."""
+`infertrace.report/2`)."""
 
 from __future__ import annotations
 
