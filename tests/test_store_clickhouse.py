@@ -20,7 +20,7 @@ import pytest
 
 from infertrace.analyzers import itl, slo
 from infertrace.report import ReportOptions, build_report
-from infertrace.runbook import load_queries, run_query
+from infertrace.runbook import answer_notes, load_queries, run_query
 from infertrace.store.clickhouse.connection import ChdbConnection, parse_url
 from infertrace.store.clickhouse.pushdown import CLICKHOUSE_RELATIONS, TWINS
 from infertrace.store.clickhouse.rows import SPAN_KINDS, STATUS_CODES
@@ -144,6 +144,8 @@ def test_every_runbook_query_returns_the_same_rows_on_clickhouse(opened: dict[st
     params = {p.name: values[p.name] for p in q.parameters if p.required}
     expected, got = run_query(local, q, params), run_query(clickhouse, q, params)
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    # and what the answer says it could not draw on
+    assert answer_notes(clickhouse, q, params, len(got)) == answer_notes(local, q, params, len(expected))
 
 
 def test_a_window_read_from_clickhouse_reports_as_the_same_window_pulled_into_a_local_store(tmp_path: Path) -> None:
