@@ -57,8 +57,6 @@ NAMED: dict[str, tuple[str, str]] = {
     "model": ("SELECT DISTINCT model FROM requests", "model"),
     "tenant": ("SELECT DISTINCT tenant FROM requests", "tenant"),
 }
-_SOURCE_TITLES = {"infertrace": "this project's engine", "vllm-v1": "vLLM V1", "vllm-v0": "vLLM V0",
-                  "sglang": "SGLang", "tgi": "TGI"}
 
 
 @cache
@@ -140,13 +138,15 @@ def _has_rows(store: Store, relation: str, condition: str = "true") -> bool:
 
 
 def _engine_sources(store: Store) -> str:
-    """' This store's engine spans are from SGLang (12 requests).' (or that it has none)."""
+    """' This store's engine spans are from SGLang (12 request spans).' (or that it holds none)."""
+    from infertrace.sources.capabilities import SOURCE_TITLES
+
     counts = store.sql("SELECT source, count(*) FROM request_legs GROUP BY source ORDER BY count(*) DESC, source"
                        ).fetchall()
     if not counts:
         return " This store holds no engine request span."
     return " This store's engine spans are from " + ", ".join(
-        f"{_SOURCE_TITLES.get(str(s), str(s))} ({n} request span{'' if n == 1 else 's'})" for s, n in counts) + "."
+        f"{SOURCE_TITLES.get(str(s), str(s))} ({n} request span{'' if n == 1 else 's'})" for s, n in counts) + "."
 
 
 def _join(names: list[str]) -> str:
