@@ -44,6 +44,7 @@ import pandas as pd
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from infertrace.analyzers.slo import UNCHECKED
 from infertrace.export import NO_STALL_INPUTS, query_text, stall_source
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ _REQUEST_HISTOGRAMS = {  # metric in the SQL → (name, help, buckets)
                REQUEST_LATENCY_BUCKETS),
 }
 _LABELS = ["model_name", "engine"]
+NO_CACHED_COUNTS = "no request span of this store carries a cached-token count"
 
 
 def _histogram(name: str, documentation: str, bounds: Sequence[float],
@@ -122,8 +124,7 @@ def derived_metrics(store: Store, itl: ItlAnalysis | None = None,
     families.append(_histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens of a "
                                "request, in seconds.", ITL_BUCKETS, itl_rows))
     if tokens.empty:
-        unavailable["vllm:inter_token_latency_seconds"] = ("no per-token times: no engine_step spans, SGLang or TGI "
-                                                           "token spans, or client token times")
+        unavailable["vllm:inter_token_latency_seconds"] = UNCHECKED["itl"]
     families += _engine_totals(store, unavailable)
     method = "steps" if itl is not None else stall_source(store)
     if method == "steps":
@@ -143,7 +144,7 @@ def derived_metrics(store: Store, itl: ItlAnalysis | None = None,
         if group.hit_rate is not None:
             hit_rate.add_metric([str(group.key)], float(group.hit_rate))
     if not hit_rate.samples:
-        unavailable["infertrace:prefix_cache_hit_rate"] = "no request span of this store carries a cached-token count"
+        unavailable["infertrace:prefix_cache_hit_rate"] = NO_CACHED_COUNTS
     families.append(hit_rate)
     missing = GaugeMetricFamily("infertrace:metric_unavailable", "1 for each metric this store cannot give, with "
                                 "the reason (an absent series is not a zero).", labels=["metric", "reason"])
@@ -176,13 +177,13 @@ def _engine_totals(store: Store, unavailable: dict[str, str]) -> list[Metric]:
         labels = (r.model or "", r.instance)
         sums = per_engine[labels]
         for column in counters:
-            if _known(value := getattr(r, column)):
+            if pd.notna(value := getattr(r, column)):
                 sums[column] = sums.get(column, 0.0) + float(value)
         success.add_metric([*labels, str(r.finish_reason)], float(r.requests))
         kv = (float(r.kv_used_blocks) / float(r.kv_total_blocks)
-              if _known(r.kv_used_blocks) and _known(r.kv_total_blocks) and r.kv_total_blocks else None)
-        last[labels] = {"running": r.running if _known(r.running) else None,
-                        "waiting": r.waiting if _known(r.waiting) else None, "kv_usage": kv}
+              if pd.notna(r.kv_used_blocks) and pd.notna(r.kv_total_blocks) and r.kv_total_blocks else None)
+        last[labels] = {"running": r.running if pd.notna(r.running) else None,
+                        "waiting": r.waiting if pd.notna(r.waiting) else None, "kv_usage": kv}
     for labels, sums in sorted(per_engine.items()):
         for column, family in counters.items():
             if column in sums:  # else the engine's spans do not count it: left out, not a zero
@@ -194,15 +195,10 @@ def _engine_totals(store: Store, unavailable: dict[str, str]) -> list[Metric]:
     for column, family in (*counters.items(), *gauges.items()):
         if not family.samples and per_engine:
             unavailable[family.name + ("_total" if family.type == "counter" else "")] = {
-                "prompt_tokens_queried": "no request span of this store carries a cached-token count",
-                "cached_tokens": "no request span of this store carries a cached-token count",
+                "prompt_tokens_queried": NO_CACHED_COUNTS, "cached_tokens": NO_CACHED_COUNTS,
                 "preemptions": "no request span of this store counts its preemptions",
             }.get(column, "no engine_step spans: an engine's load is read from its steps")
     return [*counters.values(), success, *gauges.values()]
-
-
-def _known(value: Any) -> bool:
-    return value is not None and value is not pd.NA and value == value
 
 
 def _stall_metrics(itl: ItlAnalysis) -> list[Metric]:

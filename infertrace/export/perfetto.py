@@ -156,7 +156,7 @@ class _Child:
 
 def _int(value: Any) -> int | None:
     """An int, or None for SQL's NULL as pandas gives it (None, NaN, or NA in a column of a nullable type)."""
-    return None if value is None or value is pd.NA or value != value else int(value)
+    return None if pd.isna(value) else int(value)
 
 
 def write_perfetto(store: Store, out: Path | IO[bytes], since_ns: int | None = None, until_ns: int | None = None,
