@@ -324,3 +324,68 @@ def test_a_capture_whose_spans_carry_no_prompt_length_is_refused_naming_the_sour
     assert result.returncode == 2, result.stdout
     assert (f"{len(requests)} of the {len(requests)} requests of 'llama-3-8b' in that window have no prompt length "
             "in their spans (source: tgi;") in result.stderr
+
+
+_TGI_FLEET = """
+name = "tgi-behind-litellm"
+region = "us-east-1"
+
+[[router]]
+id = "router-0"
+models = ["llama-3-8b"]
+
+[[model]]
+name = "llama-3-8b"
+hardware = "H100-SXM"
+
+[[tenant]]
+name = "acme"
+models = ["llama-3-8b"]
+rate = 4.0
+prompt_mean = 900.0
+output_mean = 60.0
+max_tokens = 200
+system_prompt_fraction = 0.0
+assistant_prefill_fraction = 0.0
+"""
+
+
+def _tgi_fleet_store(tmp_path: Path, engine: str, gateway: str) -> Path:
+    from reference_engine.fleet.fleet import Fleet
+    from reference_engine.fleet.workload import fleet_requests
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.telemetry.profiles import TelemetrySpec
+    from tests.fleet_traces import fleet_from_toml
+
+    spec = fleet_from_toml(_TGI_FLEET)
+    path = tmp_path / f"{engine}-{gateway}.jsonl"
+    writer = OtlpJsonLinesWriter(path)
+    try:
+        Fleet(spec, writer, 3, telemetry=TelemetrySpec(engine, gateway)).run(fleet_requests(spec, 40.0, 3))
+    finally:
+        writer.close()
+    ingest_paths(tmp_path / f"{engine}-{gateway}", [path])
+    return tmp_path / f"{engine}-{gateway}"
+
+
+def test_a_tgi_capture_behind_litellm_takes_prompt_lengths_from_the_proxy_and_compares_on_the_batching_tasks_clock(
+        tmp_path: Path) -> None:
+    """TGI's spans carry no token counts, but LiteLLM's proxy records the engine's usage on its own span in the
+    same trace: the prompt lengths are the engine's (the same run traced natively says so), and the capture,
+    compared from the queue append on (TGI's HTTP handler validates and tokenises before it, which the replay does
+    not model), is reproduced by a replay of an engine at the default costs. (No request shares a system prompt:
+    TGI's spans say nothing of prefix-cache hits, which only `--calibrate` infers.)"""
+    from infertrace.replay.compare import trust
+
+    tgi = _tgi_fleet_store(tmp_path, "tgi", "litellm")
+    native = _tgi_fleet_store(tmp_path, "infertrace", "infertrace")
+    lengths = "SELECT input_tokens FROM request_legs ORDER BY arrival_ns"
+    with Store.open(tgi) as store, Store.open(native) as truth:
+        assert {s for (s,) in store.sql("SELECT DISTINCT source FROM request_legs").fetchall()} == {"tgi"}
+        got = [n for (n,) in store.sql(lengths).fetchall()]
+        assert None not in got and got == [n for (n,) in truth.sql(lengths).fetchall()]
+        capture = read_capture(store, "llama-3-8b")
+        assert any(n.startswith("TTFT and E2E as TGI's batching task saw them") for n in capture.notes)
+        baseline = trust(capture.observed, replay_distribution(capture.requests, capture.deployment))
+    assert baseline.trustworthy, baseline.sentence()
+    assert set(baseline.errors) == {"ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"}

@@ -36,8 +36,9 @@ FIXTURE_SOURCES = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))
 
 # The fleet of the end-to-end tests of each source (a shared router in front of two of three models, two
 # slowed), run with (engine telemetry, gateway telemetry): every engine profile, and both foreign gateway
-# shapes (LiteLLM's spans, and none at all).
-PROFILES = [("vllm-v1", "litellm"), ("vllm-v0", "none"), ("sglang", "litellm"), ("tgi", "none")]
+# shapes (LiteLLM's spans, and none at all); TGI both alone and behind LiteLLM, whose proxy span carries the prompt's
+# tokens that TGI's own spans lack.
+PROFILES = [("vllm-v1", "litellm"), ("vllm-v0", "none"), ("sglang", "litellm"), ("tgi", "none"), ("tgi", "litellm")]
 DEFAULT_PROFILES = {("vllm-v1", "litellm")}
 
 _ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-sources-")

@@ -186,9 +186,9 @@ def attribute_from_requests(requests: pd.DataFrame, token_times: pd.DataFrame,
                      "on their span): they cannot be named as culprits")
     unsized = int(prefill.loc[prefill["input_tokens"].isna(), "request_id"].nunique())
     if unsized:
-        notes.append(f"{unsized} requests have no prompt length on their spans (TGI's carry no token counts): as "
-                     "culprits, their prefill's length stands in for their tokens, and a prefill of theirs held by a "
-                     "host pause cannot be told from a long one")
+        notes.append(f"{unsized} requests have no prompt length on their spans (TGI's carry none) nor on a gateway's "
+                     "span in their trace: as culprits, their prefill's length stands in for their tokens, and a "
+                     "prefill of theirs held by a host pause cannot be told from a long one")
     stalls: list[RequestStall] = []
     baselines: dict[str, int] = {}
     for instance in sorted(set(g.instance.tolist())):

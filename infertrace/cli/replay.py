@@ -182,7 +182,10 @@ def replay(
         with err.status(f"Replaying {len(capture.requests)} requests × {1 + len(variants)} configs …"):
             result = what_if(capture, variants, calibrated=bool(cost) or calibrate, seed=seed)
     except ValueError as e:
-        raise fail(str(e)) from None
+        hint = ("" if capture.config_source == "spans" else
+                f" (the spans of {model} carry no engine configuration: say the captured one with --captured, "
+                "e.g. --captured tensor_parallel=2 --captured hardware=H100-SXM)")
+        raise fail(f"{e}{hint}") from None
     print(render_text(result), end="")
     if save and is_clickhouse_url(store):
         err.print("note: the result is not kept: --store is ClickHouse (use --json, or `ingest --from` a local store)")

@@ -200,6 +200,9 @@ _CORE_NOTES = {
               "request's first prefill_forward, and to the thread span's end), each request reaching the engine "
               "after the tokenizer's own latency (tokenize and dispatch, and the detokenized first token after; the "
               "replay does not model the tokenizer)",
+    "tgi": "TTFT and E2E as TGI's batching task saw them (from the queue append to the first token sent and to the "
+           "end of its schedule span), each request reaching the engine after the HTTP handler's own latency "
+           "(validation and tokenisation; the replay does not model the router's handler)",
 }
 
 
@@ -224,8 +227,9 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
         sources = ", ".join(sorted({str(r["source"]) for r in unsized}))
         raise ValueError(f"{len(unsized)} of the {len(records)} requests of {model!r} in that window have no prompt "
                          f"length in their spans (source: {sources}; TGI's spans carry none, it sends token counts in "
-                         "response headers): a replay cannot rebuild their prefills. Spans that carry "
-                         "gen_ai.usage.input_tokens on the engine's request span are needed")
+                         "response headers): a replay cannot rebuild their prefills. It needs "
+                         "gen_ai.usage.input_tokens (or .prompt_tokens) on the engine's request span or on a "
+                         "gateway's span in the same trace (LiteLLM's proxy records the engine's usage there)")
     engine_rows = store.sql(query_text("capture_engines"), {"model": model}).fetchall()
     engine_cols = ("instance", "role", "hardware", "tensor_parallel", "policy", "max_num_batched_tokens",
                    "max_num_seqs", "chunked_prefill", "prefix_caching", "prefill_microbatch", "block_size",

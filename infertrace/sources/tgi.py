@@ -36,7 +36,8 @@ TGI = SourceProfile(
     normalised=("requests", "tokens (send_generation)"),
     missing=("request id", "model (the model comes from a gateway's span in the trace, else service.name)",
              "instance (replicas are told apart only by distinct --otlp-service-name values)",
-             "token counts (response headers only: output tokens are counted from send_generation spans)",
+             "token counts (response headers only: output tokens are counted from send_generation spans, prompt "
+             "tokens taken from a gateway's span in the trace that reports the engine's usage, LiteLLM's)",
              "cached tokens", "tenant", "steps: batch spans and their links carry membership (not normalised yet)"),
     citations=(
         Citation(REPO, "router/src/logging.rs", COMMIT, "init_logging: tonic exporter, Resource::new(service.name)"),

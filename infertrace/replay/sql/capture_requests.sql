@@ -14,7 +14,9 @@
 --   an API server's whose own latency the replay does not model: vLLM V1's engine core, time_in_queue plus
 --   time_in_model_prefill or time_in_model_inference; SGLang's scheduler, from its thread span's start to the
 --   end of the request's first prefill_forward or to the thread span's end, the tokenizer's tokenize, dispatch
---   and detokenize left out; NULL for other sources), source (request_legs' source).
+--   and detokenize left out; TGI's batching task, from the `queued` span's start (the queue append, after the
+--   HTTP handler's validation and tokenisation) to its first `send_generation` and to its `schedule` span's end;
+--   NULL for other sources), source (request_legs' source).
 WITH routes AS (
     SELECT trace_id, min(start_ns) AS route_ns
     FROM spans WHERE name = 'route' AND "attr.infertrace.route.target" IS NOT NULL
@@ -30,18 +32,31 @@ sglang AS (
       AND trace_id IN (SELECT trace_id FROM request_legs WHERE source = 'sglang' AND model = $model)
     GROUP BY trace_id
 ),
+tgi AS (
+    SELECT trace_id,
+           min(start_ns) FILTER (WHERE name = 'queued') AS queued_ns,
+           min(start_ns) FILTER (WHERE name = 'send_generation') AS first_token_ns,
+           max(end_ns) FILTER (WHERE name = 'schedule') AS schedule_end_ns
+    FROM spans
+    WHERE name IN ('queued', 'send_generation', 'schedule')
+      AND trace_id IN (SELECT trace_id FROM request_legs WHERE source = 'tgi' AND model = $model)
+    GROUP BY trace_id
+),
 rows AS (
     SELECT r.*, routes.route_ns,
            CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
                + s."attr.gen_ai.latency.time_in_model_prefill") * 1e9) AS BIGINT)
-                WHEN r.source = 'sglang' THEN g.first_token_ns - g.scheduler_ns END AS core_ttft_ns,
+                WHEN r.source = 'sglang' THEN g.first_token_ns - g.scheduler_ns
+                WHEN r.source = 'tgi' THEN t.first_token_ns - t.queued_ns END AS core_ttft_ns,
            CASE WHEN r.source = 'vllm-v1' THEN CAST(round((s."attr.gen_ai.latency.time_in_queue"
                + s."attr.gen_ai.latency.time_in_model_inference") * 1e9) AS BIGINT)
-                WHEN r.source = 'sglang' THEN g.scheduler_end_ns - g.scheduler_ns END AS core_e2e_ns
+                WHEN r.source = 'sglang' THEN g.scheduler_end_ns - g.scheduler_ns
+                WHEN r.source = 'tgi' THEN t.schedule_end_ns - t.queued_ns END AS core_e2e_ns
     FROM request_legs r
     JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
     LEFT JOIN routes ON routes.trace_id = r.trace_id
     LEFT JOIN sglang g ON g.trace_id = r.trace_id
+    LEFT JOIN tgi t ON t.trace_id = r.trace_id
     WHERE r.model = $model
 )
 SELECT

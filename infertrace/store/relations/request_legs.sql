@@ -31,6 +31,8 @@
 -- (model_source says which); the instance is `service.instance.id`, else `host.name`:`process.pid`, else
 -- SGLang's scheduler thread (host id:pid), else `service.name`:`vllm.process_id`, else `service.name`
 -- (instance_source says which). A request id missing on the span is taken from its trace, else the span id.
+-- Prompt tokens missing on the span (TGI's carry none) are the engine's usage as a gateway's span in the trace
+-- reports it (gen_ai.usage.input_tokens or .prompt_tokens: LiteLLM's), when the trace's gateway spans agree on one.
 WITH
 -- One scan of the spans picks every row this relation reads (each further scan of a store of many segments
 -- costs as much as this one): engine request spans of every source, the reference engine's queue and
@@ -156,7 +158,13 @@ trace_info AS (
            any_value("attr.gen_ai.request.model") AS model,
            any_value("attr.gen_ai.request.id") FILTER (WHERE "attr.gen_ai.request.id" IS NOT NULL) AS request_id,
            any_value(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"))
-               AS tenant
+               AS tenant,
+           -- the prompt's tokens as the gateway's span reports the engine's usage (LiteLLM: on `litellm_request`,
+           -- or on its root span since v1.81), where the trace's gateway spans agree on one count
+           CASE WHEN min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
+                     = max(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
+                THEN min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")) END
+               AS input_tokens
     FROM pick
     WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL
     GROUP BY trace_id
@@ -165,6 +173,7 @@ phases AS (
     SELECT
         e.*,
         ti.model AS trace_model, ti.request_id AS trace_request_id, ti.tenant AS trace_tenant,
+        ti.input_tokens AS trace_input_tokens,
         coalesce(e.event_first_token_ns, e.own_first_token_ns, e.start_ns + e.attr_ttft_ns) AS first_token
     FROM engine e
     LEFT JOIN trace_info ti ON ti.trace_id = e.trace_id
@@ -207,7 +216,7 @@ SELECT
     p.finish - p.first_token AS decode_ns,
     p.finish - p.start_ns AS e2e_ns,
     kv.kv_transfer_ns,
-    p.input_tokens,
+    coalesce(p.input_tokens, p.trace_input_tokens) AS input_tokens,
     p.output_tokens,
     p.cached_tokens,
     p.system_prompt_id,

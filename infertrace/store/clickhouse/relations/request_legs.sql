@@ -121,7 +121,10 @@ trace_info AS (
     SELECT trace_id,
            any("attr.gen_ai.request.model") AS model,
            any("attr.gen_ai.request.id") AS request_id,
-           any(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id")) AS tenant
+           any(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id")) AS tenant,
+           if(min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
+                  = max(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")),
+              min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")), NULL) AS input_tokens
     FROM pick
     WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL
     GROUP BY trace_id
@@ -130,6 +133,7 @@ timed AS (
     SELECT
         e.*,
         ti.model AS trace_model, ti.request_id AS trace_request_id, ti.tenant AS trace_tenant,
+        ti.input_tokens AS trace_input_tokens,
         coalesce(e.event_first_token_ns, e.own_first_token_ns, e.start_ns + e.attr_ttft_ns) AS first_token,
         coalesce(e.q_scheduled_ns, e.own_scheduled_ns,
                  if(e.source = 'vllm-v1', first_token - e.attr_prefill_ns, NULL),
@@ -166,7 +170,7 @@ SELECT
     p.finish - p.first_token AS decode_ns,
     p.finish - p.start_ns AS e2e_ns,
     kv.kv_transfer_ns AS kv_transfer_ns,
-    p.input_tokens AS input_tokens,
+    coalesce(p.input_tokens, p.trace_input_tokens) AS input_tokens,
     p.output_tokens AS output_tokens,
     p.cached_tokens AS cached_tokens,
     p.system_prompt_id AS system_prompt_id,
