@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infertrace.analyzers import materialize_once, query_text
+from infertrace.analyzers.clocks import ClockOffset, clock_offsets
 from infertrace.sources import ENGINES
 from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
@@ -55,6 +56,7 @@ class StoreCoverage:
     unreadable_segments: int  # segments the reader left out of its snapshot
     client_token_requests: int = 0  # requests with a client's token times (client_tokens)
     iteration_lines: int = 0  # vLLM iteration log lines (iteration_log)
+    clock_offsets: tuple[ClockOffset, ...] = ()  # engines whose clocks disagree with the gateway's
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -86,6 +88,7 @@ class StoreCoverage:
             lines.append("Quarantined at ingest: nothing.")
         if self.stored_with_changes:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
+        lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
         if self.unreadable_segments:
             n = self.unreadable_segments
             lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
@@ -135,6 +138,7 @@ def store_coverage(store: Store) -> StoreCoverage:
         unreadable_segments=len(store.skipped),
         client_token_requests=int(store.sql("SELECT count(DISTINCT request_id) FROM client_tokens").fetchall()[0][0]),
         iteration_lines=int(store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]),
+        clock_offsets=clock_offsets(store) if counts.get("entry") else (),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 
@@ -211,6 +215,10 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     parts = []
     if requests:
         parts.append("gateway share from entry spans" if gateway else "no gateway share (no gateway span)")
+        if c.clock_offsets:
+            skewed = sorted({i for f in c.clock_offsets for i in f.instances})
+            parts.append(f"the gateway share of the requests of {', '.join(skewed)} is off by their clocks' offset "
+                         "from the gateway's (see Clocks)")
         parts.append("prefill split into own compute and waiting from step spans" if c.step_spans else
                      "prefill not split into own compute and waiting (needs step spans)")
         if c.sources.get("vllm-v1"):

@@ -1,0 +1,186 @@
+"""An engine whose clock disagrees with the gateway's: the store says so, names the engine and the size of the
+offset, and says which answer it makes wrong; a fleet whose clocks agree gets no such finding.
+
+The skewed host is made the way it happens: the same fleet run, with every timestamp one engine instance's exporter
+wrote moved by the offset (its spans, their events), before ingest."""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infertrace.analyzers.clocks import clock_offsets
+from infertrace.sources.capabilities import store_coverage
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from tests.fleet_traces import fleet_from_toml, simulate_fleet
+
+FLEET = """
+name = "three-replicas"
+region = "us-east-1"
+
+[[auth]]
+id = "auth-0"
+latency_ms = 1.0
+
+[[router]]
+id = "router-0"
+models = ["llama-3-8b", "qwen-2.5-1.5b"]
+policy = "round_robin"
+
+[[model]]
+name = "llama-3-8b"
+replicas = 3
+hardware = "H100-SXM"
+
+[[model]]
+name = "qwen-2.5-1.5b"
+replicas = 2
+hardware = "H100-SXM"
+
+[[tenant]]
+name = "acme"
+models = ["llama-3-8b", "qwen-2.5-1.5b"]
+rate = 8.0
+prompt_mean = 600.0
+output_mean = 20.0
+max_tokens = 64
+"""
+
+_ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-clocks-")
+MS = 1_000_000
+
+
+@functools.cache
+def _trace() -> Path:
+    path = Path(_ROOT.name) / "fleet.jsonl"
+    simulate_fleet(fleet_from_toml(FLEET), path, 40.0, seed=4)
+    return path
+
+
+def _instance(resource_spans: dict[str, Any]) -> str | None:
+    attributes = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+    return attributes.get("service.instance.id", {}).get("stringValue")
+
+
+def _move(span: dict[str, Any], offset_ns: int, end_offset_ns: int | None = None) -> None:
+    span["startTimeUnixNano"] = str(int(span["startTimeUnixNano"]) + offset_ns)
+    span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + (offset_ns if end_offset_ns is None else
+                                                                    end_offset_ns))
+    for event in span.get("events", ()):
+        event["timeUnixNano"] = str(int(event["timeUnixNano"]) + offset_ns)
+
+
+def _shifted(instance: str, offset_ns: int, path_delay: bool) -> Path:
+    """The fleet's trace with `instance`'s clock off by `offset_ns` (every time its resource's spans carry); or,
+    with `path_delay`, its clock right but the network to it `offset_ns` slower each way: its spans that much later,
+    and the gateway entry span of each request it served ending twice that later (the response comes back late)."""
+    lines = [json.loads(line) for line in _trace().open()]
+    served = {span["traceId"] for request in lines for rs in request["resourceSpans"] if _instance(rs) == instance
+              for scope in rs["scopeSpans"] for span in scope["spans"]}
+    assert served, f"no span of {instance} in the trace"
+    out = Path(_ROOT.name) / f"{instance}{offset_ns:+d}{'-path' if path_delay else ''}.jsonl"
+    with out.open("w") as dst:
+        for request in lines:
+            for resource_spans in request["resourceSpans"]:
+                engine = _instance(resource_spans) == instance
+                for scope in resource_spans["scopeSpans"]:
+                    for span in scope["spans"]:
+                        if engine:
+                            _move(span, offset_ns)
+                        elif path_delay and span["traceId"] in served and not span.get("parentSpanId"):
+                            _move(span, 0, 2 * offset_ns)  # the entry span: the response arrives late
+            dst.write(json.dumps(request) + "\n")
+    return out
+
+
+@functools.cache
+def _store(instance: str = "", offset_ns: int = 0, path_delay: bool = False) -> Path:
+    trace = _shifted(instance, offset_ns, path_delay) if instance else _trace()
+    root = Path(_ROOT.name) / f"store{instance}{offset_ns:+d}{'-path' if path_delay else ''}"
+    ingest_paths(root, [trace])
+    return root
+
+
+def test_a_fleet_whose_clocks_agree_gets_no_clock_finding() -> None:
+    with Store.open(_store()) as store:
+        coverage = store_coverage(store)
+        instances = {i for (i,) in store.sql("SELECT DISTINCT instance FROM requests").fetchall()}
+    assert len(instances) == 5
+    assert coverage.clock_offsets == ()
+    assert not any(line.startswith("Clocks:") for line in coverage.sentences())
+
+
+@pytest.mark.parametrize("engine", ["vllm-v1", "sglang", "tgi"])
+def test_other_engines_spans_behind_litellm_get_no_clock_finding(engine: str) -> None:
+    """Their request spans are an API server's (vLLM's, SGLang's tokenizer, TGI's HTTP handler), whose own
+    latency sits between the proxy's call and the engine: none of it reads as a clock."""
+    from reference_engine.fleet.fleet import Fleet
+    from reference_engine.fleet.workload import fleet_requests
+    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+    from reference_engine.telemetry.profiles import TelemetrySpec
+
+    spec = fleet_from_toml(FLEET)
+    path = Path(_ROOT.name) / f"{engine}.jsonl"
+    writer = OtlpJsonLinesWriter(path)
+    try:
+        Fleet(spec, writer, 4, telemetry=TelemetrySpec(engine, "litellm")).run(fleet_requests(spec, 40.0, 4))
+    finally:
+        writer.close()
+    ingest_paths(Path(_ROOT.name) / f"store-{engine}", [path])
+    with Store.open(Path(_ROOT.name) / f"store-{engine}") as store:
+        assert store.sql("SELECT count(*) FROM requests WHERE gateway_ns IS NOT NULL").fetchall()[0][0] > 100
+        assert clock_offsets(store) == ()
+
+
+def test_a_replica_whose_clock_runs_ahead_is_named_with_its_offset_against_the_other_replicas() -> None:
+    """40 ms ahead: every request of that replica seems to spend 40 ms more in the gateway. Nothing is impossible,
+    but its floor of gateway time stands 40 ms above its two siblings'."""
+    with Store.open(_store("llama-3-8b-1", 40 * MS)) as store:
+        coverage = store_coverage(store)
+    [finding] = coverage.clock_offsets
+    assert finding.instances == ("llama-3-8b-1",) and not finding.at_least
+    assert 38 * MS <= finding.offset_ns <= 42 * MS
+    assert finding.sentence().startswith("llama-3-8b-1 (llama-3-8b): its clock runs about ")
+    assert "ms ahead of the gateway's" in finding.sentence()
+    assert f"Clocks: {finding.sentence()}" in coverage.sentences()
+    assert "the gateway share of the requests of llama-3-8b-1 is off" in coverage.analysis("ttft").detail
+
+
+def test_a_slower_network_path_to_a_replica_is_not_taken_for_its_clock() -> None:
+    """20 ms more each way to one replica: its requests arrive later, as with a clock 20 ms ahead, but their
+    responses also come back later, where a clock ahead would bring them back earlier."""
+    with Store.open(_store("llama-3-8b-1", 20 * MS, path_delay=True)) as store:
+        gateway = store.sql("SELECT min(gateway_ns) FROM requests WHERE instance = 'llama-3-8b-1'").fetchall()[0][0]
+        assert gateway > 20 * MS
+        assert clock_offsets(store) == ()
+
+
+def test_a_replica_whose_clock_runs_behind_is_caught_by_requests_reaching_it_before_the_gateway() -> None:
+    with Store.open(_store("llama-3-8b-2", -40 * MS)) as store:
+        [finding] = clock_offsets(store)
+        negative = store.sql("SELECT count(*) FROM requests WHERE gateway_ns < 0").fetchall()[0][0]
+    assert negative > 0
+    assert finding.instances == ("llama-3-8b-2",) and finding.at_least
+    assert -40 * MS <= finding.offset_ns <= -30 * MS  # a bound: the true offset is at least this far behind
+    assert "its clock runs at least 3" in finding.sentence() and "behind the gateway's" in finding.sentence()
+
+
+@pytest.mark.parametrize("offset_ms", [25, -25])
+def test_of_two_replicas_whose_clocks_differ_neither_is_blamed(offset_ms: int) -> None:
+    """Two replicas of qwen: a floor apart says their clocks differ, not whose is right (unless one is behind so
+    far that its requests arrive before they entered the gateway)."""
+    with Store.open(_store("qwen-2.5-1.5b-0", offset_ms * MS)) as store:
+        findings = clock_offsets(store)
+    [finding] = findings
+    if offset_ms > 0:
+        assert finding.instances == ("qwen-2.5-1.5b-0", "qwen-2.5-1.5b-1") and not finding.at_least
+        assert 23 * MS <= finding.offset_ns <= 27 * MS
+        assert "which one is off cannot be told" in finding.sentence()
+    else:
+        assert finding.instances == ("qwen-2.5-1.5b-0",) and finding.at_least
