@@ -18,6 +18,7 @@ from reference_engine.fleet.config import FleetSpec, parse_fleet
 from reference_engine.fleet.fleet import Fleet, FleetSummary
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.profiles import TelemetrySpec
 from reference_engine.workload import DEFAULT_EPOCH_NS
 from tests.otlp_proto import token_times
 
@@ -28,10 +29,11 @@ def fleet_from_toml(text: str) -> FleetSpec:
     return parse_fleet(tomllib.loads(text))
 
 
-def simulate_fleet(spec: FleetSpec, path: Path, duration_s: float, seed: int = 0) -> FleetSummary:
+def simulate_fleet(spec: FleetSpec, path: Path, duration_s: float, seed: int = 0,
+                   telemetry: TelemetrySpec | None = None) -> FleetSummary:
     writer = OtlpJsonLinesWriter(path)
     try:
-        return Fleet(spec, writer, seed).run(fleet_requests(spec, duration_s, seed))
+        return Fleet(spec, writer, seed, telemetry=telemetry).run(fleet_requests(spec, duration_s, seed))
     finally:
         writer.close()
 

@@ -120,18 +120,10 @@ def test_a_fleet_whose_clocks_agree_gets_no_clock_finding() -> None:
 def test_other_engines_spans_behind_litellm_get_no_clock_finding(engine: str) -> None:
     """Their request spans are an API server's (vLLM's, SGLang's tokenizer, TGI's HTTP handler), whose own
     latency sits between the proxy's call and the engine: none of it reads as a clock."""
-    from reference_engine.fleet.fleet import Fleet
-    from reference_engine.fleet.workload import fleet_requests
-    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
     from reference_engine.telemetry.profiles import TelemetrySpec
 
-    spec = fleet_from_toml(FLEET)
     path = Path(_ROOT.name) / f"{engine}.jsonl"
-    writer = OtlpJsonLinesWriter(path)
-    try:
-        Fleet(spec, writer, 4, telemetry=TelemetrySpec(engine, "litellm")).run(fleet_requests(spec, 40.0, 4))
-    finally:
-        writer.close()
+    simulate_fleet(fleet_from_toml(FLEET), path, 40.0, seed=4, telemetry=TelemetrySpec(engine, "litellm"))
     ingest_paths(Path(_ROOT.name) / f"store-{engine}", [path])
     with Store.open(Path(_ROOT.name) / f"store-{engine}") as store:
         assert store.sql("SELECT count(*) FROM requests WHERE gateway_ns IS NOT NULL").fetchall()[0][0] > 100

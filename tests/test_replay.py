@@ -351,19 +351,11 @@ assistant_prefill_fraction = 0.0
 
 
 def _tgi_fleet_store(tmp_path: Path, engine: str, gateway: str) -> Path:
-    from reference_engine.fleet.fleet import Fleet
-    from reference_engine.fleet.workload import fleet_requests
-    from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
     from reference_engine.telemetry.profiles import TelemetrySpec
-    from tests.fleet_traces import fleet_from_toml
+    from tests.fleet_traces import fleet_from_toml, simulate_fleet
 
-    spec = fleet_from_toml(_TGI_FLEET)
     path = tmp_path / f"{engine}-{gateway}.jsonl"
-    writer = OtlpJsonLinesWriter(path)
-    try:
-        Fleet(spec, writer, 3, telemetry=TelemetrySpec(engine, gateway)).run(fleet_requests(spec, 40.0, 3))
-    finally:
-        writer.close()
+    simulate_fleet(fleet_from_toml(_TGI_FLEET), path, 40.0, seed=3, telemetry=TelemetrySpec(engine, gateway))
     ingest_paths(tmp_path / f"{engine}-{gateway}", [path])
     return tmp_path / f"{engine}-{gateway}"
 

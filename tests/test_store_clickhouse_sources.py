@@ -23,12 +23,9 @@ from infertrace.store.clickhouse.store import ClickHouseStore
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import RELATIONS, Store, open_store
 from infertrace.store.values import CONVERTED
-from reference_engine.fleet.fleet import Fleet
-from reference_engine.fleet.workload import fleet_requests
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.profiles import TelemetrySpec
 from tests.clickhouse_stores import DUCKDB_FORM, clickhouse_relation_rows, exported
-from tests.fleet_traces import fleet_from_toml
+from tests.fleet_traces import fleet_from_toml, simulate_fleet
 from tests.test_sources_e2e import DURATION_S, ENGINE_FAULTS, FLEET, SEED
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
@@ -56,15 +53,9 @@ def _source(source: str) -> tuple[str, str]:
         path = FIXTURES / f"{source.removeprefix('fixture:')}.jsonl"
     else:
         engine, gateway = source.split("+")
-        spec = fleet_from_toml(FLEET + ENGINE_FAULTS)
         path = root / "spans.jsonl"
         path.parent.mkdir(parents=True)
-        writer = OtlpJsonLinesWriter(path)
-        try:
-            Fleet(spec, writer, SEED, telemetry=TelemetrySpec(engine, gateway)).run(
-                fleet_requests(spec, DURATION_S, SEED))
-        finally:
-            writer.close()
+        simulate_fleet(fleet_from_toml(FLEET + ENGINE_FAULTS), path, DURATION_S, SEED, TelemetrySpec(engine, gateway))
     summary = ingest_paths(root / "store", [path])
     assert summary.skipped == 0, summary.paragraph()
     local = str(root / "store")
