@@ -9,6 +9,7 @@ import json
 import statistics
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,41 @@ def simulate_fleet(spec: FleetSpec, path: Path, duration_s: float, seed: int = 0
         return Fleet(spec, writer, seed, telemetry=telemetry).run(fleet_requests(spec, duration_s, seed))
     finally:
         writer.close()
+
+
+def resource_instance(resource_spans: dict[str, Any]) -> str | None:
+    """The `service.instance.id` of an OTLP JSON ResourceSpans, or None."""
+    attributes = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+    return attributes.get(sc.SERVICE_INSTANCE_ID, {}).get("stringValue")
+
+
+def move_span(span: dict[str, Any], offset_ns: int, end_offset_ns: int | None = None) -> None:
+    """Moves an OTLP JSON span (its start, its events, and its end by `end_offset_ns`, else by `offset_ns`)."""
+    span["startTimeUnixNano"] = str(int(span["startTimeUnixNano"]) + offset_ns)
+    span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + (offset_ns if end_offset_ns is None else
+                                                                    end_offset_ns))
+    for event in span.get("events", ()):
+        event["timeUnixNano"] = str(int(event["timeUnixNano"]) + offset_ns)
+
+
+def traces_of(path: Path, instance: str) -> set[str]:
+    """The trace ids of every span `instance` exported (OTLP JSON lines)."""
+    with path.open() as lines:
+        return {span["traceId"] for line in lines for rs in json.loads(line)["resourceSpans"]
+                if resource_instance(rs) == instance for scope in rs["scopeSpans"] for span in scope["spans"]}
+
+
+def rewrite_trace(src: Path, out: Path, edit: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+    """Copies OTLP JSON lines, calling `edit(resource_spans, span)` on every span first (to change it in place):
+    a trace as a misconfigured or skewed exporter would have written it."""
+    with src.open() as lines, out.open("w") as dst:
+        for line in lines:
+            request = json.loads(line)
+            for resource_spans in request["resourceSpans"]:
+                for scope in resource_spans["scopeSpans"]:
+                    for span in scope["spans"]:
+                        edit(resource_spans, span)
+            dst.write(json.dumps(request) + "\n")
 
 
 @dataclass(slots=True)

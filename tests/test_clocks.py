@@ -7,7 +7,6 @@ wrote moved by the offset (its spans, their events), before ingest."""
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from infertrace.analyzers.clocks import clock_offsets
 from infertrace.sources.capabilities import store_coverage
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from tests.fleet_traces import fleet_from_toml, simulate_fleet
+from tests.fleet_traces import fleet_from_toml, move_span, resource_instance, rewrite_trace, simulate_fleet, traces_of
 
 FLEET = """
 name = "three-replicas"
@@ -63,39 +62,21 @@ def _trace() -> Path:
     return path
 
 
-def _instance(resource_spans: dict[str, Any]) -> str | None:
-    attributes = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
-    return attributes.get("service.instance.id", {}).get("stringValue")
-
-
-def _move(span: dict[str, Any], offset_ns: int, end_offset_ns: int | None = None) -> None:
-    span["startTimeUnixNano"] = str(int(span["startTimeUnixNano"]) + offset_ns)
-    span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + (offset_ns if end_offset_ns is None else
-                                                                    end_offset_ns))
-    for event in span.get("events", ()):
-        event["timeUnixNano"] = str(int(event["timeUnixNano"]) + offset_ns)
-
-
 def _shifted(instance: str, offset_ns: int, path_delay: bool) -> Path:
     """The fleet's trace with `instance`'s clock off by `offset_ns` (every time its resource's spans carry); or,
     with `path_delay`, its clock right but the network to it `offset_ns` slower each way: its spans that much later,
     and the gateway entry span of each request it served ending twice that later (the response comes back late)."""
-    lines = [json.loads(line) for line in _trace().open()]
-    served = {span["traceId"] for request in lines for rs in request["resourceSpans"] if _instance(rs) == instance
-              for scope in rs["scopeSpans"] for span in scope["spans"]}
+    served = traces_of(_trace(), instance)
     assert served, f"no span of {instance} in the trace"
+
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> None:
+        if resource_instance(resource_spans) == instance:
+            move_span(span, offset_ns)
+        elif path_delay and span["traceId"] in served and not span.get("parentSpanId"):
+            move_span(span, 0, 2 * offset_ns)  # the entry span: the response arrives late
+
     out = Path(_ROOT.name) / f"{instance}{offset_ns:+d}{'-path' if path_delay else ''}.jsonl"
-    with out.open("w") as dst:
-        for request in lines:
-            for resource_spans in request["resourceSpans"]:
-                engine = _instance(resource_spans) == instance
-                for scope in resource_spans["scopeSpans"]:
-                    for span in scope["spans"]:
-                        if engine:
-                            _move(span, offset_ns)
-                        elif path_delay and span["traceId"] in served and not span.get("parentSpanId"):
-                            _move(span, 0, 2 * offset_ns)  # the entry span: the response arrives late
-            dst.write(json.dumps(request) + "\n")
+    rewrite_trace(_trace(), out, edit)
     return out
 
 

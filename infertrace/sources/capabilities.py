@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from infertrace.analyzers import materialize_once, query_text
 from infertrace.analyzers.clocks import ClockOffset, clock_offsets
+from infertrace.analyzers.instances import InstanceProblem, instance_problems
 from infertrace.sources import ENGINES
 from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
@@ -57,6 +58,7 @@ class StoreCoverage:
     client_token_requests: int = 0  # requests with a client's token times (client_tokens)
     iteration_lines: int = 0  # vLLM iteration log lines (iteration_log)
     clock_offsets: tuple[ClockOffset, ...] = ()  # engines whose clocks disagree with the gateway's
+    instance_problems: tuple[InstanceProblem, ...] = ()  # instance ids that are not one engine's run
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -89,6 +91,7 @@ class StoreCoverage:
         if self.stored_with_changes:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
         lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
+        lines += [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
         if self.unreadable_segments:
             n = self.unreadable_segments
             lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
@@ -139,6 +142,7 @@ def store_coverage(store: Store) -> StoreCoverage:
         client_token_requests=int(store.sql("SELECT count(DISTINCT request_id) FROM client_tokens").fetchall()[0][0]),
         iteration_lines=int(store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]),
         clock_offsets=clock_offsets(store) if counts.get("entry") else (),
+        instance_problems=instance_problems(store),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 
@@ -208,6 +212,11 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     else:
         itl = ("ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
                "none.")
+    mixed = sorted(p.instance for p in c.instance_problems if p.step_spans)
+    if mixed and c.step_spans:
+        whose = "its" if len(mixed) == 1 else "their"
+        itl += (f" Not reliable on {', '.join(mixed)}: {whose} step spans are not one engine's run (see "
+                "Instances).")
     out.append(Analysis("itl", "ITL spike attribution",
                         (c.step_spans or c.client_token_requests or c.tokens_from_spans or c.iteration_lines) > 0,
                         itl))

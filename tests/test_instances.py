@@ -1,0 +1,129 @@
+"""Instance ids that are not one engine's run: one id written into every replica's resource attributes, and an
+engine restarted under its id. The store says which, and that the ITL attribution on it is not reliable; a fleet
+configured right gets no such finding.
+
+Each mistake is made the way an operator makes it: the same fleet run, its exporters' resource attributes (and,
+for the restart, the time of the second run) changed before ingest."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from infertrace.analyzers.instances import instance_problems
+from infertrace.sources.capabilities import store_coverage
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from reference_engine.telemetry.profiles import TelemetrySpec
+from tests.fleet_traces import (
+    fleet_from_toml,
+    move_span,
+    resource_instance,
+    rewrite_trace,
+    simulate_fleet,
+    traces_of,
+)
+
+FLEET = """
+name = "two-replicas"
+region = "us-east-1"
+
+[[router]]
+id = "router-0"
+models = ["llama-3-8b"]
+policy = "round_robin"
+
+[[model]]
+name = "llama-3-8b"
+replicas = 2
+hardware = "H100-SXM"
+
+[[tenant]]
+name = "acme"
+models = ["llama-3-8b"]
+rate = 4.0
+prompt_mean = 900.0
+output_mean = 40.0
+max_tokens = 96
+"""
+DURATION_S = 30.0
+_ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-instances-")
+
+
+@functools.cache
+def _trace(engine: str = "infertrace") -> Path:
+    path = Path(_ROOT.name) / f"{engine}.jsonl"
+    simulate_fleet(fleet_from_toml(FLEET), path, DURATION_S, seed=6, telemetry=TelemetrySpec(engine, "infertrace"))
+    return path
+
+
+def _ingested(name: str, trace: Path) -> Path:
+    root = Path(_ROOT.name) / name
+    ingest_paths(root, [trace])
+    return root
+
+
+def _set_instance(resource_spans: dict[str, Any], instance: str) -> None:
+    attributes = resource_spans["resource"]["attributes"]
+    attributes[:] = [a for a in attributes if a["key"] != "service.instance.id"]
+    attributes.append({"key": "service.instance.id", "value": {"stringValue": instance}})
+
+
+def test_a_fleet_whose_engines_have_their_own_ids_gets_no_instance_finding() -> None:
+    with Store.open(_ingested("right", _trace())) as store:
+        coverage = store_coverage(store)
+    assert coverage.instance_problems == ()
+    assert not any(line.startswith("Instances:") for line in coverage.sentences())
+
+
+def test_two_engines_under_one_id_are_found_by_their_overlapping_steps() -> None:
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> None:
+        if resource_instance(resource_spans) == "llama-3-8b-1":
+            _set_instance(resource_spans, "llama-3-8b-0")
+
+    rewrite_trace(_trace(), Path(_ROOT.name) / "one-id.jsonl", edit)
+    with Store.open(_ingested("one-id", Path(_ROOT.name) / "one-id.jsonl")) as store:
+        coverage = store_coverage(store)
+    [problem] = coverage.instance_problems
+    assert problem.instance == "llama-3-8b-0" and problem.several_engines and problem.overlapping > 0
+    assert "several engines export this service.instance.id" in problem.sentence()
+    assert f"Instances: {problem.sentence()}" in coverage.sentences()
+    assert "Not reliable on llama-3-8b-0: its step spans" in coverage.analysis("itl").detail
+
+
+def test_an_engine_restarted_under_its_id_is_found_by_its_step_indexes_starting_over() -> None:
+    """The second replica's run, moved after the first's end and given its id: the same engine, restarted."""
+    served = traces_of(_trace(), "llama-3-8b-1")
+    later = int((DURATION_S + 60) * 1e9)
+
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> None:
+        if resource_instance(resource_spans) == "llama-3-8b-1":
+            _set_instance(resource_spans, "llama-3-8b-0")
+            move_span(span, later)
+        elif span["traceId"] in served:
+            move_span(span, later)
+
+    rewrite_trace(_trace(), Path(_ROOT.name) / "restart.jsonl", edit)
+    with Store.open(_ingested("restart", Path(_ROOT.name) / "restart.jsonl")) as store:
+        [problem] = instance_problems(store)
+    assert problem.instance == "llama-3-8b-0" and not problem.several_engines
+    assert problem.overlapping == 0 and problem.repeated > 0
+    assert "its step indexes start over" in problem.sentence()
+
+
+def test_vllm_engines_under_one_id_are_found_by_their_processes() -> None:
+    """vLLM exports no step spans; its resource names its process (vllm.process_id)."""
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> None:
+        attributes = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+        if "vllm.process_id" in attributes:
+            _set_instance(resource_spans, "vllm-0")
+
+    rewrite_trace(_trace("vllm-v1"), Path(_ROOT.name) / "vllm-one-id.jsonl", edit)
+    with Store.open(_ingested("vllm-one-id", Path(_ROOT.name) / "vllm-one-id.jsonl")) as store:
+        [problem] = instance_problems(store)
+        requests = store.sql("SELECT count(DISTINCT instance) FROM requests").fetchall()[0][0]
+    assert requests == 1  # what the mistake does: both engines read as one
+    assert problem.instance == "vllm-0" and problem.processes == 2 and problem.step_spans == 0
+    assert "its spans come from 2 processes" in problem.sentence()
