@@ -61,16 +61,16 @@ def traces_of(path: Path, instance: str) -> set[str]:
                 if resource_instance(rs) == instance for scope in rs["scopeSpans"] for span in scope["spans"]}
 
 
-def rewrite_trace(src: Path, out: Path, edit: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
-    """Copies OTLP JSON lines, calling `edit(resource_spans, span)` on every span first (to change it in place):
-    a trace as a misconfigured or skewed exporter would have written it."""
+def rewrite_trace(src: Path, out: Path, edit: Callable[[dict[str, Any], dict[str, Any]], bool | None]) -> None:
+    """Copies OTLP JSON lines, calling `edit(resource_spans, span)` on every span first (to change it in place;
+    it returns False to leave the span out): a trace as a misconfigured, skewed or overloaded exporter would have
+    written it."""
     with src.open() as lines, out.open("w") as dst:
         for line in lines:
             request = json.loads(line)
             for resource_spans in request["resourceSpans"]:
                 for scope in resource_spans["scopeSpans"]:
-                    for span in scope["spans"]:
-                        edit(resource_spans, span)
+                    scope["spans"] = [span for span in scope["spans"] if edit(resource_spans, span) is not False]
             dst.write(json.dumps(request) + "\n")
 
 

@@ -127,3 +127,30 @@ def test_vllm_engines_under_one_id_are_found_by_their_processes() -> None:
     assert requests == 1  # what the mistake does: both engines read as one
     assert problem.instance == "vllm-0" and problem.processes == 2 and problem.step_spans == 0
     assert "its spans come from 2 processes" in problem.sentence()
+
+
+def test_step_spans_an_exporter_dropped_are_counted_from_the_gaps_in_the_step_indexes() -> None:
+    """Every third step span of one replica left out, as an SDK whose export queue is full drops them: the store
+    counts exactly the steps between the first and the last span that no span covers, and says the ITL attribution
+    is incomplete there."""
+    runs: list[tuple[int, int, bool]] = []  # (first step index, steps, dropped) of each of its step spans
+
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> bool:
+        if resource_instance(resource_spans) != "llama-3-8b-1" or span["name"] != "engine_step":
+            return True
+        attributes = {a["key"]: a["value"] for a in span["attributes"]}
+        first = int(attributes["infertrace.step.index"]["intValue"])
+        steps = len(attributes["infertrace.step.durations_ns"]["arrayValue"]["values"])
+        runs.append((first, steps, len(runs) % 3 == 1))
+        return not runs[-1][2]
+
+    rewrite_trace(_trace(), Path(_ROOT.name) / "dropped.jsonl", edit)
+    with Store.open(_ingested("dropped", Path(_ROOT.name) / "dropped.jsonl")) as store:
+        coverage = store_coverage(store)
+    kept = [first for first, _, dropped in runs if not dropped]
+    expected = sum(steps for first, steps, dropped in runs if dropped and min(kept) < first < max(kept))
+    [problem] = coverage.instance_problems
+    assert problem.instance == "llama-3-8b-1" and not problem.mixed
+    assert problem.missing_steps == expected > 0
+    assert f"the store holds no engine_step span for {expected} of its" in problem.sentence()
+    assert "Incomplete on llama-3-8b-1" in coverage.analysis("itl").detail

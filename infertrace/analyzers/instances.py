@@ -1,4 +1,4 @@
-"""Engine instances whose spans are not one engine's run (analyzers/sql/instance_collisions.sql).
+"""Engine instances whose spans are not one engine's run, or not all of it (analyzers/sql/instance_collisions.sql).
 
 The store tells engines apart by `service.instance.id`, and the analyses find an engine's steps by their index on
 it. Two mistakes break that without an error anywhere: one id written into every replica's
@@ -6,7 +6,10 @@ OTEL_RESOURCE_ATTRIBUTES (several engines under one id: their steps interleave, 
 victims are found across engines), and an engine restarted under the same id (a container restarted in its pod:
 its step indexes start over, and steps of both runs share an index). The signs: spans of several processes
 under one id; engine_step spans that overlap in time (one engine runs one step at a time); step indexes that come
-again.
+again. And the spans of one run can be incomplete: an OpenTelemetry SDK drops spans when its export queue is full
+(the engine's step spans, the most numerous, first), and samplers leave traces out. One run numbers its steps
+without gaps, so the step indexes that no span covers are steps the store never got: a stall in them is not seen,
+and the ITL percentiles miss their tokens.
 
     for problem in instance_problems(store):
         print(problem.sentence())
@@ -30,10 +33,25 @@ class InstanceProblem:
     step_spans: int
     overlapping: int  # step spans that start before an earlier one of the instance ended
     repeated: int  # step spans whose first step index an earlier one had
+    first_step: int | None = None  # lowest step index its spans cover
+    last_step: int | None = None  # highest
+    steps: int = 0  # steps its spans cover
 
     @property
     def several_engines(self) -> bool:
         return self.processes > 1 or self.overlapping > 0
+
+    @property
+    def mixed(self) -> bool:
+        """Its spans are several engines' or several runs': the analyses read them as one run."""
+        return self.several_engines or self.repeated > 0
+
+    @property
+    def missing_steps(self) -> int:
+        """Steps of its one run that no span covers (0 when its spans are mixed: then no run is known)."""
+        if self.mixed or self.first_step is None or self.last_step is None:
+            return 0
+        return self.last_step - self.first_step + 1 - self.steps
 
     def sentence(self) -> str:
         if self.several_engines:
@@ -46,6 +64,13 @@ class InstanceProblem:
             return (f"{self.instance}: several engines export this service.instance.id ({'; '.join(signs)}). Their "
                     "requests, steps and ITL stalls are read as one engine's: give each engine its own id (its pod "
                     "or host name).")
+        if not self.repeated:
+            expected = self.steps + self.missing_steps
+            return (f"{self.instance}: the store holds no engine_step span for {self.missing_steps} of its "
+                    f"{expected} steps ({self.missing_steps / expected:.1%}; indexes {self.first_step} to "
+                    f"{self.last_step}): an exporter dropped them (a full export queue) or a sampler left them "
+                    "out. A stall in those steps is not seen, ITL percentiles lack their tokens, and the first token "
+                    "after a gap is timed across it.")
         return (f"{self.instance}: its step indexes start over ({self.repeated} of its {self.step_spans} engine_step "
                 "spans repeat an earlier one's, none overlapping: the engine restarted under the same id). The ITL "
                 "analysis finds steps by their index on an instance, so it can mix the two runs' steps.")
@@ -53,6 +78,7 @@ class InstanceProblem:
 
 def instance_problems(store: Store) -> tuple[InstanceProblem, ...]:
     """The instances whose spans are not one engine's run, as far as the store shows it."""
-    return tuple(InstanceProblem(str(instance), int(processes), int(steps), int(overlapping), int(repeated))
-                 for instance, processes, steps, overlapping, repeated
+    return tuple(InstanceProblem(str(instance), int(processes), int(spans), int(overlapping), int(repeated),
+                                 first, last, int(steps))
+                 for instance, processes, spans, overlapping, repeated, first, last, steps
                  in store.sql(query_text("instance_collisions")).fetchall())

@@ -212,10 +212,14 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     else:
         itl = ("ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
                "none.")
-    mixed = sorted(p.instance for p in c.instance_problems if p.step_spans)
+    mixed = sorted(p.instance for p in c.instance_problems if p.step_spans and p.mixed)
     if mixed and c.step_spans:
         whose = "its" if len(mixed) == 1 else "their"
         itl += (f" Not reliable on {', '.join(mixed)}: {whose} step spans are not one engine's run (see "
+                "Instances).")
+    incomplete = sorted(p.instance for p in c.instance_problems if p.missing_steps)
+    if incomplete:
+        itl += (f" Incomplete on {', '.join(incomplete)}: steps without a span, whose stalls are not seen (see "
                 "Instances).")
     out.append(Analysis("itl", "ITL spike attribution",
                         (c.step_spans or c.client_token_requests or c.tokens_from_spans or c.iteration_lines) > 0,
