@@ -157,3 +157,54 @@ def test_of_two_replicas_whose_clocks_differ_neither_is_blamed(offset_ms: int) -
         assert "which one is off cannot be told" in finding.sentence()
     else:
         assert finding.instances == ("qwen-2.5-1.5b-0",) and finding.at_least
+
+
+PD_FLEET = """
+name = "pd"
+region = "us-east-1"
+
+[[router]]
+id = "router-0"
+models = ["llama-3-8b"]
+policy = "round_robin"
+
+[[link]]
+id = "link-0"
+bandwidth_gb_s = 50.0
+latency_ms = 0.5
+
+[[model]]
+name = "llama-3-8b"
+hardware = "H100-SXM"
+disaggregation = { prefill_replicas = 3, decode_replicas = 1, link = "link-0" }
+
+[[tenant]]
+name = "acme"
+models = ["llama-3-8b"]
+rate = 6.0
+prompt_mean = 800.0
+output_mean = 20.0
+max_tokens = 64
+"""
+
+
+def test_a_prefill_worker_ahead_is_named_and_its_finding_says_a_slower_path_would_look_the_same() -> None:
+    """A disaggregated request's prefill worker never sends the last token, so no gap after its span bounds the
+    clock from the other side: the finding says what it could not check."""
+    trace = Path(_ROOT.name) / "pd.jsonl"
+    simulate_fleet(fleet_from_toml(PD_FLEET), trace, 30.0, seed=2)
+
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> None:
+        if resource_instance(resource_spans) == "llama-3-8b-prefill-1":
+            move_span(span, 30 * MS)
+
+    rewrite_trace(trace, Path(_ROOT.name) / "pd-ahead.jsonl", edit)
+    for name, path, named in (("pd", trace, ()), ("pd-ahead", Path(_ROOT.name) / "pd-ahead.jsonl",
+                                                  ("llama-3-8b-prefill-1",))):
+        ingest_paths(Path(_ROOT.name) / name, [path])
+        with Store.open(Path(_ROOT.name) / name) as store:
+            findings = clock_offsets(store)
+        assert tuple(i for f in findings for i in f.instances) == named
+    [finding] = findings
+    assert 28 * MS <= finding.offset_ns <= 32 * MS and not finding.at_least
+    assert "a network path that much slower would look the same" in finding.sentence()

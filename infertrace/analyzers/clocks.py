@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from infertrace.store.store import Store
 
 MIN_REQUESTS = 20  # replicas with fewer requests through the gateway are not compared (their floor is one request)
-MIN_OFFSET_NS = 2_000_000  # offsets below this are not reported (sub-ms ones are the hosts' own jitter)
+MIN_OFFSET_NS = 2_000_000  # offsets below this are not reported: NTP keeps hosts about this close
+UNCHECKED = ("; no request's end to check it against (none colocated and served): a network path that much "
+             "slower would look the same")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ def _gaps(replica: _Replica) -> str:
     return f"entry start to engine arrival {_ms(replica.start_floor_ns)}{end}"
 
 
+def _checked(*ends: float | None) -> str:
+    """What the evidence lacks when an end floor is unknown: then a slower path reads as a clock."""
+    return UNCHECKED if any(end is None for end in ends) else ""
+
+
 def _apart(replica: _Replica, start_ns: float, end_ns: float | None) -> float | None:
     """How far the replica's clock is from the reference floors' (a median replica's): its start floor up by what
     its end floor is down; None when its floors are not apart, or are apart in a way no clock explains (both up:
@@ -107,7 +114,8 @@ def clock_offsets(store: Store) -> tuple[ClockOffset, ...]:
             if apart is not None:
                 found.append(ClockOffset(model, (a.instance, b.instance), int(apart), False, a.requests,
                                          f"1st percentiles of the gaps around their spans: {a.instance}'s "
-                                         f"{_gaps(a)}; {b.instance}'s {_gaps(b)}"))
+                                         f"{_gaps(a)}; {b.instance}'s {_gaps(b)}"
+                                         f"{_checked(a.end_floor_ns, b.end_floor_ns)}"))
         elif len(replicas) >= 3:
             start_ns = statistics.median(r.start_floor_ns for r in replicas)
             ends = [r.end_floor_ns for r in replicas if r.end_floor_ns is not None]
@@ -120,5 +128,5 @@ def clock_offsets(store: Store) -> tuple[ClockOffset, ...]:
                     found.append(ClockOffset(
                         model, (replica.instance,), int(apart), False, replica.requests,
                         f"1st percentiles of the gaps around its spans: {_gaps(replica)}; the median of {model}'s "
-                        f"{len(replicas)} replicas: {reference}"))
+                        f"{len(replicas)} replicas: {reference}{_checked(replica.end_floor_ns, end_ns)}"))
     return tuple(sorted(found, key=lambda f: (f.model, f.instances)))
