@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from infertrace.analyzers.clocks import clock_offsets
+from infertrace.report import ReportOptions, build_report
 from infertrace.sources.capabilities import store_coverage
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
@@ -116,7 +117,10 @@ def test_a_replica_whose_clock_runs_ahead_is_named_with_its_offset_against_the_o
     but its floor of gateway time stands 40 ms above its two siblings'."""
     with Store.open(_store("llama-3-8b-1", 40 * MS)) as store:
         coverage = store_coverage(store)
+        document = build_report(store, ReportOptions(sections=("slo",)))
     [finding] = coverage.clock_offsets
+    [entry] = document["coverage"]["clock_offsets"]
+    assert entry["instances"] == ["llama-3-8b-1"] and entry["offset_ms"] == round(finding.offset_ns / 1e6, 3)
     assert finding.instances == ("llama-3-8b-1",) and not finding.at_least
     assert 38 * MS <= finding.offset_ns <= 42 * MS
     assert finding.sentence().startswith("llama-3-8b-1 (llama-3-8b): its clock runs about ")

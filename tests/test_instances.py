@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infertrace.analyzers.instances import instance_problems
+from infertrace.report import ReportOptions, build_report
 from infertrace.sources.capabilities import store_coverage
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
@@ -147,6 +148,7 @@ def test_step_spans_an_exporter_dropped_are_counted_from_the_gaps_in_the_step_in
     rewrite_trace(_trace(), Path(_ROOT.name) / "dropped.jsonl", edit)
     with Store.open(_ingested("dropped", Path(_ROOT.name) / "dropped.jsonl")) as store:
         coverage = store_coverage(store)
+        document = build_report(store, ReportOptions(sections=("slo",)))
     kept = [first for first, _, dropped in runs if not dropped]
     expected = sum(steps for first, steps, dropped in runs if dropped and min(kept) < first < max(kept))
     [problem] = coverage.instance_problems
@@ -154,3 +156,5 @@ def test_step_spans_an_exporter_dropped_are_counted_from_the_gaps_in_the_step_in
     assert problem.missing_steps == expected > 0
     assert f"the store holds no engine_step span for {expected} of its" in problem.sentence()
     assert "Incomplete on llama-3-8b-1" in coverage.analysis("itl").detail
+    [entry] = document["coverage"]["instances"]
+    assert entry["instance"] == "llama-3-8b-1" and entry["missing_steps"] == expected

@@ -496,6 +496,12 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
         "quarantine": {"records": q.records, "reasons": [{"reason": r, "count": n} for r, n in q.reasons]},
         "stored_with_changes": coverage.stored_with_changes,
         "unreadable_segments": coverage.unreadable_segments,
+        "clock_offsets": [{"model": f.model, "instances": list(f.instances), "offset_ms": round(f.offset_ns / 1e6, 3),
+                           "at_least": f.at_least, "requests": f.requests, "sentence": f.sentence()}
+                          for f in coverage.clock_offsets],
+        "instances": [{"instance": p.instance, "processes": p.processes, "step_spans": p.step_spans,
+                       "overlapping": p.overlapping, "repeated": p.repeated, "missing_steps": p.missing_steps,
+                       "sentence": p.sentence()} for p in coverage.instance_problems],
     }
 
 
