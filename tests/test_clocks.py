@@ -7,14 +7,16 @@ wrote moved by the offset (its spans, their events), before ingest."""
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from infertrace.analyzers.clocks import clock_offsets
-from infertrace.report import ReportOptions, build_report
+from infertrace.report import ReportOptions, build_report, render
 from infertrace.sources.capabilities import store_coverage
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
@@ -52,6 +54,7 @@ output_mean = 20.0
 max_tokens = 64
 """
 
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "infertrace" / "report" / "schema.json").read_text())
 _ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-clocks-")
 MS = 1_000_000
 
@@ -119,6 +122,7 @@ def test_a_replica_whose_clock_runs_ahead_is_named_with_its_offset_against_the_o
         coverage = store_coverage(store)
         document = build_report(store, ReportOptions(sections=("slo",)))
     [finding] = coverage.clock_offsets
+    jsonschema.validate(json.loads(render(document, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
     [entry] = document["coverage"]["clock_offsets"]
     assert entry["instances"] == ["llama-3-8b-1"] and entry["offset_ms"] == round(finding.offset_ns / 1e6, 3)
     assert finding.instances == ("llama-3-8b-1",) and not finding.at_least

@@ -8,12 +8,15 @@ for the restart, the time of the second run) changed before ingest."""
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from infertrace.analyzers.instances import instance_problems
-from infertrace.report import ReportOptions, build_report
+from infertrace.report import ReportOptions, build_report, render
 from infertrace.sources.capabilities import store_coverage
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
@@ -50,6 +53,7 @@ output_mean = 40.0
 max_tokens = 96
 """
 DURATION_S = 30.0
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "infertrace" / "report" / "schema.json").read_text())
 _ROOT = tempfile.TemporaryDirectory(prefix="infertrace-test-instances-")
 
 
@@ -156,5 +160,6 @@ def test_step_spans_an_exporter_dropped_are_counted_from_the_gaps_in_the_step_in
     assert problem.missing_steps == expected > 0
     assert f"the store holds no engine_step span for {expected} of its" in problem.sentence()
     assert "Incomplete on llama-3-8b-1" in coverage.analysis("itl").detail
+    jsonschema.validate(json.loads(render(document, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
     [entry] = document["coverage"]["instances"]
     assert entry["instance"] == "llama-3-8b-1" and entry["missing_steps"] == expected
