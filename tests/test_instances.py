@@ -163,3 +163,27 @@ def test_step_spans_an_exporter_dropped_are_counted_from_the_gaps_in_the_step_in
     jsonschema.validate(json.loads(render(document, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
     [entry] = document["coverage"]["instances"]
     assert entry["instance"] == "llama-3-8b-1" and entry["missing_steps"] == expected
+
+
+def test_request_spans_an_exporter_dropped_are_counted_from_the_requests_that_left_the_steps() -> None:
+    """Every fourth request span of one replica left out: those requests still took part in its steps and left them,
+    so they finished, and the store counts them as lost (all but one that finished in the replica's last step,
+    if it is among them: nothing after it shows it left)."""
+    dropped = 0
+
+    def edit(resource_spans: dict[str, Any], span: dict[str, Any]) -> bool:
+        nonlocal dropped
+        if resource_instance(resource_spans) != "llama-3-8b-1" or span["name"] != "llm_request":
+            return True
+        dropped += 1
+        return dropped % 4 != 0
+
+    rewrite_trace(_trace(), Path(_ROOT.name) / "no-requests.jsonl", edit)
+    lost = dropped // 4
+    with Store.open(_ingested("no-requests", Path(_ROOT.name) / "no-requests.jsonl")) as store:
+        coverage = store_coverage(store)
+    [problem] = coverage.instance_problems
+    assert problem.instance == "llama-3-8b-1" and not problem.mixed and problem.missing_steps == 0
+    assert lost - 1 <= problem.unseen_requests <= lost and lost >= 5
+    assert f"no request span for {problem.unseen_requests} requests that took part in its steps" in problem.sentence()
+    assert "Requests of llama-3-8b-1 whose request spans were lost are in no figure" in coverage.analysis("slo").detail

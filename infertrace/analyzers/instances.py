@@ -9,7 +9,9 @@ under one id; engine_step spans that overlap in time (one engine runs one step a
 again. And the spans of one run can be incomplete: an OpenTelemetry SDK drops spans when its export queue is full
 (the engine's step spans, the most numerous, first), and samplers leave traces out. One run numbers its steps
 without gaps, so the step indexes that no span covers are steps the store never got: a stall in them is not seen,
-and the ITL percentiles miss their tokens.
+and the ITL percentiles miss their tokens. Request spans are lost the same way: a request that took part in an
+instance's steps and left them (later steps go on without it, and it was not preempted) has finished, and its
+request span should be there.
 
     for problem in instance_problems(store):
         print(problem.sentence())
@@ -36,6 +38,7 @@ class InstanceProblem:
     first_step: int | None = None  # lowest step index its spans cover
     last_step: int | None = None  # highest
     steps: int = 0  # steps its spans cover
+    unseen_requests: int = 0  # requests that took part in its steps and left them, without a request span
 
     @property
     def several_engines(self) -> bool:
@@ -65,12 +68,19 @@ class InstanceProblem:
                     "requests, steps and ITL stalls are read as one engine's: give each engine its own id (its pod "
                     "or host name).")
         if not self.repeated:
-            expected = self.steps + self.missing_steps
-            return (f"{self.instance}: the store holds no engine_step span for {self.missing_steps} of its "
-                    f"{expected} steps ({self.missing_steps / expected:.1%}; indexes {self.first_step} to "
-                    f"{self.last_step}): an exporter dropped them (a full export queue) or a sampler left them "
-                    "out. A stall in those steps is not seen, ITL percentiles lack their tokens, and the first token "
-                    "after a gap is timed across it.")
+            lost = []
+            if self.missing_steps:
+                expected = self.steps + self.missing_steps
+                lost.append(f"no engine_step span for {self.missing_steps} of its {expected} steps "
+                            f"({self.missing_steps / expected:.1%}; indexes {self.first_step} to {self.last_step}): "
+                            "a stall in those steps is not seen, ITL percentiles lack their tokens, and the first "
+                            "token after a gap is timed across it")
+            if self.unseen_requests:
+                lost.append(f"no request span for {self.unseen_requests} requests that took part in its steps and "
+                            "left them, not preempted: they are in no TTFT, E2E or SLO figure, and a stall names them "
+                            "without a model, tenant or prompt")
+            return (f"{self.instance}: the store holds {'; and '.join(lost)}. An exporter dropped those spans (a "
+                    "full export queue) or a sampler left them out.")
         return (f"{self.instance}: its step indexes start over ({self.repeated} of its {self.step_spans} engine_step "
                 "spans repeat an earlier one's, none overlapping: the engine restarted under the same id). The ITL "
                 "analysis finds steps by their index on an instance, so it can mix the two runs' steps.")
@@ -79,6 +89,6 @@ class InstanceProblem:
 def instance_problems(store: Store) -> tuple[InstanceProblem, ...]:
     """The instances whose spans are not one engine's run, as far as the store shows it."""
     return tuple(InstanceProblem(str(instance), int(processes), int(spans), int(overlapping), int(repeated),
-                                 first, last, int(steps))
-                 for instance, processes, spans, overlapping, repeated, first, last, steps
+                                 first, last, int(steps), int(unseen))
+                 for instance, processes, spans, overlapping, repeated, first, last, steps, unseen
                  in store.sql(query_text("instance_collisions")).fetchall())

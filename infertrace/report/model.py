@@ -501,6 +501,7 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
                           for f in coverage.clock_offsets],
         "instances": [{"instance": p.instance, "processes": p.processes, "step_spans": p.step_spans,
                        "overlapping": p.overlapping, "repeated": p.repeated, "missing_steps": p.missing_steps,
+                       "unseen_requests": p.unseen_requests,
                        "sentence": p.sentence()} for p in coverage.instance_problems],
     }
 

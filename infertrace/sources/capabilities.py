@@ -171,8 +171,11 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
                f"no ITL percentiles: they need per-token times (engine_step spans, {TOKEN_SPANS}); this store has none")
     rates = ("error and 429 rates at the gateway" if gateway else
              "no error or 429 rates: they are the gateway's answers, and this store has no gateway span")
+    unseen = sorted(p.instance for p in c.instance_problems if p.unseen_requests and not p.mixed)
+    lost = (f" Requests of {', '.join(unseen)} whose request spans were lost are in no figure (see Instances)."
+            if unseen else "")
     out.append(Analysis("slo", "SLO summary", requests > 0,
-                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}." if requests else
+                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}" if requests else
                         "No request spans: nothing to summarise."))
 
     if not requests:
