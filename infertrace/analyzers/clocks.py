@@ -67,9 +67,9 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
-def _gaps(replica: _Replica) -> str:
-    end = "" if replica.end_floor_ns is None else f", engine finish to entry end {_ms(replica.end_floor_ns)}"
-    return f"entry start to engine arrival {_ms(replica.start_floor_ns)}{end}"
+def _gaps(start_floor_ns: float, end_floor_ns: float | None) -> str:
+    end = "" if end_floor_ns is None else f", engine finish to entry end {_ms(end_floor_ns)}"
+    return f"entry start to engine arrival {_ms(start_floor_ns)}{end}"
 
 
 def _checked(*ends: float | None) -> str:
@@ -114,7 +114,8 @@ def clock_offsets(store: Store) -> tuple[ClockOffset, ...]:
             if apart is not None:
                 found.append(ClockOffset(model, (a.instance, b.instance), int(apart), False, a.requests,
                                          f"1st percentiles of the gaps around their spans: {a.instance}'s "
-                                         f"{_gaps(a)}; {b.instance}'s {_gaps(b)}"
+                                         f"{_gaps(a.start_floor_ns, a.end_floor_ns)}; {b.instance}'s "
+                                         f"{_gaps(b.start_floor_ns, b.end_floor_ns)}"
                                          f"{_checked(a.end_floor_ns, b.end_floor_ns)}"))
         elif len(replicas) >= 3:
             start_ns = statistics.median(r.start_floor_ns for r in replicas)
@@ -123,10 +124,9 @@ def clock_offsets(store: Store) -> tuple[ClockOffset, ...]:
             for replica in replicas:
                 apart = _apart(replica, start_ns, end_ns)
                 if apart is not None:
-                    reference = f"entry start to engine arrival {_ms(start_ns)}" + (
-                        "" if end_ns is None else f", engine finish to entry end {_ms(end_ns)}")
                     found.append(ClockOffset(
                         model, (replica.instance,), int(apart), False, replica.requests,
-                        f"1st percentiles of the gaps around its spans: {_gaps(replica)}; the median of {model}'s "
-                        f"{len(replicas)} replicas: {reference}{_checked(replica.end_floor_ns, end_ns)}"))
+                        f"1st percentiles of the gaps around its spans: "
+                        f"{_gaps(replica.start_floor_ns, replica.end_floor_ns)}; the median of {model}'s "
+                        f"{len(replicas)} replicas: {_gaps(start_ns, end_ns)}{_checked(replica.end_floor_ns, end_ns)}"))
     return tuple(sorted(found, key=lambda f: (f.model, f.instances)))

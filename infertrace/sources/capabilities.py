@@ -216,7 +216,7 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
         itl = ("ITL attribution needs engine_step spans, client token times or an iteration log; this store has "
                "none.")
     mixed = sorted(p.instance for p in c.instance_problems if p.step_spans and p.mixed)
-    if mixed and c.step_spans:
+    if mixed:
         whose = "its" if len(mixed) == 1 else "their"
         itl += (f" Not reliable on {', '.join(mixed)}: {whose} step spans are not one engine's run (see "
                 "Instances).")

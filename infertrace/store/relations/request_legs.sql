@@ -46,7 +46,8 @@ pick AS MATERIALIZED (
         "attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id",
         "res.service.name", "res.service.instance.id", "res.host.name", "res.process.pid", "res.vllm.process_id",
         "res.infertrace.component.kind", "res.infertrace.hardware", "res.cloud.region", "res.infertrace.engine.model",
-        "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens", "attr.gen_ai.usage.output_tokens",
+        coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens") AS usage_input_tokens,
+        "attr.gen_ai.usage.output_tokens",
         "attr.gen_ai.usage.completion_tokens", "attr.gen_ai.usage.cache_read.input_tokens",
         "attr.gen_ai.usage.cached_tokens", "attr.infertrace.request.system_prompt.id",
         "attr.infertrace.request.system_prompt.tokens", "attr.infertrace.request.assistant_prefill_tokens",
@@ -114,7 +115,7 @@ engine AS (
         r."res.process.pid" AS pid, r."res.vllm.process_id" AS vllm_pid,
         r."res.infertrace.component.kind" AS component_kind, r."res.infertrace.hardware" AS hardware,
         r."res.cloud.region" AS region,
-        coalesce(r."attr.gen_ai.usage.input_tokens", r."attr.gen_ai.usage.prompt_tokens") AS input_tokens,
+        r.usage_input_tokens AS input_tokens,
         coalesce(r."attr.gen_ai.usage.output_tokens", r."attr.gen_ai.usage.completion_tokens",
                  t.output_tokens) AS output_tokens,
         coalesce(r."attr.gen_ai.usage.cache_read.input_tokens", r."attr.gen_ai.usage.cached_tokens")
@@ -161,9 +162,7 @@ trace_info AS (
                AS tenant,
            -- the prompt's tokens as the gateway's span reports the engine's usage (LiteLLM: on `litellm_request`,
            -- or on its root span since v1.81), where the trace's gateway spans agree on one count
-           CASE WHEN min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
-                     = max(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
-                THEN min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")) END
+           CASE WHEN min(usage_input_tokens) = max(usage_input_tokens) THEN min(usage_input_tokens) END
                AS input_tokens
     FROM pick
     WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL

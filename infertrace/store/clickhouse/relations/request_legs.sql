@@ -12,7 +12,8 @@ pick AS (
         "attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id",
         "res.service.name", "res.service.instance.id", "res.host.name", "res.process.pid", "res.vllm.process_id",
         "res.infertrace.component.kind", "res.infertrace.hardware", "res.cloud.region", "res.infertrace.engine.model",
-        "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens", "attr.gen_ai.usage.output_tokens",
+        coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens") AS usage_input_tokens,
+        "attr.gen_ai.usage.output_tokens",
         "attr.gen_ai.usage.completion_tokens", "attr.gen_ai.usage.cache_read.input_tokens",
         "attr.gen_ai.usage.cached_tokens", "attr.infertrace.request.system_prompt.id",
         "attr.infertrace.request.system_prompt.tokens", "attr.infertrace.request.assistant_prefill_tokens",
@@ -76,7 +77,7 @@ engine AS (
         r."res.process.pid" AS pid, r."res.vllm.process_id" AS vllm_pid,
         r."res.infertrace.component.kind" AS component_kind, r."res.infertrace.hardware" AS hardware,
         r."res.cloud.region" AS region,
-        coalesce(r."attr.gen_ai.usage.input_tokens", r."attr.gen_ai.usage.prompt_tokens") AS input_tokens,
+        r.usage_input_tokens AS input_tokens,
         coalesce(r."attr.gen_ai.usage.output_tokens", r."attr.gen_ai.usage.completion_tokens",
                  if(r.form = 'tgi', t.output_tokens, NULL)) AS output_tokens,
         coalesce(r."attr.gen_ai.usage.cache_read.input_tokens", r."attr.gen_ai.usage.cached_tokens")
@@ -122,9 +123,7 @@ trace_info AS (
            any("attr.gen_ai.request.model") AS model,
            any("attr.gen_ai.request.id") AS request_id,
            any(coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id")) AS tenant,
-           if(min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens"))
-                  = max(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")),
-              min(coalesce("attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.prompt_tokens")), NULL) AS input_tokens
+           if(min(usage_input_tokens) = max(usage_input_tokens), min(usage_input_tokens), NULL) AS input_tokens
     FROM pick
     WHERE form IS NULL AND "attr.gen_ai.request.model" IS NOT NULL
     GROUP BY trace_id
