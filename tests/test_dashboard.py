@@ -224,6 +224,19 @@ def test_incidents_page_shows_the_rca_ranking_and_its_top_cause_is_the_injected_
     assert len(at.get("graphviz_chart")) == 1
 
 
+def test_incidents_page_on_a_store_too_short_to_score_warns_instead_of_saying_no_incident(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's request spans alone, two requests: detection scored nothing, so the page must not say "No incident"
+    as a success; it says so and why, per metric, as the report does."""
+    ingest_paths(tmp_path / "store", [Path(__file__).parent / "fixtures" / "sources" / "vllm_v1.jsonl"])
+    at = app(tmp_path / "store", monkeypatch, "views/incidents.py")
+    assert not [s.value for s in at.success]
+    warnings = [w.value for w in at.warning]
+    assert "No incident found, but no metric could be scored: nothing here says the fleet was healthy." in warnings
+    assert any(w.startswith("Not checked: time to first token") and "429 rate (every model): 429s are a gateway's "
+               "answers" in w for w in warnings), warnings
+
+
 def test_prefix_cache_page_shows_the_analyzers_hit_rates_and_billing(store_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(store_dir, monkeypatch, "views/prefix_cache.py")

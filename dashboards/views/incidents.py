@@ -9,6 +9,9 @@ import pandas as pd
 import results
 import streamlit as st
 
+from infertrace.report.layout import no_incident_sentence, unchecked_sentence
+from infertrace.report.model import ReportOptions, incidents_section
+
 root, snap = results.current()
 report = results.rca(root, snap)
 anomalies = report.anomalies
@@ -32,9 +35,13 @@ if not cells.empty:
     st.caption(f"Robust anomaly score of each model's worst metric per {anomalies.config.bucket_s:g} s bucket; "
                f"a bucket is anomalous at {anomalies.config.threshold:g} or more.")
 
+detection = incidents_section(report, ReportOptions())
+caveat = unchecked_sentence(detection["unchecked"], len(detection["models"]))
 if not report.diagnoses:
-    st.success("No incident: no model's TTFT, decode speed, errors or 429s departed from its own baseline.")
-else:
+    (st.success if detection["checked"] else st.warning)(no_incident_sentence(detection["checked"]))
+if caveat:
+    st.warning(caveat)
+if report.diagnoses:
     diagnosis = st.selectbox("Incident", list(report.diagnoses), format_func=lambda d: d.incident.sentence(),
                              key="incident")
     st.markdown(diagnosis.incident.sentence())

@@ -171,6 +171,19 @@ class BucketScore:
 
 
 @dataclass(frozen=True)
+class Unchecked:
+    """A metric that detection could not score for some models, and why: a model whose 429 rate was never
+    checked has not kept it steady, and "no incident" must not say it did."""
+
+    metric: str  # a key of METRICS
+    models: tuple[str, ...]
+    why: str
+
+    def what(self) -> str:
+        return METRICS[self.metric][2]
+
+
+@dataclass(frozen=True)
 class AnomalyReport:
     start_ns: int
     end_ns: int
@@ -179,6 +192,19 @@ class AnomalyReport:
     anomalies: tuple[SeriesAnomaly, ...]  # model, tenant and component anomalies, by onset
     incidents: tuple[Incident, ...]  # by severity, worst first
     heatmap: tuple[BucketScore, ...] = field(repr=False)
+    unchecked: tuple[Unchecked, ...] = ()  # per metric and reason, the models it was not scored for
+
+    def models(self) -> list[str]:
+        """The models detection ran on (each with requests in the store)."""
+        return sorted({b.key for b in self.heatmap if b.scope == "model"})
+
+    def checked(self) -> tuple[str, ...]:
+        """The metrics scored for at least one model, in METRICS' order."""
+        models = set(self.models())
+        skipped: dict[str, set[str]] = {}
+        for u in self.unchecked:
+            skipped.setdefault(u.metric, set()).update(u.models)
+        return tuple(m for m in METRICS if models - skipped.get(m, set()))
 
     def model_anomalies(self) -> tuple[SeriesAnomaly, ...]:
         return tuple(a for a in self.anomalies if a.scope == "model")
@@ -226,12 +252,56 @@ def _bucket_table(requests: pd.DataFrame, scope: str, start_ns: int, bucket_ns: 
             if kind == "latency":
                 usable = part[f"{metric}_n"].to_numpy() >= config.min_requests
                 values = np.where(usable, values, np.nan)
-                if usable.sum() < 4:
+                if usable.sum() < MIN_SCORED_BUCKETS:
                     continue
-            elif len(values) < 4:
+            elif len(values) < MIN_SCORED_BUCKETS:
                 continue
             table.loc[part.index, f"{metric}_score"] = _trailing_scores(values, n, kind, config)
     return table
+
+
+# What a model's requests must carry for each metric to be scored, where no request does.
+_NEEDS = {
+    "ttft": "no request has a first-token time",
+    "tpot": "no request has a decode time with two or more output tokens",
+    "e2e": "no request has an end time",
+    "truncated": "no span gives a finish reason",
+}
+MIN_SCORED_BUCKETS = 4  # a series is scored once it has this many buckets (latency: with min_requests each)
+
+
+def _unchecked(requests: pd.DataFrame, table: pd.DataFrame, config: DetectionConfig) -> tuple[Unchecked, ...]:
+    """Per model, the metrics `_bucket_table` left unscored (every score NaN), or scored from a rate no span could
+    show: why, from what the requests carry."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    bucket_s = f"{config.bucket_s:g} s"
+    for model, part in table.groupby("model", sort=True):
+        rows = requests[requests["model"] == model]
+        for metric, (column, kind, _) in METRICS.items():
+            # a rate whose events no span could show is 0 in every bucket: scored, but it checked nothing
+            # (rows without those columns, as some callers build them, are taken as able to show the events)
+            if metric == "rate_limited" and "seen_at" in rows and not (rows["seen_at"] == "entry").any():
+                why = ("429s are a gateway's answers, and none of these requests passed a gateway entry span "
+                       "(requests rejected before an engine are not in the store)")
+            elif metric == "truncated" and "finish_reason" in rows and rows["finish_reason"].isna().all():
+                why = _NEEDS[metric]
+            elif part[f"{metric}_score"].notna().any():
+                continue
+            elif kind == "latency" and not np.isfinite(rows[column].to_numpy(dtype=float)).any():
+                why = _NEEDS[metric]
+            elif kind == "latency":
+                usable = int((part[f"{metric}_n"] >= config.min_requests).sum())
+                why = (f"too little traffic: {_buckets(usable, bucket_s)} with {config.min_requests} or more such "
+                       f"requests, {MIN_SCORED_BUCKETS} are needed")
+            else:
+                why = (f"too little traffic: {_buckets(len(part), bucket_s)} with requests, {MIN_SCORED_BUCKETS} "
+                       "are needed")
+            reasons.setdefault((metric, why), []).append(str(model))
+    return tuple(Unchecked(metric, tuple(models), why) for (metric, why), models in reasons.items())
+
+
+def _buckets(n: int, width: str) -> str:
+    return f"{n} bucket{'' if n == 1 else 's'} of {width}"
 
 
 def _latency_scores(values: np.ndarray, baseline: np.ndarray, config: DetectionConfig) -> np.ndarray:
@@ -590,6 +660,7 @@ def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = 
     heatmap: list[BucketScore] = []
     series = [(scope, requests, METRICS) for scope in SCOPES]
     served: dict[str, tuple[str, ...]] = {}
+    unchecked: tuple[Unchecked, ...] = ()
     if paths is not None and len(paths):
         calls = calls_by_component(paths)
         series.append(("component", calls, COMPONENT_METRICS))
@@ -598,6 +669,8 @@ def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = 
     for scope, rows, metrics in series:
         table = _bucket_table(rows, scope, start_ns, bucket_ns, config, metrics)
         found[scope] = _series_anomalies(rows, table, scope, start_ns, bucket_ns, config, metrics)
+        if scope == "model":
+            unchecked = _unchecked(rows, table, config)
         heatmap += _heatmap(table, scope, start_ns, bucket_ns, metrics)
     found["traffic"] = _traffic_anomalies(_traffic_table(requests, start_ns, bucket_ns, config), start_ns,
                                           bucket_ns, config)
@@ -605,7 +678,8 @@ def detect_in_requests(requests: pd.DataFrame, config: DetectionConfig | None = 
     incidents = _group(found["model"], found["tenant"], found["component"] + found["traffic"], served, config)
     anomalies = tuple(sorted(found["model"] + found["tenant"] + found["component"] + found["traffic"],
                              key=lambda a: (a.onset_ns, a.scope, a.key)))
-    return AnomalyReport(start_ns, end_ns, config, len(requests), anomalies, tuple(incidents), tuple(heatmap))
+    return AnomalyReport(start_ns, end_ns, config, len(requests), anomalies, tuple(incidents), tuple(heatmap),
+                         unchecked)
 
 
 def detect_anomalies(store: Store, config: DetectionConfig | None = None) -> AnomalyReport:

@@ -50,7 +50,9 @@ class TtftBreakdown:
     requests: int
     ttft_p50_ns: int
     ttft_p99_ns: int  # as the client saw it (from the gateway when there is one)
-    shares: dict[str, float]  # component → share of the summed TTFT
+    shares: dict[str, float | None]  # component → share of the summed TTFT; None: not measured (see
+    # `_component_totals`); `prefill` (the whole prefill, not split into compute and wait) only where requests
+    # have no step spans
     dominant: str
 
 
@@ -90,19 +92,38 @@ def fit_prefill(instance: str, model: str | None, uncached: np.ndarray, cached: 
     return PrefillFit(instance, model, len(n), float(a), float(b), float(q), float(n.sum() / y.sum() * 1e9), rel)
 
 
+def _component_totals(rows: pd.DataFrame) -> dict[str, float | None]:
+    """Summed time per component over a model's requests; None for a component none of them measured (no
+    gateway span: gateway; no step spans: the prefill's split, its whole then under `prefill_ns`), so that an
+    unmeasured share is not read as none. A colocated request has no KV transfer or decode leg: 0, not None."""
+    def total(values: pd.Series) -> float:
+        return float(values.fillna(0).clip(lower=0).sum())
+
+    colocated = rows["serving"] != "disaggregated"
+    totals: dict[str, float | None] = {}
+    for c in COMPONENTS:
+        measured = rows["prefill_compute_ns" if c == "prefill_wait_ns" else c].notna()
+        if c in ("kv_transfer_ns", "decode_queue_ns", "first_decode_ns"):
+            measured |= colocated
+        totals[c] = total(rows.loc[measured, c]) if measured.any() else None
+    unsplit = rows["prefill_compute_ns"].isna()  # request spans only: the prefill is one piece
+    if unsplit.any():
+        totals["prefill_ns"] = total(rows.loc[unsplit, "prefill_ns"])
+    return totals
+
+
 def analyze_ttft(store: Store, bucket_s: float = 60.0) -> TtftAnalysis:
     materialize_once(store, ("steps", "step_membership", "requests"))
     df = store.sql(query_text("ttft_components")).df()
     models = []
     for model, rows in df.groupby("model", sort=True):
-        totals = {c: float(rows[c].fillna(0).clip(lower=0).sum()) for c in COMPONENTS}
-        if rows["prefill_compute_ns"].isna().all():  # request spans only: the prefill is one piece
-            totals["prefill_compute_ns"] = float(rows["prefill_ns"].fillna(0).sum())
-        whole = sum(totals.values()) or 1.0
-        shares = {c.removesuffix("_ns"): round(v / whole, 4) for c, v in totals.items()}
+        totals = _component_totals(rows)
+        whole = sum(v for v in totals.values() if v is not None) or 1.0
+        shares = {c.removesuffix("_ns"): None if v is None else round(v / whole, 4) for c, v in totals.items()}
         ttft = rows["client_ttft_ns"].to_numpy(dtype=np.float64)
+        known = {k: v for k, v in shares.items() if v is not None}
         models.append(TtftBreakdown(str(model), len(rows), int(np.percentile(ttft, 50)), int(np.percentile(ttft, 99)),
-                                    shares, max(shares, key=lambda k: shares[k])))
+                                    shares, max(known, key=lambda k: known[k])))
     fits = []
     alone = df[(df["preemptions"] == 0) & df["prefill_compute_ns"].notna()]
     for instance, rows in alone.groupby("instance", sort=True):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infertrace.report.recommendations import unevaluated
+
 
 @dataclass(frozen=True)
 class Heading:
@@ -98,10 +100,32 @@ def _slo(section: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def unchecked_sentence(unchecked: list[dict[str, Any]], models: int) -> str:
+    """The metrics detection could not score, per reason ('' when it scored every one)."""
+    def which(names: list[str]) -> str:
+        return "every model" if len(names) >= models else ", ".join(names)
+
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # the same reason for the same models: one sentence
+    for u in unchecked:
+        grouped.setdefault((u["why"], tuple(u["models"])), []).append(u["what"])
+    return " ".join(f"Not checked: {', '.join(whats)} ({which(list(names))}): {why}."
+                    for (why, names), whats in grouped.items())
+
+
+def no_incident_sentence(checked: list[dict[str, Any]]) -> str:
+    """"No incident", saying which metrics that covers: only those scored."""
+    if not checked:
+        return "No incident found, but no metric could be scored: nothing here says the fleet was healthy."
+    names = [c["what"] for c in checked]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return f"No incident: no model's {listed} departed from its own baseline."
+
+
 def _incidents(section: dict[str, Any]) -> list[Block]:
+    caveat = unchecked_sentence(section["unchecked"], len(section["models"]))
     if not section["incidents"]:
-        return [Paragraph("No incident: no model's TTFT, decode speed, errors or 429s departed from its own "
-                          "baseline.")]
+        return [Paragraph(no_incident_sentence(section["checked"]))] + ([Paragraph(caveat, "warning")] if caveat
+                                                                          else [])
     blocks: list[Block] = []
     for inc in section["incidents"]:
         blocks.append(Paragraph(inc["summary"], "critical"))
@@ -120,6 +144,8 @@ def _incidents(section: dict[str, Any]) -> list[Block]:
                                     "by what passed through them, not as causes.", "warning"))
         if inc["commonality"]:
             blocks.append(Paragraph(inc["commonality"]))
+    if caveat:
+        blocks.append(Paragraph(caveat, "warning"))
     return blocks
 
 
@@ -177,20 +203,46 @@ def _itl(section: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+_UNMEASURED = (  # a TTFT component no request of a model measured, and why
+    (("gateway",), "gateway: no gateway span"),
+    (("queue",), "queue: no engine queue time"),
+    (("prefill_compute", "prefill_wait"), "prefill_compute, prefill_wait: no step spans, the whole prefill is then "
+                                          "under prefill"),
+    (("kv_transfer", "decode_queue", "first_decode"), "kv_transfer, decode_queue, first_decode: no disaggregated "
+                                                      "request's two legs"),
+)
+
+
 def _ttft(section: dict[str, Any]) -> list[Block]:
-    components = ("gateway", "queue", "prefill_compute", "prefill_wait", "kv_transfer", "decode_queue", "first_decode")
-    blocks: list[Block] = [Paragraph("Share of summed TTFT per component, and the dominant one (TTFT from the "
-                                     "gateway).")]
+    models = section["models"]
+    unsplit = any(m["shares"].get("prefill") is not None for m in models)
+    components = ("gateway", "queue", *(("prefill",) if unsplit else ()), "prefill_compute", "prefill_wait",
+                  "kv_transfer", "decode_queue", "first_decode")
+    gateway = [m for m in models if m["shares"].get("gateway") is not None]
+    source = ("from the gateway" if len(gateway) == len(models) else
+              "from the engine's arrival: no gateway span" if not gateway else
+              "from the gateway where its spans are in the store, else from the engine's arrival")
+    missing = {c for m in models for c, v in m["shares"].items() if v is None}
+    why = [text for columns, text in _UNMEASURED if missing & set(columns)]
+    unmeasured = f"; '-': not measured ({'; '.join(why)})" if why else ""
+    blocks: list[Block] = [Paragraph(f"Share of summed TTFT per component, and the dominant one (TTFT {source}"
+                                     f"{unmeasured}).")]
     blocks.append(Table(("model", "requests", "ttft p50 ms", "ttft p99 ms", *components, "dominant"),
                         tuple((m["model"], m["requests"], m["ttft_p50_ms"], m["ttft_p99_ms"],
-                               *(m["shares"].get(c) for c in components), m["dominant"]) for m in section["models"])))
+                               *(m["shares"].get(c) for c in components), m["dominant"]) for m in models)))
     blocks.append(Paragraph("Prefill compute time fitted per engine: t ≈ a + b·n + q·(n·c + n²/2) over uncached "
                             "tokens n and cached tokens c."))
-    blocks.append(Table(("engine", "model", "requests", "a ms", "b µs/token", "q ns/pair", "tokens/s",
-                         "median rel. error"),
-                        tuple((f["instance"], f["model"], f["requests"], f["intercept_ms"], f["us_per_token"],
-                               f["ns_per_attention_pair"], f["tokens_per_s"], f["median_relative_error"])
-                              for f in section["prefill_fits"])))
+    if section["prefill_fits"]:
+        blocks.append(Table(("engine", "model", "requests", "a ms", "b µs/token", "q ns/pair", "tokens/s",
+                             "median rel. error"),
+                            tuple((f["instance"], f["model"], f["requests"], f["intercept_ms"], f["us_per_token"],
+                                   f["ns_per_attention_pair"], f["tokens_per_s"], f["median_relative_error"])
+                                  for f in section["prefill_fits"])))
+    else:
+        blocks.append(Paragraph("No engine fitted: a fit needs each request's own prefill compute time, from step "
+                                "spans, on 4 or more requests without preemption."
+                                if unsplit else
+                                "No engine fitted: none had 4 or more requests without preemption."))
     if section["disaggregated"]:
         blocks.append(Paragraph("Disaggregated models (each request once, its prefill and decode legs joined; "
                                 "unmatched legs are kept and counted): the KV transfer and its share of the client "
@@ -295,6 +347,9 @@ def layout(doc: dict[str, Any]) -> list[Block]:
     blocks.append(Heading("Recommendations", 2))
     if not doc["recommendations"]:
         blocks.append(Paragraph("None: no rule's evidence held in this selection."))
+    if not_evaluated := unevaluated(doc):
+        blocks.append(Paragraph("Not evaluated, for lack of data: " + ". ".join(
+            w[0].upper() + w[1:] for w in not_evaluated) + ".", "warning" if not doc["recommendations"] else None))
     for r in doc["recommendations"]:
         blocks.append(Paragraph(f"{r['action']} Because: {r['because']}"))
     return blocks

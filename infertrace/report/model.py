@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from infertrace.analyzers.anomalies import METRICS
 from infertrace.analyzers.slo import DEFAULT_TARGETS, UNCHECKED, SloSummary, SloTarget, slo_summary
 from infertrace.report.recommendations import recommend
 
@@ -141,7 +142,17 @@ def incidents_section(rca: RcaReport, options: ReportOptions) -> dict[str, Any]:
             } for c in d.causes[:options.top]],
             "commonality": None if top_lift is None else top_lift.sentence(),
         })
-    return {"status": "ok", "incidents": out}
+    anomalies = rca.anomalies
+    keep = (lambda models: models) if options.model is None else \
+        (lambda models: [m for m in models if m == options.model])
+    unchecked = [{"metric": u.metric, "what": u.what(), "models": keep(list(u.models)), "why": u.why}
+                 for u in anomalies.unchecked]
+    checked = anomalies.checked()
+    if options.model is not None:
+        checked = tuple(m for m in checked if not any(u["metric"] == m and u["models"] for u in unchecked))
+    return {"status": "ok", "incidents": out, "models": keep(anomalies.models()),
+            "checked": [{"metric": m, "what": METRICS[m][2]} for m in checked],
+            "unchecked": [u for u in unchecked if u["models"]]}
 
 
 def itl_section(itl: ItlAnalysis, options: ReportOptions, tenants: dict[str, str | None]) -> dict[str, Any]:

@@ -42,6 +42,31 @@ def _replay_sentence(found: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return text, evidence
 
 
+def unevaluated(doc: dict[str, Any]) -> list[str]:
+    """The rules whose sections are in the document but could not feed them, and why: with none recommended,
+    "None" must not read as "nothing to change" where a rule never had its evidence. (A section left out of the
+    report on request is not listed.)"""
+    sections = doc["sections"]
+
+    def missing(name: str) -> str | None:
+        section = sections.get(name)
+        return None if section is None or section.get("status") == "ok" else section.get("reason", "no result")
+
+    out = []
+    itl = sections.get("itl")
+    why = missing("itl")
+    if why is None and itl is not None and "method" in itl:
+        why = (f"the {itl['method']} method finds stall windows, not steps, and bounds no ITL p99 with a chunk "
+               "budget (that needs engine_step spans)")
+    if why is not None:
+        out.append(f"chunked prefill and prefill/decode disaggregation: {why}")
+    for name, rules in (("prefill_throughput", "prefill micro-batch"), ("prefix_cache", "cache busting"),
+                        ("ttft", "GPU prefill host"), ("incidents", "incident causes")):
+        if (why := missing(name)) is not None:
+            out.append(f"{rules}: {why}")
+    return out
+
+
 def recommend(doc: dict[str, Any], whatifs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """`whatifs`: the store's kept what-if replays (infertrace.replay.saved), newest first."""
     from infertrace.replay.saved import replayed_chunk_budget
