@@ -149,3 +149,39 @@ def test_recommendation_rules_without_their_evidence_are_listed_as_not_evaluated
 def build_report_sections(sections: tuple[str, ...]) -> dict:
     with Store.open(Path(_ROOT.name) / "store") as store:
         return build_report(store, ReportOptions(sections=sections))
+
+
+def test_cache_busting_on_spans_naming_no_system_prompt_is_not_checked_not_absent() -> None:
+    """Our fleet's engines count cached tokens but the vLLM-profile ones do not; neither names a system prompt.
+    Cache busting compares hits on a named system prompt, so it was not looked for: the report says so instead of
+    "No cache busting detected", and lists the rule as not evaluated."""
+    doc = _vllm_doc()
+    section = doc["sections"]["prefix_cache"]
+    assert section["status"] != "ok"  # vLLM V1's spans count no cached tokens at all: the whole section is out
+    assert "Cache busting: Prefix-cache hit rates need a cached-token count per request" in _text(doc)
+
+
+def test_requests_without_a_cached_token_count_are_left_out_of_hit_rates_not_counted_as_misses(
+        tmp_path: Path) -> None:
+    """The cache-busting sample (this project's spans, every request counted) with two vLLM V1 requests of one of
+    its models added (no count): the hit rates and the busting found are the sample's own, not lowered by two
+    "misses"; the two requests are named as uncounted."""
+    sample = ROOT / "sample_traces" / "cache_busting"
+    truth = json.loads((sample / "ground_truth.json").read_text(encoding="utf-8"))
+    vllm = ROOT / "tests" / "fixtures" / "sources" / "vllm_v1.jsonl"
+    sections = {}
+    for name, paths in (("alone", [sample / truth["traces"]]), ("mixed", [sample / truth["traces"], vllm])):
+        ingest_paths(tmp_path / name, paths)
+        with Store.open(tmp_path / name) as store:
+            doc = build_report(store, ReportOptions(sections=("prefix_cache",)))
+        jsonschema.validate(json.loads(render(doc, "json")), SCHEMA, cls=jsonschema.Draft202012Validator)
+        sections[name] = doc["sections"]["prefix_cache"]
+    alone, mixed = sections["alone"], sections["mixed"]
+    assert alone["uncounted"] == [] and mixed["uncounted"] == [{"model": "llama-3-8b", "requests": 2}]
+    assert "llama-3-8b" in {g["key"] for g in alone["by_model"]}
+    for key in ("by_model", "by_tenant", "by_system_prompt", "busting"):
+        assert mixed[key] == alone[key], key
+    assert mixed["busting"] and mixed["busting_unchecked"] is None
+    assert mixed["billing"]["input_tokens"] == alone["billing"]["input_tokens"] + 512 + 300  # billed, as uncached
+    assert "Without a cached-token count (their spans give none): 2 requests of llama-3-8b." in _text(
+        {**doc, "sections": {"prefix_cache": mixed}})

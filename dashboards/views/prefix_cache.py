@@ -38,7 +38,9 @@ st.altair_chart(alt.Chart(by_tenant).mark_bar().encode(
 st.dataframe(by_tenant, hide_index=True, width="stretch")
 
 st.subheader("Cache busting")
-if cache.busting:
+if cache.busting_unchecked:
+    st.warning(f"Cache busting not checked: {cache.busting_unchecked}.")
+elif cache.busting:
     st.dataframe(pd.DataFrame([{
         "tenant": x.tenant, "system prompt": x.system_prompt_id, "prompt tokens": x.system_prompt_tokens,
         "from": iso(x.start_ns), "to": iso(x.end_ns), "requests": x.requests, "full-hit rate": x.full_hit_rate,
@@ -54,7 +56,10 @@ left, right = st.columns(2)
 left.subheader("By model")
 left.dataframe(groups(cache.by_model, "model"), hide_index=True, width="stretch")
 right.subheader("By system prompt")
-right.dataframe(groups(cache.by_system_prompt, "system prompt"), hide_index=True, width="stretch")
+if cache.by_system_prompt:
+    right.dataframe(groups(cache.by_system_prompt, "system prompt"), hide_index=True, width="stretch")
+else:
+    right.info("No request names a system prompt.")
 
 if cache.by_tier:  # engines with a KV tier behind the GPU, or reuse accounting on
     st.subheader("Hit rate by KV tier")

@@ -122,6 +122,9 @@ class PrefixCacheAnalysis:
     by_tier: tuple[TierHits, ...] = ()
     capacity: tuple[CapacityWhatIf, ...] = ()
     tiers_not_analysed: tuple[str, ...] = ()  # engines without tier attributes, and why
+    busting_unchecked: str | None = None  # why cache busting could not be looked for (None: it was)
+    uncounted: tuple[tuple[str, int], ...] = ()  # per model, requests without a cached-token count (vLLM's, TGI's
+    # spans have none): left out of the hit rates and busting, billed as uncached
 
 
 def _groups(df: pd.DataFrame, column: str) -> tuple[CacheGroup, ...]:
@@ -140,9 +143,9 @@ def analyze_prefix_cache(store: Store, prices: PriceTable | None = None, block_s
     tenant and system prompt are reported as one finding."""
     prices = prices or PriceTable()
     df = store.sql("SELECT request_id, model, tenant, instance, arrival_ns, input_tokens, "
-                   "coalesce(cached_tokens, 0) AS cached_tokens, coalesce(output_tokens, 0) AS output_tokens, "
-                   "system_prompt_id, system_prompt_tokens FROM requests "
-                   "WHERE outcome = 'ok' AND input_tokens IS NOT NULL ORDER BY arrival_ns").df()
+                   "coalesce(cached_tokens, 0) AS cached_tokens, cached_tokens IS NOT NULL AS counted, "
+                   "coalesce(output_tokens, 0) AS output_tokens, system_prompt_id, system_prompt_tokens "
+                   "FROM requests WHERE outcome = 'ok' AND input_tokens IS NOT NULL ORDER BY arrival_ns").df()
     cost = cost_plain = 0.0
     for model, rows in df.groupby("model"):
         p = prices.price(str(model))
@@ -152,7 +155,9 @@ def analyze_prefix_cache(store: Store, prices: PriceTable | None = None, block_s
     billing = Billing(int(df["input_tokens"].sum()), int(df["cached_tokens"].sum()), int(df["output_tokens"].sum()),
                       float(round(cost, 6)), float(round(cost_plain, 6)), float(round(cost_plain - cost, 6)))
 
-    sp = df.dropna(subset=["system_prompt_id"]).copy()
+    uncounted = df[~df["counted"]].groupby("model", sort=True).size()
+    counted = df[df["counted"]]  # a request whose spans give no cached-token count hit nothing known
+    sp = counted.dropna(subset=["system_prompt_id"]).copy()
     sp = sp[sp["system_prompt_tokens"] >= block_size]
     sp["whole"] = (sp["system_prompt_tokens"] // block_size) * block_size
     # Only requests after the prompt was first seen on the same instance can hit.
@@ -187,8 +192,24 @@ def analyze_prefix_cache(store: Store, prices: PriceTable | None = None, block_s
     silent = sorted(set(df["instance"].dropna()) - {t.instance for t in by_tier})
     notes = tuple(f"{i}: no KV tier and no reuse accounting; hits by tier and what capacity would buy are not "
                   f"reported (infertrace.prefill.kv_* attributes)" for i in silent)
-    return PrefixCacheAnalysis(_groups(df, "tenant"), _groups(df, "model"), _groups(df, "system_prompt_id"),
-                               tuple(busting), billing, block_size, by_tier, capacity, notes)
+    return PrefixCacheAnalysis(_groups(counted, "tenant"), _groups(counted, "model"),
+                               _groups(counted, "system_prompt_id"), tuple(busting), billing, block_size, by_tier,
+                               capacity, notes, _busting_unchecked(counted),
+                               tuple((str(m), int(n)) for m, n in uncounted.items()))
+
+
+def _busting_unchecked(df: pd.DataFrame) -> str | None:
+    """Why cache busting could not be looked for in these requests: it compares a tenant's hits on a named system
+    prompt with everybody else's, so a store whose spans name no system prompt, or no tenant, cannot show one."""
+    named = df["system_prompt_id"].notna()
+    if df.empty:
+        return "it needs each request's cached-token count, and no span gives one"
+    if not named.any():
+        return ("it needs each request's system prompt (infertrace.request.system_prompt.id and .tokens), and no "
+                "span names one")
+    if not df.loc[named, "tenant"].notna().any():
+        return "it needs each request's tenant, and no request naming a system prompt names one"
+    return None
 
 
 def _rate(part: float, whole: float) -> float:

@@ -280,10 +280,20 @@ def _prefix_cache(section: dict[str, Any]) -> list[Block]:
         f"Billing: {b['input_tokens']} input tokens of which {b['cached_tokens']} from the cache, "
         f"{b['output_tokens']} output tokens; cost ${cell(b['cost'])} with cache discounts against "
         f"${cell(b['cost_without_cache'])} without: saved ${cell(b['savings'])}.")]
+    if section["uncounted"]:
+        blocks.append(Paragraph(
+            "Without a cached-token count (their spans give none): " + ", ".join(
+                f"{u['requests']} requests of {u['model']}" for u in section["uncounted"])
+            + ". They are left out of the hit rates and cache busting, and billed as uncached.", "warning"))
     blocks += table("Hit rate by tenant", "tenant", section["by_tenant"])
     blocks += table("Hit rate by model", "model", section["by_model"])
-    blocks += table("Hit rate by system prompt", "system prompt", section["by_system_prompt"])
-    if section["busting"]:
+    if section["by_system_prompt"]:
+        blocks += table("Hit rate by system prompt", "system prompt", section["by_system_prompt"])
+    else:
+        blocks.append(Paragraph("Hit rate by system prompt: no request names a system prompt."))
+    if section["busting_unchecked"]:
+        blocks.append(Paragraph(f"Cache busting not checked: {section['busting_unchecked']}.", "warning"))
+    elif section["busting"]:
         blocks.append(Paragraph("Cache busting:", "warning"))
         blocks.append(Table(("tenant", "system prompt", "prompt tokens", "start", "end", "requests", "full-hit rate",
                              "others' full-hit rate", "lost cached tokens", "lost savings $"),

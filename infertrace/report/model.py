@@ -381,6 +381,8 @@ def prefix_cache_section(cache: PrefixCacheAnalysis, options: ReportOptions) -> 
                      "other_tenants_full_hit_rate": _r(x.other_tenants_full_hit_rate, 4),
                      "lost_cached_tokens": x.lost_cached_tokens, "lost_savings": _r(x.lost_savings, 4)}
                     for x in cache.busting if options.tenant is None or x.tenant == options.tenant],
+        "busting_unchecked": cache.busting_unchecked,
+        "uncounted": [{"model": m, "requests": n} for m, n in cache.uncounted],
         "billing": {"input_tokens": b.input_tokens, "cached_tokens": b.cached_tokens,
                     "output_tokens": b.output_tokens, "cost": _r(b.cost, 4),
                     "cost_without_cache": _r(b.cost_without_cache, 4), "savings": _r(b.savings, 4)},
