@@ -84,6 +84,11 @@ def test_a_store_too_short_to_score_says_no_metric_was_scored_instead_of_no_inci
     assert {u["metric"] for u in section["unchecked"]} == {"ttft", "tpot", "e2e", "errors", "rate_limited",
                                                             "truncated"}
     text = _text(doc)
+    assert doc["severity"] == "ok"  # no finding: but the headline says what "ok" leaves out
+    assert text.startswith("INFERTRACE REPORT: OK ===================== store of 2 spans")
+    assert ("[WARNING] ok covers only what this store could check. Not checked: Root cause: shared components; ITL "
+            "spike attribution; Prefix cache and billing; Prefill throughput against the roofline; Per-token times; "
+            "SLO targets error_rate, itl_p99_ms, rejected_rate; incident detection on time to first token,") in text
     assert "No incident: no model's" not in text
     assert "No incident found, but no metric could be scored: nothing here says the fleet was healthy." in text
     assert "too little traffic: 0 buckets of 20 s with 3 or more such requests, 4 are needed" in text

@@ -341,8 +341,26 @@ def _coverage(coverage: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _not_checked(doc: dict[str, Any]) -> list[str]:
+    """What the document could not check, briefly: analyses the store cannot run, SLO targets with nothing to
+    observe them, detection metrics it could not score (the sections and "What this store can answer" say why)."""
+    out = [a["title"] for a in doc.get("coverage", {}).get("analyses", ()) if not a["supported"]]
+    sections = doc["sections"]
+    slo = sorted({u["key"] for m in sections.get("slo", {}).get("models", ()) for u in m.get("unchecked", ())})
+    if slo:
+        out.append("SLO targets " + ", ".join(slo))
+    detection = list(dict.fromkeys(u["what"] for u in sections.get("incidents", {}).get("unchecked", ())))
+    if detection:
+        out.append("incident detection on " + ", ".join(detection))
+    return out
+
+
 def layout(doc: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [Heading(f"infertrace report: {doc['severity']}", 1), Paragraph(_selection(doc))]
+    if doc["severity"] == "ok" and (unchecked := _not_checked(doc)):
+        # "ok" is the worst finding in what could be checked; say at the top what that leaves out
+        blocks.append(Paragraph(f"ok covers only what this store could check. Not checked: {'; '.join(unchecked)}."
+                                , "warning"))
     if "coverage" in doc:
         blocks += _coverage(doc["coverage"])
     if doc["findings"]:
