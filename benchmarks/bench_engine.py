@@ -11,6 +11,12 @@ Every run is a fresh process; the modes (and BLIS) are interleaved, each repetit
 medians are reported. "sim" is the simulation alone (workload read, sink closed: the file complete); "process" is
 the whole process, Python's start-up and reading the trace included, which is what BLIS's figure is.
 
+A control runs beside them: a fresh process that writes as many bytes as a traced run's trace to a new file
+(`--control-bytes`) and nothing else. Its system time is what this machine's kernel charges for new page-cache
+pages, alone: on a VM whose balloon reports free pages to the host, a page the guest has not used lately faults in
+the host when first written, and the traced run's writer child pays that too. The "system" column shows each run's
+system time, so that this share of tracing's cost is seen apart from building and encoding the spans.
+
 `--baseline DIR` adds every mode of the engine code in DIR (e.g. `git archive 48c09ec | tar -x -C DIR`; a checkout
 with the child-process writer, `simulate.open_sink(..., background=True)`) as contenders of the same interleaved
 runs, and prints each mode's medians for both, their ratio, and whether the two wrote byte-identical traces.
@@ -34,6 +40,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import side_by_side
 
 MODES = ("engine", "untraced", "traced", "traced-in-process")
+CONTROL = "new-file-write"  # the control: a trace's bytes written to a new file, nothing simulated
+TRACE_BYTES = 136_314_441  # what the traced Azure hour writes (the table's last line says if a run wrote otherwise)
+
+
+def write_control(out: Path, size: int) -> dict[str, Any]:
+    """The control, in this (fresh) process: `size` bytes to a new file in 1 MiB writes, as the span writer's
+    buffered text file does."""
+    block = b"x" * (1 << 20)
+    start, cpu, sys_s = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    with open(out, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(block)
+        f.write(block[:size & ((1 << 20) - 1)])
+    return {"mode": CONTROL, "bytes": size, "sim_wall_s": time.perf_counter() - start,
+            "sim_cpu_s": time.process_time() - cpu,
+            "sim_sys_s": resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_s, "child_cpu_s": 0.0,
+            "child_sys_s": 0.0}
 
 
 def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | None = None) -> dict[str, Any]:
@@ -49,6 +72,7 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
     requests = azure_requests(workload, duration)
     config = EngineConfig(model="llama-3-8b", hardware="H100-SXM")
     start, cpu = time.perf_counter(), time.process_time()
+    sys_start = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     result: dict[str, Any] = {"mode": mode, "requests": len(requests),
                               "engine_code": str(Path(reference_engine.__file__).resolve().parent)}
     sink = None
@@ -68,17 +92,25 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
         result["output_tokens"] = summary.output_tokens
     result["sim_wall_s"] = time.perf_counter() - start  # the sink is closed: the trace file is complete
     result["sim_cpu_s"] = time.process_time() - cpu
+    result["sim_sys_s"] = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_start
     if sink is not None:  # checked after the clock stops
         result["spans"] = sink.spans_written  # type: ignore[attr-defined]
         result["bytes"] = out.stat().st_size
         result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
-    result["child_cpu_s"] = sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime",
-                                                                                                  "ru_stime"))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result["child_cpu_s"] = children.ru_utime + children.ru_stime
+    result["child_sys_s"] = children.ru_stime
     return result
 
 
 def main() -> None:
-    args = side_by_side.parser(__doc__, MODES, repeat=5).parse_args()
+    parser = side_by_side.parser(__doc__, (*MODES, CONTROL), repeat=5)
+    parser.add_argument("--control-bytes", type=int, default=TRACE_BYTES,
+                        help="bytes the control writes to a new file (default: what the traced hour writes)")
+    args = parser.parse_args()
+    if args.worker == CONTROL:
+        print(json.dumps(write_control(args.out, args.control_bytes)))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.duration, args.out, args.tree)))
         return
@@ -86,7 +118,7 @@ def main() -> None:
     trees: dict[str, Path | None] = {"": None}
     if args.baseline is not None:
         trees["baseline "] = args.baseline.resolve()
-    contenders = [f"{name}{mode}" for name in trees for mode in MODES] + (["blis"] if args.blis else [])
+    contenders = [f"{name}{mode}" for name in trees for mode in MODES] + [CONTROL] + (["blis"] if args.blis else [])
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         if args.blis:
@@ -104,9 +136,12 @@ def main() -> None:
                 else ("", contender)
             tree = trees[name]
             out = Path(tmp) / f"{name.strip() or 'this'}-{mode}.jsonl"
-            return side_by_side.fresh_process(__file__, [
-                "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration), "--out",
-                str(out), *(["--tree", str(tree)] if tree else [])])
+            try:  # every run writes a new file, as `infertrace simulate --out` usually does
+                return side_by_side.fresh_process(__file__, [
+                    "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration), "--out",
+                    str(out), "--control-bytes", str(args.control_bytes), *(["--tree", str(tree)] if tree else [])])
+            finally:
+                out.unlink(missing_ok=True)
 
         runs = side_by_side.interleaved(contenders, args.repeat, run)
 
@@ -122,22 +157,28 @@ def main() -> None:
     blis_speed = median("blis", "simulated_s") / median("blis", "process_wall_s") if args.blis else None
     blis_cpu_speed = median("blis", "simulated_s") / median("blis", "process_cpu_s") if args.blis else None
     print("| run | sim wall s | simulated s / sim wall s | process wall s | simulated s / process wall s "
-          "| sim CPU s (+ writer process) | process CPU s, all processes |"
+          "| sim CPU s (+ writer process) | of it system s (+ writer's) | process CPU s, all processes |"
           + (" vs BLIS: sim wall / process wall / process CPU |" if blis_speed else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
-    for contender in [c for c in contenders if c != "blis"]:
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if blis_speed else ""))
+    for contender in [c for c in contenders if c not in ("blis", CONTROL)]:
         sim, proc = median(contender, "sim_wall_s"), median(contender, "process_wall_s")
         cpu, child = median(contender, "sim_cpu_s"), median(contender, "child_cpu_s")
+        sys_s, child_sys = median(contender, "sim_sys_s"), median(contender, "child_sys_s")
         proc_cpu = median(contender, "process_cpu_s")
         row = (f"| {contender} | {sim:.2f} | {simulated / sim:.0f}× | {proc:.2f} | {simulated / proc:.0f}× | "
-               f"{cpu:.2f}" + (f" + {child:.2f}" if child > 0.05 else "") + f" | {proc_cpu:.2f} |")
+               f"{cpu:.2f}" + (f" + {child:.2f}" if child > 0.05 else "") + f" | {sys_s:.2f}"
+               + (f" + {child_sys:.2f}" if child > 0.05 else "") + f" | {proc_cpu:.2f} |")
         if blis_speed and blis_cpu_speed:
             row += (f" {simulated / sim / blis_speed:.2f} / {simulated / proc / blis_speed:.2f} / "
                     f"{simulated / proc_cpu / blis_cpu_speed:.2f} |")
         print(row)
     if blis_speed:
         wall, cpu = median("blis", "process_wall_s"), median("blis", "process_cpu_s")
-        print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | {cpu:.2f} | 1 |")
+        print(f"| BLIS fast (no tracing) | — | — | {wall:.2f} | {blis_speed:.0f}× | — | — | {cpu:.2f} | 1 |")
+    control = runs[CONTROL]
+    print(f"control, {control[0]['bytes']:,} bytes written to a new file in a fresh process, nothing simulated: "
+          f"wall {median(CONTROL, 'sim_wall_s'):.2f} s, system {median(CONTROL, 'sim_sys_s'):.2f} s (runs: "
+          + ", ".join(f"{r['sim_sys_s']:.2f}" for r in control) + ")")
     for name in trees:
         traced, untraced = median(f"{name}traced", "sim_wall_s"), median(f"{name}untraced", "sim_wall_s")
         traced_cpu, untraced_cpu = median(f"{name}traced", "sim_cpu_s"), median(f"{name}untraced", "sim_cpu_s")
@@ -146,7 +187,9 @@ def main() -> None:
         print(f"{name or 'this checkout '}tracing cost: {traced / untraced:.2f}× the untraced sim wall time with the "
               f"writer process ({traced_cpu / untraced_cpu:.2f}× the simulator's own CPU time), "
               f"{in_process / untraced:.2f}× with the writer in-process; {first['spans']} spans, "
-              f"{first['bytes'] / 1e6:.1f} MB, {first['bytes'] / first['output_tokens']:.1f} bytes per generated token")
+              f"{first['bytes'] / 1e6:.1f} MB, {first['bytes'] / first['output_tokens']:.1f} bytes per generated token"
+              + ("" if first["bytes"] == control[0]["bytes"] else " (the control wrote a different size: "
+                 "pass --control-bytes)"))
     if args.baseline is not None:
         print("| mode | baseline sim CPU s (+ writer) | this sim CPU s (+ writer) | ratio, all CPU "
               "| baseline sim wall s | this sim wall s | ratio |")
