@@ -131,6 +131,12 @@ def test_a_replica_whose_clock_runs_ahead_is_named_with_its_offset_against_the_o
     assert "ms ahead of the gateway's" in finding.sentence()
     assert f"Clocks: {finding.sentence()}" in coverage.sentences()
     assert "the gateway share of the requests of llama-3-8b-1 is off" in coverage.analysis("ttft").detail
+    # the TTFT itself runs from the gateway's clock to the engine's: it moves by the offset, and the SLO says so
+    assert "The TTFT of the requests of llama-3-8b-1 is off by their clocks' offset" in coverage.analysis("slo").detail
+    ttft = "SELECT median(client_ttft_ns) FROM requests WHERE instance = 'llama-3-8b-1'"
+    with Store.open(_store()) as right, Store.open(_store("llama-3-8b-1", 40 * MS)) as skewed:
+        moved = skewed.sql(ttft).fetchall()[0][0] - right.sql(ttft).fetchall()[0][0]
+    assert 39 * MS <= moved <= 41 * MS
 
 
 def test_a_slower_network_path_to_a_replica_is_not_taken_for_its_clock() -> None:

@@ -47,12 +47,14 @@ class ClockOffset:
         if len(self.instances) == 2:
             first, second = self.instances
             return (f"{first} and {second} ({self.model}): their clocks differ by about {_ms(abs(self.offset_ns))} "
-                    f"({self.evidence}); which one is off cannot be told from two replicas. The gateway share of "
-                    "their requests' TTFT is off by as much on one of them.")
+                    f"({self.evidence}); which one is off cannot be told from two replicas. The TTFT of one's requests "
+                    "(the gateway's entry to the engine's first token: two clocks) and its gateway share are off by "
+                    "as much.")
         direction = "ahead of" if self.offset_ns > 0 else "behind"
         size = f"at least {_ms(abs(self.offset_ns))}" if self.at_least else f"about {_ms(abs(self.offset_ns))}"
         return (f"{self.instances[0]} ({self.model}): its clock runs {size} {direction} the gateway's "
-                f"({self.evidence}). The gateway share of its requests' TTFT is off by as much.")
+                f"({self.evidence}). The TTFT of its requests (the gateway's entry to its first token: two clocks) and "
+                "its gateway share are off by as much.")
 
 
 @dataclass(frozen=True)

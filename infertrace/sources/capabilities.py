@@ -174,8 +174,11 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     unseen = sorted(p.instance for p in c.instance_problems if p.unseen_requests and not p.mixed)
     lost = (f" Requests of {', '.join(unseen)} whose request spans were lost are in no figure (see Instances)."
             if unseen else "")
+    skewed = sorted({i for f in c.clock_offsets for i in f.instances})
+    clocks = (f" The TTFT of the requests of {', '.join(skewed)} is off by their clocks' offset from the gateway's "
+              "(see Clocks): it runs from the gateway's entry to the engine's first token." if skewed else "")
     out.append(Analysis("slo", "SLO summary", requests > 0,
-                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}" if requests else
+                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}{clocks}" if requests else
                         "No request spans: nothing to summarise."))
 
     if not requests:
@@ -232,7 +235,6 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     if requests:
         parts.append("gateway share from entry spans" if gateway else "no gateway share (no gateway span)")
         if c.clock_offsets:
-            skewed = sorted({i for f in c.clock_offsets for i in f.instances})
             parts.append(f"the gateway share of the requests of {', '.join(skewed)} is off by their clocks' offset "
                          "from the gateway's (see Clocks)")
         parts.append("prefill split into own compute and waiting from step spans" if c.step_spans else
