@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from infertrace.analyzers import materialize_once, query_text
 from infertrace.analyzers.clocks import ClockOffset, clock_offsets
 from infertrace.analyzers.instances import InstanceProblem, instance_problems
+from infertrace.analyzers.propagation import PropagationBreak, propagation_breaks
 from infertrace.sources import ENGINES
 from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
@@ -59,6 +60,7 @@ class StoreCoverage:
     iteration_lines: int = 0  # vLLM iteration log lines (iteration_log)
     clock_offsets: tuple[ClockOffset, ...] = ()  # engines whose clocks disagree with the gateway's
     instance_problems: tuple[InstanceProblem, ...] = ()  # instance ids that are not one engine's run
+    propagation: tuple[PropagationBreak, ...] = ()  # models whose engines get no trace context from the gateway
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -92,6 +94,7 @@ class StoreCoverage:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
         lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
         lines += [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
+        lines += [f"Trace context: {finding.sentence()}" for finding in self.propagation]
         if self.unreadable_segments:
             n = self.unreadable_segments
             lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
@@ -143,6 +146,7 @@ def store_coverage(store: Store) -> StoreCoverage:
         iteration_lines=int(store.sql("SELECT count(*) FROM iteration_log").fetchall()[0][0]),
         clock_offsets=clock_offsets(store) if counts.get("entry") else (),
         instance_problems=instance_problems(store),
+        propagation=propagation_breaks(store) if counts.get("entry") else (),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 
@@ -174,11 +178,17 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     unseen = sorted(p.instance for p in c.instance_problems if p.unseen_requests and not p.mixed)
     lost = (f" Requests of {', '.join(unseen)} whose request spans were lost are in no figure (see Instances)."
             if unseen else "")
+    apart = ", ".join(sorted(f.model for f in c.propagation))
+
+    def split(effect: str) -> str:
+        return (f" The requests of {apart} are in traces apart from the gateway's (see Trace context): {effect}."
+                if apart else "")
     skewed = sorted({i for f in c.clock_offsets for i in f.instances})
     clocks = (f" The TTFT of the requests of {', '.join(skewed)} is off by their clocks' offset from the gateway's "
               "(see Clocks): it runs from the gateway's entry to the engine's first token." if skewed else "")
     out.append(Analysis("slo", "SLO summary", requests > 0,
-                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}{clocks}" if requests else
+                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}{clocks}"
+                        f"{split('their TTFT and E2E are from the engine alone')}" if requests else
                         "No request spans: nothing to summarise."))
 
     if not requests:
@@ -190,12 +200,13 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
                      "requests rejected before an engine are not seen.")
     if requests and not c.tenants:
         detection += " No span names a tenant: no tenant anomalies, no tenant lift."
+    detection += split("each is counted twice, at the gateway and at its engine")
     out.append(Analysis("incidents", "Incident detection", requests > 0, detection))
 
     out.append(Analysis(
         "rca_components", "Root cause: shared components", c.component_calls > 0,
         f"{c.component_calls} component calls found in the trace tree rank with each model's engines."
-        if c.component_calls else
+        + split("the gateway's components cannot be followed to their engines") if c.component_calls else
         "RCA ranks what the engines' spans show (each model's engines and instances, attribute lift) and cannot "
         "rank shared components (auth, rate limiter, router, queue): this store has no gateway component spans"
         + (" (the gateway's in-process spans count once --components names them)" if c.in_process_calls else "")
@@ -233,7 +244,8 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
 
     parts = []
     if requests:
-        parts.append("gateway share from entry spans" if gateway else "no gateway share (no gateway span)")
+        parts.append(("gateway share from entry spans" + (f", none for {apart} (see Trace context)" if apart else ""))
+                     if gateway else "no gateway share (no gateway span)")
         if c.clock_offsets:
             parts.append(f"the gateway share of the requests of {', '.join(skewed)} is off by their clocks' offset "
                          "from the gateway's (see Clocks)")
