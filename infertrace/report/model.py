@@ -516,6 +516,7 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
                        "overlapping": p.overlapping, "repeated": p.repeated, "missing_steps": p.missing_steps,
                        "unseen_requests": p.unseen_requests,
                        "sentence": p.sentence()} for p in coverage.instance_problems],
+        "environments": dict(coverage.environments),
         "propagation": [{"model": f.model, "instances": list(f.instances), "gateway_alone": f.gateway_alone,
                          "gateway_requests": f.gateway_requests, "engine_alone": f.engine_alone,
                          "engine_requests": f.engine_requests, "sentence": f.sentence()}

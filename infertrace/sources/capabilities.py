@@ -61,6 +61,7 @@ class StoreCoverage:
     clock_offsets: tuple[ClockOffset, ...] = ()  # engines whose clocks disagree with the gateway's
     instance_problems: tuple[InstanceProblem, ...] = ()  # instance ids that are not one engine's run
     propagation: tuple[PropagationBreak, ...] = ()  # models whose engines get no trace context from the gateway
+    environments: dict[str, int] = field(default_factory=dict)  # spans per deployment environment that names one
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -95,6 +96,11 @@ class StoreCoverage:
         lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
         lines += [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
         lines += [f"Trace context: {finding.sentence()}" for finding in self.propagation]
+        if len(self.environments) > 1:
+            named = ", ".join(f"{env} ({n} spans)" for env, n in self.environments.items())
+            lines.append(f"Environments: the spans name {len(self.environments)} deployment environments, {named} "
+                         "(deployment.environment.name). Every figure mixes them: a model served in several is one "
+                         "model with the engines of all; ingest each environment's spans into a store of its own.")
         if self.unreadable_segments:
             n = self.unreadable_segments
             lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
@@ -147,6 +153,8 @@ def store_coverage(store: Store) -> StoreCoverage:
         clock_offsets=clock_offsets(store) if counts.get("entry") else (),
         instance_problems=instance_problems(store),
         propagation=propagation_breaks(store) if counts.get("entry") else (),
+        environments={str(k): n for k, n in sorted(counts.get("environment", {}).items(), key=lambda kv: -kv[1])
+                      if k is not None},
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 

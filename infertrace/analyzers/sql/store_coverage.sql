@@ -8,8 +8,10 @@
 -- Tokens are counted from `token_runs` (as many as `tokens` has rows, without expanding them).
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
---   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls'), key (the source, the fallback used, the tokens'
---   origin, the entry's service, how calls were found; NULL for plain counts), n.
+--   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls' | 'environment'), key (the source, the fallback used,
+--   the tokens' origin, the entry's service, how calls were found, the spans' deployment environment (resource
+--   attribute deployment.environment.name, or the older deployment.environment; NULL where none); NULL for plain
+--   counts), n (spans for 'environment', else requests, calls or tokens).
 SELECT 'source' AS what, source AS key, count(*) AS n FROM requests GROUP BY ALL
 UNION ALL
 SELECT 'model_source', model_source, count(*) FROM requests GROUP BY ALL
@@ -31,3 +33,7 @@ UNION ALL
 SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
 UNION ALL
 SELECT 'calls', found_by, count(*) FROM component_calls WHERE role = 'call' GROUP BY ALL
+UNION ALL
+SELECT 'environment', coalesce(resource_attributes['deployment.environment.name'],
+                               resource_attributes['deployment.environment']), count(*)
+FROM spans GROUP BY ALL
