@@ -58,3 +58,59 @@ def test_one_environment_or_none_named_says_nothing(tmp_path: Path) -> None:
     assert not any(s.startswith("Environments:") for s in coverage.sentences())
     with Store.open(_with_environment(tmp_path, "none", lambda _: None)) as store:
         assert store_coverage(store).environments == {}
+
+
+def _split_environments(resource_spans: dict[str, Any]) -> str:
+    attributes = {a["key"]: a["value"].get("stringValue") for a in resource_spans["resource"]["attributes"]}
+    return "staging" if str(attributes.get("service.instance.id", "")).startswith("qwen") else "production"
+
+
+def test_ingest_with_resource_keeps_one_environment_whole_and_counts_what_it_left_out(tmp_path: Path) -> None:
+    """`infertrace ingest --resource deployment.environment.name=production`: the store holds exactly the
+    production spans of the mixed file, byte for byte the rows a store of everything holds for them."""
+    from typer.testing import CliRunner
+
+    from infertrace.cli import app
+
+    mixed = _with_environment(tmp_path, "mixed", _split_environments)
+    trace = tmp_path / "mixed.jsonl"
+    result = CliRunner().invoke(app, ["ingest", "--store", str(tmp_path / "production"), "--no-progress",
+                                      "--no-materialize", "--resource", "deployment.environment.name=production",
+                                      str(trace)])
+    assert result.exit_code == 0, result.output
+    production = "coalesce(resource_attributes['deployment.environment.name'], '') = 'production'"
+    columns = "trace_id, span_id, name, start_ns, end_ns, \"res.service.instance.id\""
+    with Store.open(mixed) as everything, Store.open(tmp_path / "production") as kept:
+        expected = sorted(everything.sql(f"SELECT {columns} FROM spans WHERE {production}").fetchall())
+        others = everything.sql(f"SELECT count(*) FROM spans WHERE NOT {production}").fetchall()[0][0]
+        assert sorted(kept.sql(f"SELECT {columns} FROM spans").fetchall()) == expected
+        assert list(store_coverage(kept).environments) == ["production"]
+    assert expected and others
+    assert f"Left out {others} spans whose resource is not deployment.environment.name=production." in " ".join(
+        result.output.split())
+
+
+def test_ingest_resource_that_is_not_key_equals_value_is_a_usage_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infertrace.cli import app
+
+    result = CliRunner().invoke(app, ["ingest", "--store", str(tmp_path / "s"), "--resource", "production",
+                                      str(_trace())])
+    assert result.exit_code == 2
+    assert "--resource 'production': expected KEY=VALUE" in " ".join(result.output.split())
+    assert not (tmp_path / "s").exists()
+
+
+def test_notes_follow_their_rows_when_spans_are_left_out() -> None:
+    import numpy as np
+
+    from infertrace.store.values import Notes
+
+    notes = Notes()
+    notes.add([0, 2, 5], "converted", "a")
+    notes.add([3], "truncated", "b")
+    kept = notes.take(np.array([2, 3, 4]))
+    assert kept.counts() == {"converted": {"a": 1}, "truncated": {"b": 1}}
+    assert kept.counts(np.array([0])) == {"converted": {"a": 1}}  # row 2 is now row 0
+    assert kept.counts(np.array([1])) == {"truncated": {"b": 1}}

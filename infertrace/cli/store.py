@@ -42,6 +42,9 @@ def ingest(
     since: Annotated[str | None, typer.Option(
         help="--from: window start (ISO 8601 UTC, epoch s/ns, or back from now: -15m, 2h)")] = None,
     until: Annotated[str | None, typer.Option(help="--from: window end (exclusive), same forms")] = None,
+    resource: Annotated[list[str] | None, typer.Option(
+        help="KEY=VALUE: keep only the spans whose resource has this attribute (repeatable: all must match), e.g. "
+             "deployment.environment.name=production for one environment of a collector's output")] = None,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
@@ -55,6 +58,7 @@ def ingest(
 
     Example: infertrace ingest --store traces/ otel-export/*.jsonl.gz client_tokens.jsonl
              infertrace ingest --store traces/ --source vllm-iteration-log logs/llama-3-8b-0.log
+             infertrace ingest --store prod/ --resource deployment.environment.name=production otel-export/
              infertrace ingest --store incident/ --from clickhouse://oncall@ch1:8123/otel --since 2026-12-01T14:00Z \
                  --until 2026-12-01T14:30Z
     """
@@ -63,9 +67,17 @@ def ingest(
     from infertrace.store.ingest import expand_paths, ingest_paths
     from infertrace.store.side_inputs import ingest_side_inputs, sniff
 
+    wanted = []
+    for item in resource or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise fail(f"--resource {item!r}: expected KEY=VALUE, e.g. deployment.environment.name=production")
+        wanted.append((key.strip(), value))
     if from_ is not None:
         if paths:
             raise fail("give files or --from clickhouse://…, not both")
+        if wanted:
+            raise fail("--resource filters files; with --from, choose the spans in ClickHouse")
         ingest_from_clickhouse(store, from_, since, until)
         if materialize:
             materialize_store(store, progress)
@@ -103,9 +115,9 @@ def ingest(
             with Progress(*columns, console=err, transient=True) as bar:
                 task = bar.add_task("ingest", total=total)
                 summary = ingest_paths(store, list(files), on_progress=lambda n: bar.advance(task, n),
-                                       max_line_bytes=max_line_bytes)
+                                       max_line_bytes=max_line_bytes, resource=wanted)
         else:
-            summary = ingest_paths(store, list(files), max_line_bytes=max_line_bytes)
+            summary = ingest_paths(store, list(files), max_line_bytes=max_line_bytes, resource=wanted)
     except OSError as e:
         raise fail(str(e)) from None
     err.print(summary.paragraph(), soft_wrap=True, highlight=False)

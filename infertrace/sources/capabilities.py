@@ -100,7 +100,8 @@ class StoreCoverage:
             named = ", ".join(f"{env} ({n} spans)" for env, n in self.environments.items())
             lines.append(f"Environments: the spans name {len(self.environments)} deployment environments, {named} "
                          "(deployment.environment.name). Every figure mixes them: a model served in several is one "
-                         "model with the engines of all; ingest each environment's spans into a store of its own.")
+                         "model with the engines of all. Ingest each environment's spans into a store of its own "
+                         "(infertrace ingest --resource deployment.environment.name=ENV).")
         if self.unreadable_segments:
             n = self.unreadable_segments
             lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "

@@ -26,17 +26,20 @@ import gzip
 import json
 import mmap
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import BlockParser, spans_table
+from infertrace.store.schema import RESOURCE_MAP, resource_column
 from infertrace.store.segments import Written, write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
 
@@ -55,6 +58,8 @@ class IngestSummary:
     segments: int = 0
     rejected_lines: int = 0
     rejected_spans: int = 0
+    left_out: int = 0  # spans read whose resource did not match `resource` (ingest_paths)
+    resource: tuple[tuple[str, str], ...] = ()  # the resource attributes a span had to have to be kept
     quarantine: list[Path] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)  # reason → count
     notes: dict[str, dict[str, int]] = field(default_factory=dict)  # converted/truncated/... → key → count
@@ -73,6 +78,9 @@ class IngestSummary:
         text = (f"Ingested {self.spans_read} spans from {self.lines} lines of {self.files} files: "
                 f"{self.spans_new} new, {self.spans_read - self.spans_new} already stored, "
                 f"in {self.segments} segments.")
+        if self.resource:
+            wanted = ", ".join(f"{k}={v}" for k, v in self.resource)
+            text += f" Left out {self.left_out} spans whose resource is not {wanted}."
         if self.skipped:
             top = sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5]
             text += (f" Skipped {self.rejected_lines} lines and {self.rejected_spans} spans, kept in "
@@ -271,17 +279,20 @@ class _Block:
 
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
                  on_progress: Callable[[int], None] | None = None, columnar: bool = True,
-                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> IngestSummary:
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                 resource: Sequence[tuple[str, str]] = ()) -> IngestSummary:
     """Ingests OTLP JSON lines files into the store at `root`, a block of about `block_bytes` of whole lines
     at a time (one or more segments per block). `on_progress(bytes)` is called with the number of
     (compressed) bytes read since its last call, once the block is stored. `columnar=False` parses every
-    block record by record (the fallback path; for tests and the benchmark).
+    block record by record (the fallback path; for tests and the benchmark). With `resource` ((key, value)
+    pairs), only the spans whose resource has every one of those attributes (compared as text) are stored: one
+    deployment environment of a collector's output, say; the others are counted in `left_out`.
 
     Pipelined over three threads: while a block is turned into spans (this thread), Arrow parses the next one
     (its JSON reader runs in C++ without the GIL) and the previous one's Parquet segments are written (also in
     C++ without the GIL), so at most three blocks are in memory."""
     files = expand_paths(paths)
-    summary = IngestSummary(files=len(files))
+    summary = IngestSummary(files=len(files), resource=tuple(resource))
     blocks = BlockParser()  # on the parser thread only, one block after another
     root.mkdir(parents=True, exist_ok=True)
     with gc_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
@@ -360,11 +371,28 @@ def _finish_block(block: _Block, source: str, summary: IngestSummary, writer: _W
     table, notes, whole = _block_spans(block.read, source, parsed, rejections)
     summary.add_rejections(rejections, whole)
     _quarantine(writer.root, rejections, summary)
+    if table is not None and summary.resource:
+        table, notes, left_out = _with_resource(table, notes, summary.resource)
+        summary.left_out += left_out
     if table is not None:
         summary.spans_read += table.num_rows
         merge_counts(summary.notes, notes.counts())
     writer.submit(table, notes, block.read_to - position)
     return block.read_to
+
+
+def _with_resource(table: pa.Table, notes: Notes, resource: tuple[tuple[str, str], ...]
+                   ) -> tuple[pa.Table, Notes, int]:
+    """The spans of `table` whose resource has every (key, value) of `resource` (values compared as text), their
+    notes, and how many were left out."""
+    keep = pa.array(np.ones(table.num_rows, dtype=bool))
+    for key, value in resource:
+        column = resource_column(key)
+        values = (pc.cast(table.column(column), pa.string()) if column in table.column_names else
+                  pc.map_lookup(table.column(RESOURCE_MAP), key, "first"))
+        keep = pc.and_(keep, pc.fill_null(pc.equal(values, value), False))
+    kept = np.flatnonzero(keep.to_numpy(zero_copy_only=False))
+    return table.take(kept), notes.take(kept), table.num_rows - len(kept)
 
 
 def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary) -> None:

@@ -302,6 +302,13 @@ class Notes:
     def rollback(self, size: int) -> None:
         del self._rows[size:], self._labels[size:]
 
+    def take(self, kept: np.ndarray) -> Notes:
+        """The notes of the rows `kept` (ascending span indices), renumbered as the rows of `table.take(kept)`."""
+        out = Notes()
+        for rows, (what, key) in zip(self._rows, self._labels, strict=True):
+            out.add(np.searchsorted(kept, rows[np.isin(rows, kept)]), what, key)
+        return out
+
     def counts(self, rows: np.ndarray | None = None) -> dict[str, dict[str, int]]:
         """{what: {key: count}}, over every row, or over the rows in `rows` (span indices)."""
         if not self._rows:
