@@ -517,6 +517,7 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
                        "unseen_requests": p.unseen_requests,
                        "sentence": p.sentence()} for p in coverage.instance_problems],
         "environments": dict(coverage.environments),
+        "aliases": [{"gateway_name": alias, "model": model, "requests": n} for alias, model, n in coverage.aliases],
         "propagation": [{"model": f.model, "instances": list(f.instances), "gateway_alone": f.gateway_alone,
                          "gateway_requests": f.gateway_requests, "engine_alone": f.engine_alone,
                          "engine_requests": f.engine_requests, "sentence": f.sentence()}

@@ -62,6 +62,7 @@ class StoreCoverage:
     instance_problems: tuple[InstanceProblem, ...] = ()  # instance ids that are not one engine's run
     propagation: tuple[PropagationBreak, ...] = ()  # models whose engines get no trace context from the gateway
     environments: dict[str, int] = field(default_factory=dict)  # spans per deployment environment that names one
+    aliases: tuple[tuple[str, str, int], ...] = ()  # a gateway's name for a model, the engines' name, entries
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -96,6 +97,9 @@ class StoreCoverage:
         lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
         lines += [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
         lines += [f"Trace context: {finding.sentence()}" for finding in self.propagation]
+        if self.aliases:
+            named = ", ".join(f"{alias} is {model} ({n} requests)" for alias, model, n in self.aliases)
+            lines.append(f"Model names: the gateway's {named} at the engines; every figure uses the engines' names.")
         if len(self.environments) > 1:
             named = ", ".join(f"{env} ({n} spans)" for env, n in self.environments.items())
             lines.append(f"Environments: the spans name {len(self.environments)} deployment environments, {named} "
@@ -156,6 +160,8 @@ def store_coverage(store: Store) -> StoreCoverage:
         propagation=propagation_breaks(store) if counts.get("entry") else (),
         environments={str(k): n for k, n in sorted(counts.get("environment", {}).items(), key=lambda kv: -kv[1])
                       if k is not None},
+        aliases=tuple((alias, model, n) for (alias, model), n in
+                      ((str(k).split("\t", 1), n) for k, n in sorted(counts.get("alias", {}).items()) if k)),
     )
     return StoreCoverage(**{**coverage.__dict__, "analyses": _analyses(coverage)})
 

@@ -8,10 +8,11 @@
 -- Tokens are counted from `token_runs` (as many as `tokens` has rows, without expanding them).
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
---   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls' | 'environment'), key (the source, the fallback used,
---   the tokens' origin, the entry's service, how calls were found, the spans' deployment environment (resource
---   attribute deployment.environment.name, or the older deployment.environment; NULL where none); NULL for plain
---   counts), n (spans for 'environment', else requests, calls or tokens).
+--   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls' | 'environment' | 'alias'), key (the source, the
+--   fallback used, the tokens' origin, the entry's service, how calls were found, the spans' deployment
+--   environment (resource attribute deployment.environment.name, or the older deployment.environment; NULL where
+--   none), 'NAME\tMODEL' for a gateway's name of a model that `component_calls` gives as the engines' MODEL;
+--   NULL for plain counts), n (spans for 'environment', entries for 'alias', else requests, calls or tokens).
 SELECT 'source' AS what, source AS key, count(*) AS n FROM requests GROUP BY ALL
 UNION ALL
 SELECT 'model_source', model_source, count(*) FROM requests GROUP BY ALL
@@ -37,3 +38,8 @@ UNION ALL
 SELECT 'environment', coalesce(resource_attributes['deployment.environment.name'],
                                resource_attributes['deployment.environment']), count(*)
 FROM spans GROUP BY ALL
+UNION ALL
+SELECT 'alias', s."attr.gen_ai.request.model" || chr(9) || c.model, count(*)
+FROM component_calls c JOIN spans s ON s.trace_id = c.trace_id AND s.span_id = c.span_id
+WHERE c.role = 'entry' AND s."attr.gen_ai.request.model" <> c.model
+GROUP BY ALL

@@ -19,7 +19,9 @@
 --   operation (http.route, else the span name), found_by ('name' | 'service' | 'http' | 'same_service' |
 --   'entry'), component_kind (infertrace.component.kind; NULL for spans of other sources), service, instance
 --   (service.instance.id, else host.name:process.pid, else service.name), region, request_id, tenant, model
---   (the span's own gen_ai.request.model, else its trace's entry's or engine's), trace_id, span_id,
+--   (the span's own gen_ai.request.model, else its trace's engine's, else its entry's; a name the entries give a
+--   model that their traces show served by exactly one engine model is that model's name: a proxy's alias, e.g.
+--   LiteLLM's model_name, is not a model of its own), trace_id, span_id,
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
 --   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status, route_target,
 --   error_type, status_code, input_tokens, output_tokens (gen_ai.usage.*, as a gateway reports them), kv_bytes,
@@ -61,9 +63,19 @@ entry AS MATERIALIZED (
     LEFT JOIN eng own ON own.trace_id = r.trace_id AND own.span_id = r.span_id
     WHERE r.parent_span_id IS NOT NULL AND p.span_id IS NULL AND e.span_id IS NULL AND own.span_id IS NULL
 ),
+alias AS (
+    -- a name the entries give a model that their traces show served by exactly one engine model: that model
+    SELECT en."attr.gen_ai.request.model" AS name, min(e.model) AS model
+    FROM entry en JOIN eng e ON e.trace_id = en.trace_id
+    WHERE en."attr.gen_ai.request.model" IS NOT NULL AND e.model IS NOT NULL
+    GROUP BY en."attr.gen_ai.request.model"
+    HAVING count(DISTINCT e.model) = 1
+),
 request_trace AS (
-    -- per request trace: what its engines and its entry say, and the entry's span and service
-    SELECT t.trace_id, any_value(t.model) AS model, any_value(t.tenant) AS tenant,
+    -- per request trace: what its engines and its entry say (the engines' model first), and the entry's span and
+    -- service
+    SELECT t.trace_id, coalesce(any_value(t.model) FILTER (WHERE NOT t.is_entry), any_value(t.model)) AS model,
+           any_value(t.tenant) AS tenant,
            any_value(t.request_id) AS request_id, list(DISTINCT t.service) FILTER (WHERE NOT t.is_entry) AS services,
            any_value(t.span_id) FILTER (WHERE t.is_entry) AS entry_span_id,
            any_value(t.service) FILTER (WHERE t.is_entry) AS entry_service
@@ -113,7 +125,7 @@ SELECT
     coalesce(c."attr.gen_ai.request.id", rt.request_id) AS request_id,
     coalesce(c."attr.infertrace.tenant.id", c."attr.metadata.user_api_key_team_id", c."attr.user.id",
              rt.tenant) AS tenant,
-    coalesce(c."attr.gen_ai.request.model", rt.model) AS model,
+    coalesce(own.model, c."attr.gen_ai.request.model", via.model, rt.model) AS model,
     c.trace_id,
     c.span_id,
     c.parent_span_id,
@@ -137,3 +149,5 @@ SELECT
     c."attr.http.request.resend_count" AS resend_count
 FROM call c
 LEFT JOIN request_trace rt ON rt.trace_id = c.trace_id
+LEFT JOIN alias own ON own.name = c."attr.gen_ai.request.model"
+LEFT JOIN alias via ON via.name = rt.model

@@ -34,8 +34,16 @@ entry AS (
       AND (r.trace_id, r.parent_span_id) NOT IN (SELECT trace_id, span_id FROM eng)
       AND (r.trace_id, r.span_id) NOT IN (SELECT trace_id, span_id FROM eng)
 ),
+alias AS (
+    SELECT en."attr.gen_ai.request.model" AS name, min(e.model) AS model
+    FROM entry en JOIN eng e ON e.trace_id = en.trace_id
+    WHERE en."attr.gen_ai.request.model" IS NOT NULL AND e.model IS NOT NULL
+    GROUP BY en."attr.gen_ai.request.model"
+    HAVING count(DISTINCT e.model) = 1
+),
 request_trace AS (
-    SELECT t.trace_id AS trace_id, any(t.model) AS model, any(t.tenant) AS tenant,
+    SELECT t.trace_id AS trace_id, coalesce(anyIf(t.model, NOT t.is_entry), any(t.model)) AS model,
+           any(t.tenant) AS tenant,
            any(t.request_id) AS request_id, groupUniqArrayIf(t.service, NOT t.is_entry) AS services,
            anyIf(t.span_id, t.is_entry) AS entry_span_id,
            anyIf(t.service, t.is_entry) AS entry_service
@@ -85,7 +93,7 @@ SELECT
     coalesce(c."attr.gen_ai.request.id", c.trace_request_id) AS request_id,
     coalesce(c."attr.infertrace.tenant.id", c."attr.metadata.user_api_key_team_id", c."attr.user.id",
              c.trace_tenant) AS tenant,
-    coalesce(c."attr.gen_ai.request.model", c.trace_model) AS model,
+    coalesce(own.model, c."attr.gen_ai.request.model", via.model, c.trace_model) AS model,
     c.trace_id AS trace_id,
     c.span_id AS span_id,
     c.parent_span_id AS parent_span_id,
@@ -108,3 +116,5 @@ SELECT
     c."attr.infertrace.component.queue_ns" AS queue_ns,
     c."attr.http.request.resend_count" AS resend_count
 FROM call c
+LEFT JOIN alias own ON own.name = c."attr.gen_ai.request.model"
+LEFT JOIN alias via ON via.name = c.trace_model
