@@ -97,6 +97,21 @@ def test_fleet_overview_shows_the_slo_analyzers_percentiles_and_severities(
     assert any(list(d.columns) == ["target"] and d["target"].iloc[0] == target for d in datasets)
 
 
+def test_fleet_overview_shows_what_the_spans_get_wrong_and_where_ttft_runs_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose gateway passes no trace context to the engines: the problem is shown as a warning, not folded
+    into a closed expander, and the caption says TTFT runs from the engines' spans (the gateway's are apart)."""
+    from infertrace.sources.capabilities import store_coverage
+    from tests.test_propagation import _store
+
+    with Store.open(_store("unpropagated")) as store:
+        problems = store_coverage(store).problems()
+    assert len(problems) == 2 and all(p.startswith("Trace context: ") for p in problems)
+    at = app(_store("unpropagated"), monkeypatch)
+    assert [w.value for w in at.warning if w.value.startswith("Trace context: ")] == problems
+    assert any("TTFT and E2E from the engine's request span to the first/last token" in c.value for c in at.caption)
+
+
 def test_drill_down_from_a_model_opens_its_itl_spikes(store_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                      analyses: dict) -> None:
     at = app(store_dir, monkeypatch)

@@ -102,7 +102,10 @@ def test_a_gateway_that_does_not_propagate_its_trace_context_is_named_per_model_
     assert "none for llama-3-8b, qwen-2.5-1.5b (see Trace context)" in coverage.analysis("ttft").detail
     [entry, _] = document["coverage"]["propagation"]
     assert entry["model"] == "llama-3-8b" and entry["instances"] == list(llama.instances)
-    assert "Trace context: llama-3-8b: " in " ".join(render(document, "table").split())
+    text = " ".join(render(document, "table").split())
+    assert "Trace context: llama-3-8b: " in text
+    # the SLO summary's TTFT runs from the engines' spans here, and its header says so
+    assert "TTFT and E2E from the engine's request span to the first/last token (no gateway entry span)" in text
 
 
 def test_one_model_whose_engines_get_no_context_is_named_alone() -> None:

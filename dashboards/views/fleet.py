@@ -10,6 +10,7 @@ import results
 import streamlit as st
 
 from infertrace.analyzers.slo import UNCHECKED
+from infertrace.report.layout import slo_source
 
 SEVERITY_COLOURS = {"ok": "#dcfce7", "warning": "#fef3c7", "critical": "#fde2e1"}
 
@@ -19,14 +20,18 @@ coverage = results.coverage(root, snap)
 
 st.title("Fleet overview")
 missing = [a for a in coverage.analyses if not a.supported]
+# what the spans get wrong (clocks, instance ids, trace context, environments, …): shown, not folded away
+problems = coverage.problems()
 with st.expander("What this store can answer" + (f" ({len(missing)} analyses not possible)" if missing else ""),
-                 expanded=bool(missing)):
+                 expanded=bool(missing or problems)):
     for line in coverage.sentences():
-        st.markdown(line)
+        (st.warning if line in problems else st.markdown)(line)
     for a in missing:
         st.warning(f"{a.title}: {a.detail}")
-st.caption("TTFT and E2E from the gateway to the first / last token; ITL between consecutive tokens. "
-           "Targets: " + ", ".join(f"{t.key} ≤ {t.threshold:g}" for t in summary.targets)
+apart = {f.model for f in coverage.propagation}  # their engines' traces are apart from the gateway's
+source = slo_source(sum(1 for m in summary.models if m.gateway_requests and m.model not in apart), len(summary.models))
+st.caption(f"TTFT and E2E {source}; ITL between consecutive tokens. Targets: "
+           + ", ".join(f"{t.key} ≤ {t.threshold:g}" for t in summary.targets)
            + f"; critical at {summary.critical_ratio:g}× a target.")
 if not summary.models:
     st.info("No requests in the store yet.")

@@ -63,13 +63,19 @@ def _selection(doc: dict[str, Any]) -> str:
     return f"{scope}; selection: {', '.join(parts) if parts else 'everything'}."
 
 
-def _slo(section: dict[str, Any]) -> list[Block]:
+def slo_source(through_gateway: int, models: int) -> str:
+    """Where the SLO summary's TTFT and E2E run from, given how many of its models the gateway's spans show."""
+    return ("from the gateway to the first/last token" if through_gateway == models else
+            "from the engine's request span to the first/last token (no gateway entry span)" if not through_gateway
+            else "from the gateway to the first/last token where its entry spans are in the store, else from the "
+                 "engine's request span")
+
+
+def _slo(section: dict[str, Any], apart: set[str]) -> list[Block]:
+    """`apart`: models whose engines' traces are apart from the gateway's (coverage.propagation)."""
     targets = ", ".join(f"{t['key']} ≤ {cell(t['threshold'])}" for t in section["targets"])
-    gateway = [m["model"] for m in section["models"] if m["gateway_requests"]]
-    source = ("from the gateway to the first/last token" if len(gateway) == len(section["models"]) else
-              "from the engine's request span to the first/last token (no gateway entry span)" if not gateway else
-              "from the gateway to the first/last token where its entry spans are in the store, else from the "
-              "engine's request span")
+    source = slo_source(sum(1 for m in section["models"] if m["gateway_requests"] and m["model"] not in apart),
+                        len(section["models"]))
     blocks: list[Block] = [Paragraph(f"Targets: {targets}; critical at {cell(section['critical_ratio'])}× a "
                                      f"target. TTFT and E2E {source}.")]
     rows, sev = [], []
@@ -329,7 +335,7 @@ def _prefill_throughput(section: dict[str, Any]) -> list[Block]:
                          e["fix_tokens_per_s"]) for e in section["engines"]))]
 
 
-RENDERERS = {"slo": _slo, "incidents": _incidents, "itl": _itl, "ttft": _ttft, "prefix_cache": _prefix_cache,
+RENDERERS = {"incidents": _incidents, "itl": _itl, "ttft": _ttft, "prefix_cache": _prefix_cache,
              "prefill_throughput": _prefill_throughput}
 
 
@@ -371,7 +377,10 @@ def layout(doc: dict[str, Any]) -> list[Block]:
         if section.get("status") != "ok":
             blocks.append(Paragraph(f"Not available: {section.get('reason', 'no result')}."))
             continue
-        blocks += RENDERERS[name](section)
+        if name == "slo":
+            blocks += _slo(section, {f["model"] for f in doc.get("coverage", {}).get("propagation", ())})
+        else:
+            blocks += RENDERERS[name](section)
     blocks.append(Heading("Recommendations", 2))
     if not doc["recommendations"]:
         blocks.append(Paragraph("None: no rule's evidence held in this selection."))

@@ -20,6 +20,7 @@ from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
 from infertrace.store.values import describe
 
+_NOTHING_QUARANTINED = "Quarantined at ingest: nothing."
 SOURCE_TITLES = {"infertrace": "the reference engine", **{k: p.title for k, p in ENGINES.items()}}
 TOKEN_SPANS = "SGLang decode_loop or TGI send_generation spans"
 
@@ -68,6 +69,13 @@ class StoreCoverage:
     def analysis(self, key: str) -> Analysis:
         return next(a for a in self.analyses if a.key == key)
 
+    def problems(self) -> list[str]:
+        """The lines of `sentences` that say the spans are wrong or incomplete somewhere (clocks, instance ids, trace
+        context, mixed environments, quarantined or unreadable data): what a reader must see before any figure."""
+        prefixes = ("Clocks:", "Instances:", "Trace context:", "Environments:", "Quarantined at ingest: ")
+        return [line for line in self.sentences()
+                if (line.startswith(prefixes) and line != _NOTHING_QUARANTINED) or "could not be read" in line]
+
     def sentences(self) -> list[str]:
         """What the store holds, in a few lines."""
         sources = ", ".join(f"{SOURCE_TITLES.get(s, s)} ({n} requests)" for s, n in self.sources.items()) or "none"
@@ -91,7 +99,7 @@ class StoreCoverage:
             top = "; ".join(f"{reason} ({n})" for reason, n in q.reasons)
             lines.append(f"Quarantined at ingest: {q.records} lines or spans; commonest reasons: {top}.")
         else:
-            lines.append("Quarantined at ingest: nothing.")
+            lines.append(_NOTHING_QUARANTINED)
         if self.stored_with_changes:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
         lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
