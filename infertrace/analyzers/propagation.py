@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infertrace.analyzers import query_text
+from infertrace.analyzers import materialize_once, query_text
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -54,6 +54,7 @@ class PropagationBreak:
 
 def propagation_breaks(store: Store) -> tuple[PropagationBreak, ...]:
     """The models whose gateway requests and engine requests are in traces apart, as far as the store shows."""
+    materialize_once(store, ("requests", "component_calls"))  # each is read twice
     gateway: dict[str | None, tuple[int, int]] = {}
     engines: dict[str, list[tuple[str, int, int]]] = {}
     for side, model, instance, alone, requests in store.sql(query_text("trace_propagation")).fetchall():
