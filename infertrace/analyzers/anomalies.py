@@ -69,6 +69,7 @@ RATE_CEILING = 0.5  # a failure rate's baseline is taken as at most this (a seri
 MIN_TRAFFIC_FACTOR = 2.0  # a traffic bucket counts only at twice its usual share (bursts and drift do ×1.5)
 SCOPES = ("model", "tenant")
 POOLED_BUCKETS = (2, 4, 8)  # a rate is also scored over this many trailing buckets together
+MIN_SCORED_BUCKETS = 4  # a series is scored once it has this many buckets (latency: with min_requests each)
 TRAILING_BUCKETS = 45  # a bucket is scored against up to this many normal buckets before it (15 min) ...
 MIN_BASELINE = 9  # ... once there are this many (3 min); before, against the whole series
 BASELINE_GAP = 9  # ... and ending this many buckets (3 min) before it, once that leaves MIN_BASELINE: a slow ramp's
@@ -267,7 +268,6 @@ _NEEDS = {
     "e2e": "no request has an end time",
     "truncated": "no span gives a finish reason",
 }
-MIN_SCORED_BUCKETS = 4  # a series is scored once it has this many buckets (latency: with min_requests each)
 
 
 def _unchecked(requests: pd.DataFrame, table: pd.DataFrame, config: DetectionConfig) -> tuple[Unchecked, ...]:
