@@ -3,6 +3,7 @@ and every refusal the receiver makes."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import logging
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 import requests
+from google.protobuf import json_format
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
@@ -533,3 +535,44 @@ def test_protobuf_requests_read_field_by_field_store_what_the_generic_json_mappi
     assert direct.table().equals(generic.table())
     assert direct.notes.counts() == generic.notes.counts()
     assert json_format.MessageToDict(request)  # the message is valid protobuf
+
+
+def test_a_collector_with_resource_stores_one_environment_and_logs_what_it_left_out(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`collect --resource deployment.environment.name=production`: spans of another environment, or none named,
+    are not stored; the answer is a plain success (they are not the client's error) and the log line counts them.
+    The same over gRPC."""
+    def export(start: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"resourceSpans": []}
+        for offset, environment in ((0, "production"), (10, "staging"), (20, None)):
+            part = _traces_json(3, start=start + offset)["resourceSpans"][0]
+            if environment is not None:
+                part["resource"]["attributes"].append(
+                    {"key": "deployment.environment.name", "value": {"stringValue": environment}})
+            body["resourceSpans"].append(part)
+        return body
+
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, compact_interval_s=None, grpc=("127.0.0.1", 0),
+                  resource=(("deployment.environment.name", "production"),))
+    c.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="infertrace.collect"):
+            r = requests.post(_url(c), json=export(0))
+            request = ExportTraceServiceRequest()
+            body = export(100)  # protobuf's JSON mapping takes ids as base64, OTLP/JSON as hex
+            for part in body["resourceSpans"]:
+                for span in part["scopeSpans"][0]["spans"]:
+                    for key in ("traceId", "spanId"):
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+            json_format.Parse(json.dumps(body), request)
+            with grpc.insecure_channel(c.grpc_address) as channel:
+                TraceServiceStub(channel).Export(request, timeout=10)
+    finally:
+        c.shutdown()
+    assert r.status_code == 200 and "partialSuccess" not in r.json()
+    with Store.open(tmp_path / "store") as store:
+        stored = store.sql("SELECT resource_attributes['deployment.environment.name'], count(*) FROM spans "
+                           "GROUP BY ALL").fetchall()
+    assert stored == [("production", 6)] and c.spans_stored == 6
+    lines = [r.getMessage() for r in caplog.records if r.name == "infertrace.collect"]
+    assert len(lines) == 2 and all("stored 3 spans, left out 6 of other resources" in line for line in lines)

@@ -19,6 +19,8 @@ from infertrace.cli.console import err, fail
 from infertrace.cli.derived import materialize_store, start_helpers
 
 TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
+RESOURCE_HELP = ("KEY=VALUE: keep only the spans whose resource has this attribute (repeatable: all must match), "
+                 "e.g. deployment.environment.name=production for one environment of a collector's output")
 
 
 def ingest(
@@ -42,9 +44,7 @@ def ingest(
     since: Annotated[str | None, typer.Option(
         help="--from: window start (ISO 8601 UTC, epoch s/ns, or back from now: -15m, 2h)")] = None,
     until: Annotated[str | None, typer.Option(help="--from: window end (exclusive), same forms")] = None,
-    resource: Annotated[list[str] | None, typer.Option(
-        help="KEY=VALUE: keep only the spans whose resource has this attribute (repeatable: all must match), e.g. "
-             "deployment.environment.name=production for one environment of a collector's output")] = None,
+    resource: Annotated[list[str] | None, typer.Option(help=RESOURCE_HELP)] = None,
 ) -> None:
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
@@ -67,12 +67,7 @@ def ingest(
     from infertrace.store.ingest import expand_paths, ingest_paths
     from infertrace.store.side_inputs import ingest_side_inputs, sniff
 
-    wanted = []
-    for item in resource or []:
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise fail(f"--resource {item!r}: expected KEY=VALUE, e.g. deployment.environment.name=production")
-        wanted.append((key.strip(), value))
+    wanted = _resource(resource)
     if from_ is not None:
         if paths:
             raise fail("give files or --from clickhouse://…, not both")
@@ -125,6 +120,17 @@ def ingest(
         materialize_store(store, progress)
     if strict and summary.skipped:
         raise typer.Exit(1)
+
+
+def _resource(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """`--resource KEY=VALUE` options as (key, value) pairs; a usage error names a malformed one."""
+    wanted = []
+    for item in items or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise fail(f"--resource {item!r}: expected KEY=VALUE, e.g. deployment.environment.name=production")
+        wanted.append((key.strip(), value))
+    return tuple(wanted)
 
 
 def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str | None) -> None:
@@ -215,6 +221,7 @@ def collect(
         help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
     materialize: Annotated[bool, typer.Option(
         help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
+    resource: Annotated[list[str] | None, typer.Option(help=RESOURCE_HELP)] = None,
 ) -> None:
     """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd) and optionally
     gRPC into a store. A request is answered with success only after its spans are durably stored; a busy,
@@ -233,6 +240,7 @@ def collect(
     if (tls_cert is None) != (tls_key is None):
         raise fail("--tls-cert and --tls-key go together")
     secret = _token(token, token_file)
+    wanted = _resource(resource)
     try:
         host, port = parse_listen(listen)
         grpc_at = parse_listen(grpc, "--grpc", 4317) if grpc else None
@@ -243,7 +251,7 @@ def collect(
                               memory_limit_bytes=memory_limit_mib << 20, grpc=grpc_at, tls=tls,
                               header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
                               compact_interval_s=compact_interval or None, compact_min_age_s=compact_min_age,
-                              grace_s=grace, retain_s=retain_s)
+                              grace_s=grace, retain_s=retain_s, resource=wanted)
     except (OSError, ValueError) as e:
         raise fail(str(e)) from None
     exposed = [h for h in (host, grpc_at[0] if grpc_at else "127.0.0.1") if not is_loopback(h)]

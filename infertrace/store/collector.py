@@ -39,8 +39,10 @@ class Collector:
                  memory_limit_bytes: int = 1024 * 1024 * 1024, grpc: tuple[str, int] | None = None,
                  tls: tuple[str, str] | None = None, header_timeout: float = 10.0, body_timeout: float = 30.0,
                  idle_timeout: int = 30, compact_interval_s: float | None = 30.0, compact_min_age_s: float = 10.0,
-                 grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None) -> None:
-        self.receiver = Receiver(root, Limits(max_body_bytes, queue_size, memory_limit_bytes, writers), token)
+                 grace_s: float = DEFAULT_GRACE_S, retain_s: float | None = None,
+                 resource: tuple[tuple[str, str], ...] = ()) -> None:
+        self.receiver = Receiver(root, Limits(max_body_bytes, queue_size, memory_limit_bytes, writers), token,
+                                 resource)
         self.root = self.receiver.root
         self.http = HttpServer(self.receiver, host, port, tls, header_timeout, body_timeout, idle_timeout)
         self.grpc = None

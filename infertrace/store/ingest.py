@@ -33,14 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import BlockParser, spans_table
-from infertrace.store.schema import RESOURCE_MAP, resource_column
-from infertrace.store.segments import Written, write_quarantine, write_segments
+from infertrace.store.segments import Written, keep_resource, write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
@@ -372,27 +369,13 @@ def _finish_block(block: _Block, source: str, summary: IngestSummary, writer: _W
     summary.add_rejections(rejections, whole)
     _quarantine(writer.root, rejections, summary)
     if table is not None and summary.resource:
-        table, notes, left_out = _with_resource(table, notes, summary.resource)
+        table, notes, left_out = keep_resource(table, notes, summary.resource)
         summary.left_out += left_out
     if table is not None:
         summary.spans_read += table.num_rows
         merge_counts(summary.notes, notes.counts())
     writer.submit(table, notes, block.read_to - position)
     return block.read_to
-
-
-def _with_resource(table: pa.Table, notes: Notes, resource: tuple[tuple[str, str], ...]
-                   ) -> tuple[pa.Table, Notes, int]:
-    """The spans of `table` whose resource has every (key, value) of `resource` (values compared as text), their
-    notes, and how many were left out."""
-    keep = pa.array(np.ones(table.num_rows, dtype=bool))
-    for key, value in resource:
-        column = resource_column(key)
-        values = (pc.cast(table.column(column), pa.string()) if column in table.column_names else
-                  pc.map_lookup(table.column(RESOURCE_MAP), key, "first"))
-        keep = pc.and_(keep, pc.fill_null(pc.equal(values, value), False))
-    kept = np.flatnonzero(keep.to_numpy(zero_copy_only=False))
-    return table.take(kept), notes.take(kept), table.num_rows - len(kept)
 
 
 def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary) -> None:

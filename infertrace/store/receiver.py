@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from infertrace.store import protobuf_spans
 from infertrace.store.batch import BadRecord, SpanBatch
-from infertrace.store.segments import remove_stale_temporaries, write_quarantine, write_segments
+from infertrace.store.segments import keep_resource, remove_stale_temporaries, write_quarantine, write_segments
 from infertrace.store.values import describe
 
 log = logging.getLogger("infertrace.collect")
@@ -82,6 +82,8 @@ class Outcome:
     rejected: int = 0
     reason: str = ""  # the first rejection's reason
     notes: dict[str, dict[str, int]] = field(default_factory=dict)
+    left_out: int = 0  # spans whose resource did not match the receiver's `resource`: not an error, so not reported
+    # to the client, only logged
 
     def warning(self) -> str:
         """The OTLP partial-success message: rejected spans, and values converted or truncated."""
@@ -96,8 +98,11 @@ class Outcome:
 class Receiver:
     """Admission and storage of export requests into a store directory; thread-safe."""
 
-    def __init__(self, root: str | Path, limits: Limits | None = None, token: str | None = None) -> None:
+    def __init__(self, root: str | Path, limits: Limits | None = None, token: str | None = None,
+                 resource: tuple[tuple[str, str], ...] = ()) -> None:
+        """`resource`: (key, value) pairs a span's resource must have to be stored (`keep_resource`)."""
         self.root = Path(root)
+        self.resource = resource
         self.root.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.root)
         self.limits = limits or Limits()
@@ -186,16 +191,22 @@ class Receiver:
         return self._write(batch)
 
     def _write(self, batch: SpanBatch) -> Outcome:
+        notes, stored, left_out = batch.notes, batch.num_spans, 0
         try:
             if batch.num_spans:
-                write_segments(self.root, batch.table(), batch.notes)
+                table = batch.table()
+                if self.resource:
+                    table, notes, left_out = keep_resource(table, notes, self.resource)
+                    stored = table.num_rows
+                if stored:
+                    write_segments(self.root, table, notes)
             write_quarantine(self.root, batch.rejections)
         except OSError as e:  # the disk, not the data: the client keeps the spans and retries
             raise StorageUnavailable(f"cannot write to the store: {e.strerror or e}") from None
         with self._lock:
-            self.spans_stored += batch.num_spans
-        return Outcome(batch.num_spans, len(batch.rejections),
-                       batch.rejections[0].reason if batch.rejections else "", batch.notes.counts())
+            self.spans_stored += stored
+        return Outcome(stored, len(batch.rejections), batch.rejections[0].reason if batch.rejections else "",
+                       notes.counts(), left_out)
 
 
 # ----------------------------------------------------------------------------------------- logging
@@ -211,6 +222,8 @@ def log_outcome(transport: str, peer: str, status: int | str, seconds: float, bo
     text = f"{transport} {peer} {status} {body_bytes} bytes {seconds * 1000:.1f} ms"
     if outcome is not None:
         text += f" stored {outcome.stored} spans"
+        if outcome.left_out:
+            text += f", left out {outcome.left_out} of other resources"
         if outcome.rejected or outcome.notes:
             text += f"; {outcome.warning()}"
     if error:

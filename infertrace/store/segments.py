@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from infertrace.store.batch import Rejection
-from infertrace.store.schema import SCHEMA, resource_column
+from infertrace.store.schema import RESOURCE_MAP, SCHEMA, resource_column
 from infertrace.store.values import Notes
 
 SPANS_DIR = "spans"
@@ -320,3 +320,18 @@ def list_segments(root: Path) -> list[Path]:
 def is_storage_error(error: BaseException) -> bool:
     """An error of the disk rather than of the data: the write may succeed later (503 + Retry-After)."""
     return isinstance(error, OSError) and (error.errno in STORAGE_ERRNOS or error.errno is None)
+
+
+def keep_resource(table: pa.Table, notes: Notes, resource: Iterable[tuple[str, str]]) -> tuple[pa.Table, Notes, int]:
+    """The spans of `table` whose resource has every (key, value) of `resource` (values compared as text: a declared
+    attribute's column cast, any other from the resource map), their notes renumbered with them, and how many were
+    left out: `ingest --resource` and `collect --resource` keep one deployment environment of a mixed stream."""
+    keep = pa.array(np.ones(table.num_rows, dtype=bool))
+    for key, value in resource:
+        column = resource_column(key)
+        values = (pc.cast(table.column(column), pa.string()) if column in table.column_names else
+                  pc.map_lookup(table.column(RESOURCE_MAP), key, "first"))
+        keep = pc.and_(keep, pc.fill_null(pc.equal(values, value), False))
+    kept = np.flatnonzero(keep.to_numpy(zero_copy_only=False))
+    return table.take(kept), notes.take(kept), table.num_rows - len(kept)
+
