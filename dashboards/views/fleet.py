@@ -28,8 +28,7 @@ with st.expander("What this store can answer" + (f" ({len(missing)} analyses not
         (st.warning if line in problems else st.markdown)(line)
     for a in missing:
         st.warning(f"{a.title}: {a.detail}")
-apart = {f.model for f in coverage.propagation}  # their engines' traces are apart from the gateway's
-source = slo_source(sum(1 for m in summary.models if m.gateway_requests and m.model not in apart), len(summary.models))
+source = slo_source({m.model: m.gateway_requests for m in summary.models}, {f.model for f in coverage.propagation})
 st.caption(f"TTFT and E2E {source}; ITL between consecutive tokens. Targets: "
            + ", ".join(f"{t.key} ≤ {t.threshold:g}" for t in summary.targets)
            + f"; critical at {summary.critical_ratio:g}× a target.")

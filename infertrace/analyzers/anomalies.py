@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -199,9 +200,9 @@ class AnomalyReport:
         """The models detection ran on (each with requests in the store)."""
         return sorted({b.key for b in self.heatmap if b.scope == "model"})
 
-    def checked(self) -> tuple[str, ...]:
-        """The metrics scored for at least one model, in METRICS' order."""
-        models = set(self.models())
+    def checked(self, models: Iterable[str] | None = None) -> tuple[str, ...]:
+        """The metrics scored for at least one of `models` (default: every model), in METRICS' order."""
+        models = set(self.models() if models is None else models)
         skipped: dict[str, set[str]] = {}
         for u in self.unchecked:
             skipped.setdefault(u.metric, set()).update(u.models)

@@ -3,6 +3,7 @@ same way. Layout chooses columns and wording; the numbers are the document's, un
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +64,12 @@ def _selection(doc: dict[str, Any]) -> str:
     return f"{scope}; selection: {', '.join(parts) if parts else 'everything'}."
 
 
-def slo_source(through_gateway: int, models: int) -> str:
-    """Where the SLO summary's TTFT and E2E run from, given how many of its models the gateway's spans show."""
-    return ("from the gateway to the first/last token" if through_gateway == models else
-            "from the engine's request span to the first/last token (no gateway entry span)" if not through_gateway
+def slo_source(gateway_requests: Mapping[str, int], apart: Collection[str]) -> str:
+    """Where the SLO summary's TTFT and E2E run from, given each model's requests the gateway answered and the
+    models whose engines' traces are apart from the gateway's (coverage.propagation)."""
+    through = sum(1 for model, n in gateway_requests.items() if n and model not in apart)
+    return ("from the gateway to the first/last token" if through == len(gateway_requests) else
+            "from the engine's request span to the first/last token (no gateway entry span)" if not through
             else "from the gateway to the first/last token where its entry spans are in the store, else from the "
                  "engine's request span")
 
@@ -74,8 +77,7 @@ def slo_source(through_gateway: int, models: int) -> str:
 def _slo(section: dict[str, Any], apart: set[str]) -> list[Block]:
     """`apart`: models whose engines' traces are apart from the gateway's (coverage.propagation)."""
     targets = ", ".join(f"{t['key']} ≤ {cell(t['threshold'])}" for t in section["targets"])
-    source = slo_source(sum(1 for m in section["models"] if m["gateway_requests"] and m["model"] not in apart),
-                        len(section["models"]))
+    source = slo_source({m["model"]: m["gateway_requests"] for m in section["models"]}, apart)
     blocks: list[Block] = [Paragraph(f"Targets: {targets}; critical at {cell(section['critical_ratio'])}× a "
                                      f"target. TTFT and E2E {source}.")]
     rows, sev = [], []

@@ -143,15 +143,11 @@ def incidents_section(rca: RcaReport, options: ReportOptions) -> dict[str, Any]:
             "commonality": None if top_lift is None else top_lift.sentence(),
         })
     anomalies = rca.anomalies
-    keep = (lambda models: models) if options.model is None else \
-        (lambda models: [m for m in models if m == options.model])
-    unchecked = [{"metric": u.metric, "what": u.what(), "models": keep(list(u.models)), "why": u.why}
+    models = [m for m in anomalies.models() if options.model in (None, m)]
+    unchecked = [{"metric": u.metric, "what": u.what(), "models": [m for m in u.models if m in models], "why": u.why}
                  for u in anomalies.unchecked]
-    checked = anomalies.checked()
-    if options.model is not None:
-        checked = tuple(m for m in checked if not any(u["metric"] == m and u["models"] for u in unchecked))
-    return {"status": "ok", "incidents": out, "models": keep(anomalies.models()),
-            "checked": [{"metric": m, "what": METRICS[m][2]} for m in checked],
+    return {"status": "ok", "incidents": out, "models": models,
+            "checked": [{"metric": m, "what": METRICS[m][2]} for m in anomalies.checked(models)],
             "unchecked": [u for u in unchecked if u["models"]]}
 
 

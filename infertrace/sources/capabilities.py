@@ -20,7 +20,6 @@ from infertrace.store.segments import QUARANTINE_DIR
 from infertrace.store.store import Store
 from infertrace.store.values import describe
 
-_NOTHING_QUARANTINED = "Quarantined at ingest: nothing."
 SOURCE_TITLES = {"infertrace": "the reference engine", **{k: p.title for k, p in ENGINES.items()}}
 TOKEN_SPANS = "SGLang decode_loop or TGI send_generation spans"
 
@@ -70,11 +69,10 @@ class StoreCoverage:
         return next(a for a in self.analyses if a.key == key)
 
     def problems(self) -> list[str]:
-        """The lines of `sentences` that say the spans are wrong or incomplete somewhere (clocks, instance ids, trace
-        context, mixed environments, quarantined or unreadable data): what a reader must see before any figure."""
-        prefixes = ("Clocks:", "Instances:", "Trace context:", "Environments:", "Quarantined at ingest: ")
-        return [line for line in self.sentences()
-                if (line.startswith(prefixes) and line != _NOTHING_QUARANTINED) or "could not be read" in line]
+        """The lines of `sentences` that say the spans are wrong or incomplete somewhere (quarantined data, clocks,
+        instance ids, trace context, mixed environments, unreadable segments): what a reader must see before any
+        figure."""
+        return [*self._quarantined(), *self._spans_wrong(), *self._environments(), *self._unreadable()]
 
     def sentences(self) -> list[str]:
         """What the store holds, in a few lines."""
@@ -94,31 +92,40 @@ class StoreCoverage:
         if self.instance_fallbacks:
             how = ", ".join(f"{n} from {k}" for k, n in self.instance_fallbacks.items())
             lines.append(f"Instances without service.instance.id: {how}.")
-        q = self.quarantine
-        if q.records:
-            top = "; ".join(f"{reason} ({n})" for reason, n in q.reasons)
-            lines.append(f"Quarantined at ingest: {q.records} lines or spans; commonest reasons: {top}.")
-        else:
-            lines.append(_NOTHING_QUARANTINED)
+        lines += self._quarantined() or ["Quarantined at ingest: nothing."]
         if self.stored_with_changes:
             lines.append(f"Stored with changes: {self.stored_with_changes}.")
-        lines += [f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
-        lines += [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
-        lines += [f"Trace context: {finding.sentence()}" for finding in self.propagation]
+        lines += self._spans_wrong()
         if self.aliases:
             named = ", ".join(f"{alias} is {model} ({n} requests)" for alias, model, n in self.aliases)
             lines.append(f"Model names: the gateway's {named} at the engines; every figure uses the engines' names.")
-        if len(self.environments) > 1:
-            named = ", ".join(f"{env} ({n} spans)" for env, n in self.environments.items())
-            lines.append(f"Environments: the spans name {len(self.environments)} deployment environments, {named} "
-                         "(deployment.environment.name). Every figure mixes them: a model served in several is one "
-                         "model with the engines of all. Ingest each environment's spans into a store of its own "
-                         "(infertrace ingest --resource deployment.environment.name=ENV).")
-        if self.unreadable_segments:
-            n = self.unreadable_segments
-            lines.append(f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left "
-                         "out of every analysis (infertrace store check).")
-        return lines
+        return lines + self._environments() + self._unreadable()
+
+    def _quarantined(self) -> list[str]:
+        q = self.quarantine
+        if not q.records:
+            return []
+        top = "; ".join(f"{reason} ({n})" for reason, n in q.reasons)
+        return [f"Quarantined at ingest: {q.records} lines or spans; commonest reasons: {top}."]
+
+    def _spans_wrong(self) -> list[str]:
+        return ([f"Clocks: {finding.sentence()}" for finding in self.clock_offsets]
+                + [f"Instances: {problem.sentence()}" for problem in self.instance_problems]
+                + [f"Trace context: {finding.sentence()}" for finding in self.propagation])
+
+    def _environments(self) -> list[str]:
+        if len(self.environments) < 2:
+            return []
+        named = ", ".join(f"{env} ({n} spans)" for env, n in self.environments.items())
+        return [f"Environments: the spans name {len(self.environments)} deployment environments, {named} "
+                "(deployment.environment.name). Every figure mixes them: a model served in several is one model with "
+                "the engines of all. Ingest each environment's spans into a store of its own (infertrace ingest "
+                "--resource deployment.environment.name=ENV)."]
+
+    def _unreadable(self) -> list[str]:
+        n = self.unreadable_segments
+        return [f"{n} segment{'s' if n != 1 else ''} could not be read and {'are' if n != 1 else 'is'} left out of "
+                "every analysis (infertrace store check)."] if n else []
 
 
 def quarantine_summary(store: Store, top: int = 3) -> Quarantine:
