@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import side_by_side
 
-MODES = ("engine", "untraced", "traced", "traced-in-process")
+MODES = ("engine", "untraced", "traced", "traced-in-process", "traced-zstd")
+BASELINE_MODES = MODES[:4]  # a checkout from before zstd output would write plain text under a .zst name
 CONTROL = "new-file-write"  # the control: a trace's bytes written to a new file, nothing simulated
 TRACE_BYTES = 136_314_441  # what the traced Azure hour writes (the table's last line says if a run wrote otherwise)
 
@@ -81,7 +82,7 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
         ended = engine.run(requests)
         result["simulated_s"] = (max(s.finish_ns or 0 for s in ended) - requests[0].arrival_ns) / 1e9
     else:
-        if mode == "traced":
+        if mode in ("traced", "traced-zstd"):
             from reference_engine.simulate import open_sink
 
             sink = open_sink(out, None, background=True)
@@ -95,8 +96,6 @@ def worker(mode: str, workload: Path, duration: float, out: Path, tree: Path | N
     result["sim_sys_s"] = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_start
     if sink is not None:  # checked after the clock stops
         result["spans"] = sink.spans_written  # type: ignore[attr-defined]
-        result["bytes"] = out.stat().st_size
-        result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["child_cpu_s"] = children.ru_utime + children.ru_stime
     result["child_sys_s"] = children.ru_stime
@@ -118,7 +117,8 @@ def main() -> None:
     trees: dict[str, Path | None] = {"": None}
     if args.baseline is not None:
         trees["baseline "] = args.baseline.resolve()
-    contenders = [f"{name}{mode}" for name in trees for mode in MODES] + [CONTROL] + (["blis"] if args.blis else [])
+    contenders = [f"{name}{mode}" for name in trees for mode in (BASELINE_MODES if name else MODES)] + [CONTROL] \
+        + (["blis"] if args.blis else [])
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         if args.blis:
@@ -135,11 +135,20 @@ def main() -> None:
             name, mode = ("baseline ", contender.removeprefix("baseline ")) if contender.startswith("baseline ") \
                 else ("", contender)
             tree = trees[name]
-            out = Path(tmp) / f"{name.strip() or 'this'}-{mode}.jsonl"
+            out = Path(tmp) / f"{name.strip() or 'this'}-{mode}.jsonl{'.zst' if mode == 'traced-zstd' else ''}"
             try:  # every run writes a new file, as `infertrace simulate --out` usually does
-                return side_by_side.fresh_process(__file__, [
+                result = side_by_side.fresh_process(__file__, [
                     "--worker", mode, "--workload", str(args.workload), "--duration", str(args.duration), "--out",
                     str(out), "--control-bytes", str(args.control_bytes), *(["--tree", str(tree)] if tree else [])])
+                if "spans" in result:  # hashed here, outside the timed process
+                    from infertrace.otlp_files import bytes_in  # not in a worker: it may import another checkout
+
+                    result["bytes"] = out.stat().st_size
+                    result["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
+                    raw, stream = bytes_in(out)  # what it holds, to compare a .zst with the plain trace
+                    with raw, stream:
+                        result["content_sha256"] = hashlib.sha256(stream.read()).hexdigest()
+                return result
             finally:
                 out.unlink(missing_ok=True)
 
@@ -190,11 +199,18 @@ def main() -> None:
               f"{first['bytes'] / 1e6:.1f} MB, {first['bytes'] / first['output_tokens']:.1f} bytes per generated token"
               + ("" if first["bytes"] == control[0]["bytes"] else " (the control wrote a different size: "
                  "pass --control-bytes)"))
+    zstd, plain = runs["traced-zstd"][0], runs["traced"][0]
+    wall_ratio = median("traced-zstd", "sim_wall_s") / median("untraced", "sim_wall_s")
+    cpu_ratio = median("traced-zstd", "sim_cpu_s") / median("untraced", "sim_cpu_s")
+    print(f"zstd output (`--out trace.jsonl.zst`): tracing cost {wall_ratio:.2f}× the untraced sim wall time with the "
+          f"writer process ({cpu_ratio:.2f}× the simulator's own CPU time); {zstd['bytes'] / 1e6:.1f} MB, which "
+          "decompress to " + ("the plain trace's bytes" if zstd["content_sha256"] == plain["content_sha256"]
+                              else "DIFFERENT bytes than the plain trace's"))
     if args.baseline is not None:
         print("| mode | baseline sim CPU s (+ writer) | this sim CPU s (+ writer) | ratio, all CPU "
               "| baseline sim wall s | this sim wall s | ratio |")
         print("|---|---|---|---|---|---|---|")
-        for mode in MODES:
+        for mode in BASELINE_MODES:
             a, b = median(f"baseline {mode}", "sim_cpu_s"), median(mode, "sim_cpu_s")
             ca, cb = median(f"baseline {mode}", "child_cpu_s"), median(mode, "child_cpu_s")
             wa, wb = median(f"baseline {mode}", "sim_wall_s"), median(mode, "sim_wall_s")

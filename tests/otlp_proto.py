@@ -4,11 +4,13 @@ converts the hex ids first), and rebuilds token times from `engine_step` spans, 
 from __future__ import annotations
 
 import gzip
+import io
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zstandard
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
@@ -17,6 +19,12 @@ from infertrace.otlp_json import parse_traces_data
 
 
 def read_traces(path: Path) -> list[TracesData]:
+    """Every line of an OTLP JSON lines file, plain, .gz or .zst (decompressed by zstandard's own reader, not
+    infertrace's)."""
+    if path.suffix == ".zst":
+        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as z:
+            text = io.TextIOWrapper(z, encoding="utf-8")
+            return [parse_traces_data(line) for line in text if line.strip()]
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [parse_traces_data(line) for line in f if line.strip()]

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import requests
+import zstandard
 from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -321,28 +322,53 @@ def test_three_29_mib_bodies_at_once_stay_under_the_memory_limit(tmp_path: Path)
     assert peak < 1200, f"peak RSS {peak:.0f} MB"  # 3.1 GB when all three were decoded at once
 
 
-def test_a_truncated_gz_keeps_its_complete_lines_and_strict_exits_1(tmp_path: Path) -> None:
+def _packed(kind: str, first: str, second: str) -> tuple[bytes, int]:
+    """`first` then `second` compressed as `kind` (gz, zst), flushed between them so that `first` decodes on its
+    own; and where `first`'s bytes end."""
+    buffer = io.BytesIO()
+    if kind == "gz":
+        with gzip.GzipFile(fileobj=buffer, mode="wb") as gz:
+            gz.write(first.encode())
+            gz.flush()
+            complete = buffer.tell()
+            gz.write(second.encode())
+    else:
+        zst = zstandard.ZstdCompressor(write_checksum=True).stream_writer(buffer, closefd=False)
+        zst.write(first.encode())
+        zst.flush()
+        complete = buffer.tell()
+        zst.write(second.encode())
+        zst.flush(zstandard.FLUSH_FRAME)
+    return buffer.getvalue(), complete
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_a_truncated_compressed_file_keeps_its_complete_lines_a_corrupt_one_its_sound_ones_strict_exits_1(
+        tmp_path: Path, kind: str) -> None:
     lines = [json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
         "traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": "auth", "startTimeUnixNano": str(T0),
         "endTimeUnixNano": str(T0 + 1)}]}]}]}) for i in range(6)]
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb") as writer:
-        writer.write(("\n".join(lines[:5]) + "\n").encode())
-        writer.flush()  # everything so far decodes on its own
-        complete = buffer.tell()
-        writer.write((lines[5] + "\n").encode())
-        writer.flush()
-        cut = (complete + buffer.tell()) // 2  # the sixth line is cut, and the stream ends mid-way
-    path = tmp_path / "cut.jsonl.gz"
-    path.write_bytes(buffer.getvalue()[:cut])
-    for strict, code in ((False, 0), (True, 1)):
-        done = _cli("ingest", "--store", str(tmp_path / "store"), "--no-progress",
-                    *(["--strict"] if strict else []), str(path))
-        assert done.returncode == code, done.stderr
-    with Store.open(tmp_path / "store") as store:
-        assert store.sql("SELECT count(*) FROM spans").fetchall() == [(5,)]
-    kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
-    assert any("unreadable" in k["reason"] for k in kept)
+    packed, complete = _packed(kind, "\n".join(lines[:5]) + "\n", lines[5] + "\n")
+    cut = tmp_path / f"cut.jsonl.{kind}"  # the sixth line is cut, and the stream ends mid-way
+    cut.write_bytes(packed[:(complete + len(packed)) // 2])
+    flipped = bytearray(packed)
+    flipped[(complete + len(packed)) // 2] ^= 0xFF  # the sixth line's bytes damaged (the checksum says so)
+    corrupt = tmp_path / f"corrupt.jsonl.{kind}"
+    corrupt.write_bytes(bytes(flipped))
+    for path in (cut, corrupt):
+        store = tmp_path / f"store-{path.name}"
+        for strict, code in ((False, 0), (True, 1)):
+            done = _cli("ingest", "--store", str(store), "--no-progress", *(["--strict"] if strict else []),
+                        str(path))
+            assert done.returncode == code, done.stderr
+        with Store.open(store) as opened:
+            ids = {int(x, 16) for (x,) in opened.sql("SELECT span_id FROM spans").fetchall()}
+        kept = [json.loads(x) for q in (store / "quarantine").iterdir() for x in q.read_text().splitlines()]
+        assert any("unreadable" in k["reason"] for k in kept), path.name
+        if path is cut:
+            assert ids == {1, 2, 3, 4, 5}  # every line before the cut
+        else:  # what the decoder read with the damage may be lost with it, but nothing damaged is stored
+            assert ids <= {1, 2, 3, 4, 5}
 
 
 def test_a_huge_single_line_file_is_quarantined_in_bounded_memory(tmp_path: Path) -> None:

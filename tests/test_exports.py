@@ -188,9 +188,10 @@ def test_the_trace_processor_finds_the_worst_stall_and_its_culprit(storm: Any, t
     assert set(rows["victim"]) == set(truth["victims"])
 
 
-def test_otlp_export_parses_with_opentelemetry_proto_and_round_trips_through_ingest(storm: Any,
-                                                                                    tmp_path: Path) -> None:
-    out = tmp_path / "spans.jsonl.gz"
+@pytest.mark.parametrize("name", ["spans.jsonl.gz", "spans.jsonl.zst"])
+def test_otlp_export_parses_with_opentelemetry_proto_and_round_trips_through_ingest(storm: Any, tmp_path: Path,
+                                                                                    name: str) -> None:
+    out = tmp_path / name
     with Store.open(storm.store) as store:
         written = write_otlp(store, out, spans_per_line=700)
         before = store.sql("SELECT * FROM spans ORDER BY trace_id, span_id").to_arrow_table()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,7 +43,11 @@ T0 = 1_767_225_600_000_000_000
 def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 20-second synthetic simulation (prefix caching, chunked prefill), written as OTLP JSON lines in
     small batches (many lines)."""
-    path = tmp_path_factory.mktemp("trace") / "sim.jsonl"
+    return _write_trace(tmp_path_factory.mktemp("trace") / "sim.jsonl")
+
+
+def _write_trace(path: Path) -> Path:
+    """`trace_file`'s run, written to `path` (.gz: gzip, .zst: zstd)."""
     config = EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=2048)
     requests = synthetic_requests(SyntheticWorkload(rate=6.0), 20.0, seed=3, model=config.model)
     writer = OtlpJsonLinesWriter(path)
@@ -131,18 +136,39 @@ def test_reingesting_the_same_file_adds_no_rows_and_no_segments(trace_file: Path
         assert s.sql("SELECT count(*) FROM spans_raw").fetchall() == [(first.spans_read,)]
 
 
-def test_gzip_directories_and_globs_ingest_the_same_spans_once(trace_file: Path, tmp_path: Path) -> None:
+def test_gzip_zstd_directories_and_globs_ingest_the_same_spans_once(trace_file: Path, tmp_path: Path) -> None:
     inputs = tmp_path / "in" / "nested"
     inputs.mkdir(parents=True)
     with open(trace_file, "rb") as src, gzip.open(inputs / "sim.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
+    with open(trace_file, "rb") as src, zstandard.open(inputs / "sim.ndjson.zst", "wb") as packed:
+        shutil.copyfileobj(src, packed)
     shutil.copy(trace_file, tmp_path / "in" / "copy.jsonl")
     (tmp_path / "in" / "notes.txt").write_text("not a trace")
     summary = ingest_paths(tmp_path / "store", [tmp_path / "in", str(tmp_path / "in" / "*.jsonl")])
-    assert summary.files == 2 and summary.skipped == 0
+    assert summary.files == 3 and summary.skipped == 0
     with Store.open(tmp_path / "store") as s:
         total, distinct = s.sql("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchall()[0]
     assert total == distinct == len(_official_spans(trace_file))
+
+
+def test_the_engine_writes_gzip_and_zstd_that_decompress_to_its_plain_trace_and_ingest_the_same_spans(
+        trace_file: Path, tmp_path: Path) -> None:
+    plain = trace_file.read_bytes()
+    gz, zst = _write_trace(tmp_path / "sim.jsonl.gz"), _write_trace(tmp_path / "sim.jsonl.zst")
+    assert gzip.decompress(gz.read_bytes()) == plain
+    with zstandard.ZstdDecompressor().stream_reader(zst.read_bytes(), read_across_frames=True) as unpacked:
+        assert unpacked.read() == plain  # a standard zstd stream: zstandard's own reader, not ingest's
+    assert zst.stat().st_size < len(plain) / 5
+    assert _write_trace(tmp_path / "again.jsonl.zst").read_bytes() == zst.read_bytes()  # a fixed seed, the same bytes
+    tables = []
+    for path in (trace_file, gz, zst):
+        summary = ingest_paths(tmp_path / f"store-{path.name}", [path])
+        assert summary.skipped == 0 and summary.rejected_lines == summary.rejected_spans == 0
+        with Store.open(tmp_path / f"store-{path.name}") as store:
+            tables.append(store.sql("SELECT * FROM spans ORDER BY trace_id, span_id").to_arrow_table())
+    assert tables[0].num_rows == len(_official_spans(trace_file))
+    assert tables[1].equals(tables[0]) and tables[2].equals(tables[0])
 
 
 def test_spans_the_same_data_batched_differently_are_counted_once(trace_file: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from infertrace.cli.conventions import trace_destination
 
 
 def simulate(
-    out: Annotated[Path | None, typer.Option(help="OTLP JSON lines file to write (.gz: gzip)")] = None,
+    out: Annotated[Path | None, typer.Option(help="OTLP JSON lines file to write (.gz: gzip, .zst: zstd)")] = None,
     otlp_endpoint: Annotated[str | None, typer.Option(
         help="Send spans with the OTLP/HTTP exporter instead, e.g. http://127.0.0.1:4318/v1/traces")] = None,
     fleet: Annotated[Path | None, typer.Option(

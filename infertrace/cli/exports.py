@@ -20,7 +20,7 @@ def export(
     fmt: Annotated[str | None, typer.Option("--format", help="perfetto (a Perfetto trace of the engines: steps, "
                                                              "requests, stalls as flows) or otlp (the spans as OTLP "
                                                              "JSON lines)")] = None,
-    out: Annotated[Path | None, typer.Option(help="File to write (otlp: .gz for gzip)")] = None,
+    out: Annotated[Path | None, typer.Option(help="File to write (otlp: .gz for gzip, .zst for zstd)")] = None,
     to: Annotated[str | None, typer.Option(
         "--to", help="Instead of a file: ClickHouse's otel_traces, written as the Collector's exporter writes it "
                      "(clickhouse://USER@HOST:8123/DB, password from $INFERTRACE_CLICKHOUSE_PASSWORD or the file "

@@ -26,7 +26,7 @@ RESOURCE_HELP = ("KEY=VALUE: keep only the spans whose resource has this attribu
 def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     paths: Annotated[list[str] | None, typer.Argument(
-        help="OTLP JSON lines files (.jsonl, .jsonl.gz), directories, globs")] = None,
+        help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst), directories, globs")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (

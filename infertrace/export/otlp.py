@@ -10,7 +10,6 @@ the same span rows.
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pyarrow as pa
 
 from infertrace.export import query_text
+from infertrace.otlp_files import lines_out
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -125,20 +125,17 @@ def _traces_data(rows: list[dict[str, Any]], columns: _Columns) -> dict[str, Any
 
 @contextmanager
 def _open_text(out: Path | IO[str]) -> Iterator[IO[str]]:
-    if not isinstance(out, Path):
-        yield out
-    elif out.name.endswith(".gz"):
-        with gzip.open(out, "wt", encoding="utf-8") as stream:
+    if isinstance(out, Path):
+        with lines_out(out) as stream:
             yield stream
     else:
-        with out.open("w", encoding="utf-8") as stream:
-            yield stream
+        yield out
 
 
 def write_otlp(store: Store, out: Path | IO[str], since_ns: int | None = None, until_ns: int | None = None,
                spans_per_line: int = 2000, on_progress: Callable[[int], None] | None = None) -> int:
     """Writes the spans overlapping [since, until) (all when None) as OTLP JSON lines (gzip when `out` ends in
-    .gz); returns the number of spans written."""
+    .gz, zstd in .zst); returns the number of spans written."""
     reader = store.sql(query_text("otlp_spans"), params={"since": since_ns, "until": until_ns}) \
         .to_arrow_reader(spans_per_line)
     columns = _Columns(reader.schema)

@@ -4,7 +4,7 @@ Streaming: a block of whole lines (about `block_bytes`, read in chunks) is parse
 dropped, so memory is bounded by the block, not by the file (three blocks: the next one is parsed on a parser
 thread and the previous one written on a writer thread while this thread turns one into spans). A line
 longer than `max_line_bytes` is never held whole: it is skipped and quarantined with its length and first
-bytes. A file that ends mid-stream (a truncated .gz) keeps every complete line read before the break; the
+bytes. A file that ends mid-stream (a truncated .gz or .zst) keeps every complete line read before the break; the
 unreadable tail is quarantined.
 
 A block is parsed by Arrow's C++ JSON reader into columns (`columnar`; after the first block, with the OTLP
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import glob
-import gzip
 import json
 import mmap
 import zlib
@@ -35,6 +34,7 @@ from typing import IO
 
 import pyarrow as pa
 
+from infertrace.otlp_files import SUFFIXES, bytes_in
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch
 from infertrace.store.columnar import BlockParser, spans_table
 from infertrace.store.segments import Written, keep_resource, write_quarantine, write_segments
@@ -43,7 +43,6 @@ from infertrace.store.values import Notes, describe, merge_counts
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
 DEFAULT_MAX_LINE_BYTES = 32 << 20  # a longer line is quarantined unread (the collector's default body cap)
 _READ_CHUNK = 4 << 20  # bytes asked of the stream at a time
-_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
 
 
 @dataclass
@@ -101,21 +100,11 @@ def expand_paths(paths: list[str | Path]) -> list[Path]:
         for match in matches:
             if match.is_dir():
                 for path in sorted(match.rglob("*")):
-                    if path.is_file() and path.name.endswith(_SUFFIXES):
+                    if path.is_file() and path.name.endswith(SUFFIXES):
                         found.setdefault(path)
             elif match.is_file():
                 found.setdefault(match)
     return list(found)
-
-
-def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
-    """(raw file, stream of decompressed bytes); the raw file's position measures progress."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw, raw
 
 
 @contextmanager
@@ -135,7 +124,7 @@ class _Lines:
     A block ends with the first line that reaches `block_bytes`, so a file is cut at the same places every
     time. A line over `max_line` bytes (newline included) is never held whole: it is read through, rejected
     with its length and first bytes, and left in the block as a blank line so that line numbers stay right.
-    A read error (a truncated or corrupt .gz) ends the file: the complete lines before it are kept, and the
+    A read error (a truncated or corrupt .gz or .zst) ends the file: the complete lines before it are kept, and the
     rest is rejected as unreadable.
 
     Chunks are read straight into one of two block buffers, used in turn: fresh memory for every chunk and
@@ -146,6 +135,8 @@ class _Lines:
 
     def __init__(self, stream: IO[bytes], max_line: int, source: str) -> None:
         self.stream, self.max_line, self.source = stream, max_line, source
+        # readinto1: at most one read of the file or the gzip member (Arrow's zstd stream has only readinto)
+        self._readinto = getattr(stream, "readinto1", None) or stream.readinto
         self.carry = b""  # bytes read after the end of the last block: the start of the next one
         self.failed = False  # the stream cannot be read further
         self.ended = False  # the stream has no more bytes
@@ -221,8 +212,8 @@ class _Lines:
             return 0
         try:
             with memoryview(buffer) as view, view[at:at + _READ_CHUNK] as room:
-                read = self.stream.readinto1(room)  # type: ignore[attr-defined]
-        except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz: keep the lines read before
+                read = self._readinto(room)
+        except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz or .zst: keep the lines read before
             self.failed = True
             rejections.append(Rejection(self.source, self.line,
                                         f"unreadable from this line on (truncated or corrupt file?): {e}", ""))
@@ -295,7 +286,7 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
     with gc_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
             _Writer(root, summary, on_progress) as writer:
         for path in files:
-            raw, stream = _open(path)
+            raw, stream = bytes_in(path)
             with raw, stream:
                 lines = _Lines(stream, max_line_bytes, str(path))
                 position = 0  # in the file, up to which progress is reported

@@ -6,16 +6,16 @@ A simulator makes spans far faster than real time, so nothing here drops spans: 
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from infertrace import semconv
+from infertrace.otlp_files import lines_out
 
 Attributes = dict[str, Any]
 
@@ -278,22 +278,15 @@ def encoded_traces_data(resource: Attributes, spans: Sequence[str], scope: str, 
 
 
 class OtlpJsonLinesWriter:
-    """Writes OTLP JSON lines to a file (`.gz`: gzip), one `TracesData` per export call."""
+    """Writes OTLP JSON lines to a file (`.gz`: gzip, `.zst`: zstd), one `TracesData` per export call."""
 
     def __init__(self, path: str | Path, scope: str = semconv.INSTRUMENTATION_SCOPE,
                  version: str = "0.1.0") -> None:
         self.path = Path(path)
         self.scope, self.version = scope, version
         self.spans_written = 0
-        if self.path.suffix == ".gz":
-            # No name and mtime 0 in the gzip header keep the bytes reproducible for a fixed seed.
-            raw = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-            self._raw: IO[bytes] | None = raw
-            self._file: IO[str] = io.TextIOWrapper(
-                gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0), encoding="utf-8")
-        else:
-            self._raw = None
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self._closing = ExitStack()
+        self._file = self._closing.enter_context(lines_out(self.path))
 
     def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
         self.export_encoded(resource, list(map(encode_span, spans)), scope)
@@ -307,9 +300,7 @@ class OtlpJsonLinesWriter:
             self.spans_written += len(spans)
 
     def close(self) -> None:
-        self._file.close()
-        if self._raw is not None:
-            self._raw.close()
+        self._closing.close()
 
 
 class SdkExporterSink:

@@ -1,0 +1,110 @@
+"""Every shape of file the OpenTelemetry Collector's file exporter writes ingests as its plain JSON lines do.
+
+The exporter writes JSON lines with no compression; with `format: proto`, or with `compression: zstd` (unless its
+native-compression feature gate is on), each message is a big-endian uint32 length and the message (OTLP JSON or
+a `TracesData` protobuf), zstd-compressed one frame per message when compression is set; with the feature gate,
+one zstd stream of JSON lines or of length-prefixed protobuf messages. The files here are built to that layout
+from the engine's JSON lines, the protobuf messages by the official parser."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import zstandard
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+from infertrace.otlp_json import parse_traces_data
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+
+@pytest.fixture(scope="module")
+def json_lines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Ten simulated seconds, written as OTLP JSON lines in batches of 10 spans (many messages)."""
+    path = tmp_path_factory.mktemp("trace") / "plain.jsonl"
+    config = EngineConfig(chunked_prefill=True, max_num_batched_tokens=2048)
+    writer = OtlpJsonLinesWriter(path)
+    tracer = EngineTracer(writer, engine_resource(config), seed=5, batch_size=10)
+    LLMEngine(config, observers=[tracer]).run(synthetic_requests(SyntheticWorkload(rate=5.0), 10.0, seed=5,
+                                                                 model=config.model))
+    tracer.close()
+    writer.close()
+    return path
+
+
+def _messages(path: Path) -> list[bytes]:
+    return [line.encode() for line in path.read_text().splitlines() if line]
+
+
+def _proto(line: bytes) -> bytes:
+    return parse_traces_data(line).SerializeToString()
+
+
+def _framed(messages: list[bytes]) -> bytes:
+    return b"".join(len(m).to_bytes(4, "big") + m for m in messages)
+
+
+_ZSTD = zstandard.ZstdCompressor()
+SHAPES: dict[str, Callable[[list[bytes]], bytes]] = {
+    "json, compression zstd (one frame per message)": lambda ms: _framed([_ZSTD.compress(m) for m in ms]),
+    "proto": lambda ms: _framed([_proto(m) for m in ms]),
+    "proto, compression zstd": lambda ms: _framed([_ZSTD.compress(_proto(m)) for m in ms]),
+    "json, native zstd stream": lambda ms: _ZSTD.compress(b"".join(m + b"\n" for m in ms)),
+    "proto, native zstd stream": lambda ms: _ZSTD.compress(_framed([_proto(m) for m in ms])),
+}
+
+
+def _spans(store: Path) -> pa.Table:
+    with Store.open(store) as s:
+        return s.sql("SELECT * FROM spans ORDER BY trace_id, span_id").to_arrow_table()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_file_exporter_shape_ingests_the_spans_of_its_json_lines(json_lines: Path, tmp_path: Path,
+                                                                      shape: str) -> None:
+    messages = _messages(json_lines)
+    assert len(messages) > 20
+    path = tmp_path / "traces.json"  # the exporter's `path`: the name says nothing of the shape
+    path.write_bytes(SHAPES[shape](messages))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0 and summary.lines == len(messages)
+    plain = ingest_paths(tmp_path / "plain", [json_lines])
+    assert summary.spans_read == plain.spans_read > 0
+    assert _spans(tmp_path / "store").equals(_spans(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("damage", ["cut inside a message", "cut inside a length", "an absurd length",
+                                    "a message neither JSON nor protobuf"])
+def test_a_damaged_length_prefixed_file_keeps_the_messages_before_the_damage(json_lines: Path, tmp_path: Path,
+                                                                             damage: str) -> None:
+    messages = [_proto(m) for m in _messages(json_lines)]
+    before = _framed(messages[:3])
+    rest = {"cut inside a message": _framed(messages[3:4])[:-10],
+            "cut inside a length": b"\x00\x00",
+            "an absurd length": (2 << 30).to_bytes(4, "big") + messages[3],
+            "a message neither JSON nor protobuf": _framed([b"\xff\xff\xff", *messages[4:]])}[damage]
+    path = tmp_path / "traces.pb"
+    path.write_bytes(before + rest)
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.lines == 3 and summary.rejected_lines == 1
+    expected = sum(len(ss.spans) for m in messages[:3] for rs in TracesData.FromString(m).resource_spans
+                   for ss in rs.scope_spans)
+    assert summary.spans_read == expected
+    kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert len(kept) == 1 and "unreadable" in kept[0]["reason"] and "message 4" in kept[0]["reason"], kept
+
+
+def test_a_json_lines_file_is_not_taken_for_length_prefixed_messages(json_lines: Path, tmp_path: Path) -> None:
+    padded = tmp_path / "padded.jsonl"  # JSON lines whose first line is preceded by a blank one
+    padded.write_bytes(b"\n" + json_lines.read_bytes())
+    assert ingest_paths(tmp_path / "store", [padded]).skipped == 0
+    assert ingest_paths(tmp_path / "store", [json_lines]).spans_new == 0  # the same spans
