@@ -53,18 +53,31 @@ def bytes_in(path: Path) -> tuple[IO[bytes], IO[bytes]]:
     corrupt one raises OSError (zlib.error for gzip) where the decoder finds the damage, and what it decoded of the
     same read (up to 64 KB of zstd) is lost with it; a length-prefixed file, at the first message it cannot read."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    magic = raw.read(len(ZSTD_MAGIC))
-    raw.seek(0)
-    stream: IO[bytes] = raw
-    if magic.startswith(GZIP_MAGIC):
-        stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-    elif magic == ZSTD_MAGIC:
-        stream = io.BufferedReader(ZstdFrames(raw))  # type: ignore[assignment]
+    stream = _decompressed(raw)
     try:
         head = stream.peek(8)[:8]  # type: ignore[attr-defined]
     except (OSError, EOFError, zlib.error):
         return raw, stream  # damaged from the start: the reader says so
     return raw, (io.BufferedReader(LengthPrefixed(stream)) if _length_prefixed(head) else stream)  # type: ignore
+
+
+@contextmanager
+def text_in(path: Path) -> Iterator[IO[str]]:
+    """A text file read as UTF-8 (undecodable bytes replaced), gzip and zstd told by their magic bytes whatever
+    the name: what other JSON lines and logs than OTLP's (client token times, iteration logs) are read through."""
+    with open(path, "rb") as raw, io.TextIOWrapper(_decompressed(raw), encoding="utf-8", errors="replace") as text:
+        yield text
+
+
+def _decompressed(raw: IO[bytes]) -> IO[bytes]:
+    """`raw`'s bytes, decompressed when they start as gzip's or zstd's do (a peekable stream)."""
+    magic = raw.read(len(ZSTD_MAGIC))
+    raw.seek(0)
+    if magic.startswith(GZIP_MAGIC):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if magic == ZSTD_MAGIC:
+        return io.BufferedReader(ZstdFrames(raw))  # type: ignore[return-value]
+    return raw
 
 
 def _length_prefixed(head: bytes) -> bool:

@@ -3,12 +3,14 @@ times and vLLM's iteration log ingested into their own relations, and `report` n
 
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import zstandard
 from typer.testing import CliRunner
 
 from infertrace.analyzers.itl_iterations import attribute_iterations
@@ -60,6 +62,34 @@ def test_ingest_keeps_client_token_times_and_an_iteration_log_in_their_own_relat
     quarantined = [json.loads(line) for q in (store / "quarantine").glob("*.jsonl") for line in q.open()]
     assert [(q["line"], q["reason"]) for q in quarantined] == [
         (3, "token_ns decreases (a stream delivers tokens in order)")]
+
+
+@pytest.mark.parametrize("packed", [".gz", ".zst"])
+def test_compressed_token_times_and_iteration_logs_are_told_by_their_content_and_read_as_plain_ones(
+        tmp_path: Path, packed: str) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "client.jsonl").write_text(json.dumps({"request_id": "r1", "token_ns": [T0 + 5 * MS, T0 + 9 * MS]})
+                                        + "\n", encoding="utf-8")
+    (plain / "engine-1.log").write_text(
+        "(EngineCore_DP0 pid=7) INFO 01-01 00:00:00 [core.py:397] Iteration(3): 1 context requests, 512 context "
+        "tokens, 2 generation requests, 2 generation tokens, iteration elapsed time: 21.00 ms\n", encoding="utf-8")
+    pack = gzip.compress if packed == ".gz" else zstandard.ZstdCompressor().compress
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    tokens = tmp_path / f"client.jsonl{packed}"
+    tokens.write_bytes(pack((plain / "client.jsonl").read_bytes()))
+    (logs / f"engine-1.log{packed}").write_bytes(pack((plain / "engine-1.log").read_bytes()))
+    said = _invoke("ingest", "--store", str(tmp_path / "store"), "--no-progress", "--no-materialize", str(tokens))
+    assert "Ingested 1 requests of client token times from 1 files: 1 new" in said  # told by content (auto)
+    said = _invoke("ingest", "--store", str(tmp_path / "store"), "--no-progress", "--no-materialize", "--source",
+                   "vllm-iteration-log", str(logs))
+    assert "Ingested 1 iterations of vLLM iteration logs from 1 files: 1 new" in said  # found in the directory
+    with Store.open(tmp_path / "store") as s:
+        assert s.sql("SELECT request_id, time_ns FROM client_tokens ORDER BY ALL").fetchall() == [
+            ("r1", T0 + 5 * MS), ("r1", T0 + 9 * MS)]
+        assert s.sql("SELECT log, context_tokens, elapsed_ns FROM iteration_log").fetchall() == [
+            ("engine-1", 512, 21_000_000)]  # the instance: the name without .log and the compression suffix
 
 
 def _line(end_ns: int, index: int, ctx: int, ctx_tokens: int, gen: int, elapsed_ns: int, hours: int = 0) -> str:

@@ -159,14 +159,15 @@ def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str 
 
 def _expand(paths: list[str], source: str, expand_paths: Callable[[list[str | Path]], list[Path]]) -> list[Path]:
     """Files to ingest: OTLP and token files as `expand_paths` finds them; with --source vllm-iteration-log a
-    directory gives its `*.log` and `*.log.gz` files."""
+    directory gives its `*.log`, `*.log.gz` and `*.log.zst` files."""
     if source != "vllm-iteration-log":
         return expand_paths(list(paths))
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out += sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith((".log", ".log.gz")))
+            out += sorted(p for p in path.rglob("*")
+                          if p.is_file() and p.name.endswith((".log", ".log.gz", ".log.zst")))
         else:
             out += expand_paths([raw])
     return out

@@ -13,7 +13,6 @@ line is; every good line is kept.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import itertools
 import json
@@ -25,6 +24,7 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infertrace.otlp_files import text_in
 from infertrace.store.batch import Rejection
 from infertrace.store.segments import ensure_dir, write_atomically, write_parquet, write_quarantine
 
@@ -68,19 +68,13 @@ class SideSummary:
         return text
 
 
-def _open_text(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
-
-
 SNIFF_BYTES = 1 << 20  # of a line looked at to tell what the file is
 
 
 def sniff(path: Path) -> str | None:
     """'client-tokens', 'vllm-iteration-log' or None (OTLP or unknown), from the first lines of a file."""
     try:
-        with _open_text(path) as f:
+        with text_in(path) as f:
             for _ in range(50):
                 line = f.readline(SNIFF_BYTES)  # never a whole huge line: ingest quarantines those unread
                 if not line:
@@ -191,19 +185,19 @@ def parse_iteration_log(lines: IO[str], log: str) -> pa.Table:
 
 def _log_name(path: Path) -> str:
     name = path.name
-    for suffix in (".gz", ".log", ".txt"):
+    for suffix in (".gz", ".zst", ".log", ".txt"):
         name = name.removesuffix(suffix)
     return name
 
 
 def ingest_side_inputs(root: Path, paths: list[Path], kind: str) -> SideSummary:
     """Client token files (`kind` 'client-tokens') or vLLM iteration logs ('vllm-iteration-log') into the store.
-    An iteration log's name (without .log/.gz) is its engine instance, as the engine's spans name it."""
+    An iteration log's name (without .log/.gz/.zst) is its engine instance, as the engine's spans name it."""
     summary = SideSummary()
     rejected: list[Rejection] = []
     for path in paths:
         summary.files += 1
-        with _open_text(path) as f:
+        with text_in(path) as f:
             if kind == "client-tokens":
                 table, bad = parse_client_tokens(f, str(path))
                 rejected += bad
