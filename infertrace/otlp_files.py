@@ -32,7 +32,9 @@ _ZSTD_READ = 64 << 10  # compressed bytes decoded at a time (a corrupt one loses
 
 @contextmanager
 def lines_out(path: Path) -> Iterator[IO[str]]:
-    """A new text file at `path`: gzip when its name ends in .gz, zstd in .zst, else plain UTF-8."""
+    """A new text file at `path`: gzip when its name ends in .gz, zstd in .zst, else plain UTF-8; written as the
+    reference engine writes its traces (reference_engine/telemetry/otlp.py: the engine knows the toolkit only by
+    its semantic conventions, so it has its own copy of these few lines)."""
     if path.suffix == ".gz":
         with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6,
                                                     mtime=0) as packed, io.TextIOWrapper(packed, "utf-8") as text:
