@@ -60,7 +60,7 @@ def bytes_in(path: Path) -> tuple[IO[bytes], IO[bytes]]:
         head = stream.peek(8)[:8]  # type: ignore[attr-defined]
     except (OSError, EOFError, zlib.error):
         return raw, stream  # damaged from the start: the reader says so
-    return raw, (io.BufferedReader(LengthPrefixed(stream)) if _length_prefixed(head) else stream)  # type: ignore
+    return raw, (LengthPrefixed(stream) if _length_prefixed(head) else stream)  # type: ignore[return-value]
 
 
 @contextmanager
@@ -72,13 +72,15 @@ def text_in(path: Path) -> Iterator[IO[str]]:
 
 
 def _decompressed(raw: IO[bytes]) -> IO[bytes]:
-    """`raw`'s bytes, decompressed when they start as gzip's or zstd's do (a peekable stream)."""
+    """`raw`'s bytes, decompressed when they start as gzip's or zstd's do: a stream with `peek`, and with no
+    buffer of its own in front of the zstd decoder (a BufferedReader drops the bytes it holds when the stream under
+    it raises in the same read, so a truncated file would lose its last good bytes)."""
     magic = raw.read(len(ZSTD_MAGIC))
     raw.seek(0)
     if magic.startswith(GZIP_MAGIC):
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if magic == ZSTD_MAGIC:
-        return io.BufferedReader(ZstdFrames(raw))  # type: ignore[return-value]
+        return ZstdFrames(raw)  # type: ignore[return-value]
     return raw
 
 
@@ -106,18 +108,31 @@ class ZstdFrames(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def peek(self, size: int = 1) -> bytes:
+        """The next bytes, without consuming them (at most `size`; fewer at the end)."""
+        self._fill()
+        return bytes(self._pending[:size])
+
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        """What is decoded and not read yet, or else the next read's worth: never bytes decoded before an error
+        raised in the same call."""
+        if not self._fill():
+            return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _fill(self) -> bool:
+        """Decodes until something is pending; False at the end of the stream."""
         while not self._pending:
             packed = self.raw.read(_ZSTD_READ)
             if not packed:
                 if self._started:
                     raise OSError("zstd stream ends inside a frame: the file is truncated")
-                return 0
+                return False
             self._pending = memoryview(self._decode(packed))
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
+        return True
 
     def _decode(self, packed: bytes) -> bytes:
         out = []

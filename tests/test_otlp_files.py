@@ -8,6 +8,7 @@ from the engine's JSON lines, the protobuf messages by the official parser."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,8 @@ from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+T0 = 1_767_225_600_000_000_000
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +111,22 @@ def test_a_json_lines_file_is_not_taken_for_length_prefixed_messages(json_lines:
     padded.write_bytes(b"\n" + json_lines.read_bytes())
     assert ingest_paths(tmp_path / "store", [padded]).skipped == 0
     assert ingest_paths(tmp_path / "store", [json_lines]).spans_new == 0  # the same spans
+
+
+def test_a_zstd_file_cut_mid_frame_keeps_every_line_before_the_cut(tmp_path: Path) -> None:
+    lines = [json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": "auth", "startTimeUnixNano": str(T0),
+        "endTimeUnixNano": str(T0 + 1)}]}]}]}).encode() for i in range(6)]  # a few hundred bytes in all
+    packed = io.BytesIO()
+    writer = zstandard.ZstdCompressor().stream_writer(packed, closefd=False)
+    writer.write(b"".join(line + b"\n" for line in lines[:5]))
+    writer.flush()  # the first five lines decode on their own
+    complete = packed.tell()
+    writer.write(lines[5] + b"\n")
+    writer.flush(zstandard.FLUSH_FRAME)
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(packed.getvalue()[:(complete + packed.tell()) // 2])
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.spans_read == summary.lines == 5 and summary.rejected_lines == 1
+    kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert len(kept) == 1 and "truncated" in kept[0]["reason"], kept
