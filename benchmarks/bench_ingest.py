@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_ingest.py --trace fleet --rounds 3 --skip-baselines --before /tmp/ingest-before
     .venv/bin/python benchmarks/bench_ingest.py --trace engine --spans 1000000 --baseline-spans 100000
     .venv/bin/python benchmarks/bench_ingest.py --trace fleet --parsers 4 --rounds 3
+    .venv/bin/python benchmarks/bench_ingest.py --trace engine --rounds 3 --skip-baselines --shapes
 
 The input is real engine output. `--trace engine` (the default): one engine (Llama-3-8B on H100) replaying
 the Azure LLM conversation trace for an hour, written by `infertrace simulate --workload azure --duration
@@ -29,7 +30,11 @@ own order (rotated per round):
 - `--stages`: also ingest's steps one after another on each block, on this thread (reading lines, the parse,
   the pivot into the span table, the Parquet segments), each step's CPU time summed over the blocks: the
   parse's ratio to the reader alone bounds what ingest can reach by making the other steps cheaper;
-- `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file.
+- `--before DIR`: another checkout's ingest (e.g. `git archive` of an earlier commit) on the same file;
+- `--shapes`: also ingest of the same spans in the other shapes ingest reads (docs/store.md), each written once
+  before the rounds: gzip (level 6, as the engine writes it), zstd (level 1, as the engine writes it), and the
+  OpenTelemetry Collector's file exporter's length-prefixed messages, as `protobuf` (`format: proto`) and as
+  zstd-compressed JSON (`compression: zstd`, one frame per message).
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
 with the full OTLP schema, as ingest reads them (`columnar.BlockParser`: after the first block, the schema less
@@ -107,6 +112,41 @@ def simulate_hour(path: Path, fleet: bool) -> int:
         raise RuntimeError(f"simulate failed:\n{done.stderr}")
     with open(path, "rb") as f:
         return sum(line.count(b'"spanId"') for line in f)
+
+
+SHAPES = {"gzip": ".jsonl.gz", "zstd": ".jsonl.zst", "Collector, format: proto": ".pb",
+          "Collector, compression: zstd": ".zstd-frames"}
+
+
+def write_shapes(full: Path) -> dict[str, Path]:
+    """`full`'s lines in each of `SHAPES`, beside it (written once; kept for later runs)."""
+    import gzip
+
+    import zstandard
+
+    from infertrace.otlp_json import parse_traces_data
+
+    out = {}
+    for shape, suffix in SHAPES.items():
+        path = out[shape] = full.with_name(full.stem + suffix)
+        if path.exists():
+            continue
+        part = path.with_name(path.name + ".part")
+        with open(full, "rb") as lines, open(part, "wb") as raw:
+            if suffix == ".jsonl.gz":
+                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed:
+                    shutil.copyfileobj(lines, packed)
+            elif suffix == ".jsonl.zst":
+                with zstandard.ZstdCompressor(level=1, write_checksum=True).stream_writer(raw) as packed:
+                    shutil.copyfileobj(lines, packed)
+            else:
+                packer = zstandard.ZstdCompressor(level=3)
+                for line in lines:
+                    body = parse_traces_data(line).SerializeToString() if suffix == ".pb" else packer.compress(
+                        line.rstrip(b"\n"))
+                    raw.write(len(body).to_bytes(4, "big") + body)
+        part.rename(path)
+    return out
 
 
 def longest_line(path: Path) -> int:
@@ -372,7 +412,7 @@ def compare_parsers(path: Path, blocks: int, rounds: int, workdir: Path) -> None
         print(f"- {what}: `{line}` — Arrow: {arrow_says}; DuckDB: {duck_says}")
 
 
-def run(kind: str, path: Path, store: Path, tree: Path = ROOT, longest: int = 0) -> dict[str, float]:
+def run(kind: str, path: Path, store: Path, tree: Path | None = ROOT, longest: int = 0) -> dict[str, float]:
     shutil.rmtree(store, ignore_errors=True)
     done = subprocess.run([sys.executable, "-c", CHILD, kind, str(path), str(store), str(longest)],
                           capture_output=True, text=True, cwd=tree)
@@ -429,6 +469,8 @@ def main() -> None:
                         "in place of Arrow's reader (a measurement: it coerces what Arrow refuses)")
     parser.add_argument("--stages", action="store_true", help="also ingest's steps (reading lines, parse, pivot, "
                         "write) one after another on each block, with each step's CPU time")
+    parser.add_argument("--shapes", action="store_true", help="also ingest of the same spans as gzip, zstd and the "
+                        "Collector file exporter's length-prefixed protobuf and zstd-compressed JSON messages")
     parser.add_argument("--parsers", type=int, metavar="BLOCKS", help="compare JSON readers on the first BLOCKS "
                         "blocks instead (in this process, --rounds rounds); nothing is ingested")
     args = parser.parse_args()
@@ -458,16 +500,19 @@ def main() -> None:
     load_at_start = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
-    contenders = [("columnar", ROOT), ("read_json", ROOT), ("read_json_inferred", ROOT)] \
-        + ([("arrow-blocks", ROOT)] if args.arrow_blocks else []) \
-        + ([("duckdb-parse", ROOT)] if args.duckdb_parse else []) \
-        + ([("stages", ROOT)] if args.stages else []) \
-        + ([("columnar", args.before)] if args.before else [])
+    shapes = write_shapes(full) if args.shapes else {}
+    contenders = [("columnar", ROOT, full), ("read_json", ROOT, full), ("read_json_inferred", ROOT, full)] \
+        + ([("arrow-blocks", ROOT, full)] if args.arrow_blocks else []) \
+        + ([("duckdb-parse", ROOT, full)] if args.duckdb_parse else []) \
+        + ([("stages", ROOT, full)] if args.stages else []) \
+        + ([("columnar", args.before, full)] if args.before else []) \
+        + [("columnar", ROOT, path) for path in shapes.values()]
+    named = {path: f"ingest, {shape} ({path.stat().st_size / 1e6:.0f} MB)" for shape, path in shapes.items()}
     for i in range(args.rounds):
         this: dict[str, dict[str, float]] = {}
-        for kind, tree in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:  # rotate the order
-            name = NAMES.get(kind) or ("ingest" if tree == ROOT else f"ingest, {tree}")
-            this[name] = results[f"{name}, round {i + 1}"] = run(kind, full, store, tree, longest)
+        for kind, tree, path in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:  # rotated
+            name = named.get(path) or NAMES.get(kind) or ("ingest" if tree == ROOT else f"ingest, {tree}")
+            this[name] = results[f"{name}, round {i + 1}"] = run(kind, path, store, tree, longest)
             print(f"round {i + 1}: {name}: {this[name]['seconds']:.1f} s, {this[name]['cpu_seconds']:.1f} CPU s, "
                   f"{this[name]['peak_rss_mb']:.0f} MB, load {this[name]['load_average']:.1f}", file=sys.stderr)
         rounds.append(this)
