@@ -130,3 +130,28 @@ def test_a_zstd_file_cut_mid_frame_keeps_every_line_before_the_cut(tmp_path: Pat
     assert summary.spans_read == summary.lines == 5 and summary.rejected_lines == 1
     kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
     assert len(kept) == 1 and "truncated" in kept[0]["reason"], kept
+
+
+METRICS = {"resourceMetrics": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "vllm"}}]},
+                                "scopeMetrics": [{"scope": {"name": "vllm"}, "metrics": [{
+                                    "name": "vllm:num_requests_running", "gauge": {"dataPoints": [{
+                                        "timeUnixNano": str(T0), "asDouble": 3}]}}]}]}]}
+LOGS = {"resourceLogs": [{"resource": {"attributes": []}, "scopeLogs": [{"scope": {}, "logRecords": [{
+    "timeUnixNano": str(T0), "severityText": "INFO", "body": {"stringValue": "Avg prompt throughput: 0 tokens/s"}}]}]}]}
+
+
+@pytest.mark.parametrize("shape", ["json lines", "json, compression zstd (one frame per message)"])
+def test_metrics_and_logs_in_a_shared_file_exporter_file_are_left_out_and_said_not_quarantined(
+        json_lines: Path, tmp_path: Path, shape: str) -> None:
+    traces = _messages(json_lines)
+    mixed: list[bytes] = []
+    for i, message in enumerate(traces):  # as a file exporter in three pipelines writes them, interleaved
+        mixed += [message, json.dumps(METRICS).encode()] + ([json.dumps(LOGS).encode()] if i % 3 == 0 else [])
+    path = tmp_path / "otel-export.json"
+    path.write_bytes(b"".join(m + b"\n" for m in mixed) if shape == "json lines" else SHAPES[shape](mixed))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0 and not (tmp_path / "store" / "quarantine").exists()
+    assert summary.other_signals == {"metrics": len(traces), "logs": (len(traces) + 2) // 3}
+    assert f"Left out {len(mixed) - len(traces)} lines of other OTLP signals" in summary.paragraph()
+    ingest_paths(tmp_path / "plain", [json_lines])
+    assert _spans(tmp_path / "store").equals(_spans(tmp_path / "plain"))

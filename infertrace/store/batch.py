@@ -50,7 +50,7 @@ from infertrace.store.values import (
     fast_value,
 )
 
-__all__ = ["MIN_START_NS", "BadRecord", "Rejection", "SpanBatch", "split_attributes"]
+__all__ = ["MIN_START_NS", "BadRecord", "Rejection", "SpanBatch", "other_signal", "split_attributes"]
 
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
@@ -221,6 +221,18 @@ def _events(events: Any, notes: list[tuple[str, str]]) -> list[dict[str, Any]] |
 class _Column:
     rows: list[int] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
+
+
+_OTHER_SIGNALS: Final = {"resourceMetrics": "metrics", "resource_metrics": "metrics", "resourceLogs": "logs",
+                         "resource_logs": "logs", "resourceProfiles": "profiles", "resource_profiles": "profiles"}
+
+
+def other_signal(data: Any) -> str | None:
+    """'metrics', 'logs' or 'profiles' when `data` is OTLP JSON of that signal and holds no spans: not an error
+    but not traces (a Collector's file exporter in several pipelines writes every signal into one file)."""
+    if not isinstance(data, dict) or "resourceSpans" in data or "resource_spans" in data:
+        return None
+    return next((name for key, name in _OTHER_SIGNALS.items() if key in data), None)
 
 
 class SpanBatch:

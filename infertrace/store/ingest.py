@@ -35,7 +35,7 @@ from typing import IO
 import pyarrow as pa
 
 from infertrace.otlp_files import SUFFIXES, bytes_in
-from infertrace.store.batch import BadRecord, Rejection, SpanBatch
+from infertrace.store.batch import BadRecord, Rejection, SpanBatch, other_signal
 from infertrace.store.columnar import BlockParser, spans_table
 from infertrace.store.segments import Written, keep_resource, write_quarantine, write_segments
 from infertrace.store.values import Notes, describe, merge_counts
@@ -55,6 +55,7 @@ class IngestSummary:
     rejected_lines: int = 0
     rejected_spans: int = 0
     left_out: int = 0  # spans read whose resource did not match `resource` (ingest_paths)
+    other_signals: dict[str, int] = field(default_factory=dict)  # metrics/logs/profiles → lines left out
     resource: tuple[tuple[str, str], ...] = ()  # the resource attributes a span had to have to be kept
     quarantine: list[Path] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)  # reason → count
@@ -77,6 +78,11 @@ class IngestSummary:
         if self.resource:
             wanted = ", ".join(f"{k}={v}" for k, v in self.resource)
             text += f" Left out {self.left_out} spans whose resource is not {wanted}."
+        if self.other_signals:
+            kinds = ", ".join(f"{signal} {n}" for signal, n in sorted(self.other_signals.items()))
+            text += (f" Left out {sum(self.other_signals.values())} lines of other OTLP signals ({kinds}): infertrace "
+                     "reads traces (a Collector's file exporter in several pipelines writes every signal into its "
+                     "file).")
         if self.skipped:
             top = sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5]
             text += (f" Skipped {self.rejected_lines} lines and {self.rejected_spans} spans, kept in "
@@ -356,7 +362,7 @@ def _finish_block(block: _Block, source: str, summary: IngestSummary, writer: _W
     have been reported to."""
     rejections: list[Rejection] = []
     parsed = block.parsed.result() if block.parsed is not None else None
-    table, notes, whole = _block_spans(block.read, source, parsed, rejections)
+    table, notes, whole = _block_spans(block.read, source, parsed, rejections, summary.other_signals)
     summary.add_rejections(rejections, whole)
     _quarantine(writer.root, rejections, summary)
     if table is not None and summary.resource:
@@ -375,10 +381,11 @@ def _quarantine(root: Path, rejections: list[Rejection], summary: IngestSummary)
         summary.quarantine.append(path)
 
 
-def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: list[Rejection]
-                 ) -> tuple[pa.Table | None, Notes, int]:
+def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: list[Rejection],
+                 other_signals: dict[str, int]) -> tuple[pa.Table | None, Notes, int]:
     """One block of lines (`parsed` by Arrow, or None) → (its spans, their notes, how many lines were rejected
-    whole); rejected lines and spans are added to `rejections`."""
+    whole); rejected lines and spans are added to `rejections`, lines of other OTLP signals counted in
+    `other_signals`."""
     decoded = spans_table(parsed) if parsed is not None else None
     if decoded is not None:
         return decoded[0], decoded[1], 0
@@ -395,6 +402,10 @@ def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: 
                 rejections.append(Rejection(source, line_no, f"not JSON: {e}",
                                             line.decode("utf-8", "replace").rstrip("\r\n")))
                 whole += 1
+                continue
+            signal = other_signal(data)
+            if signal is not None:
+                other_signals[signal] = other_signals.get(signal, 0) + 1
                 continue
             try:
                 batch.add_traces_data(data, source, line_no)
