@@ -2,6 +2,8 @@
 too: the OpenTelemetry Collector's file exporter's length-prefixed files (`format: proto`, or `compression: zstd`
 without its native-compression feature gate), each message a big-endian uint32 length and an OTLP JSON or
 `TracesData` protobuf message, zstd-compressed or not: they are read as the JSON lines they hold, one per message.
+And JSON that is not one value per line (pretty-printed, an array: what query UIs download and `jq .` prints), one
+line per top-level value (`JsonDocuments`).
 
 zstd is written at level 1 with a checksum per frame: on OTLP JSON it is as small as level 3 and faster (the
 engine hour's 136 MB of spans: 9.8 MB, about 0.2 CPU s), and writing a tenth of the bytes spares the kernel most
@@ -11,6 +13,7 @@ gzip is written with no name and mtime 0 in its header, so that a fixed seed giv
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -26,7 +29,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SUFFIXES = tuple(f"{name}{packed}" for name in (".jsonl", ".json", ".ndjson") for packed in ("", ".gz", ".zst"))
 ZSTD_LEVEL = 1
+MAX_DOCUMENT_BYTES = 256 << 20  # of text in one pretty-printed JSON value, decoded whole
 MAX_MESSAGE_BYTES = 1 << 30  # a length-prefixed message's limit: a larger length is damage (or not such a file)
+_DOCUMENT_PEEK = 4096  # bytes looked at to tell a JSON document from JSON lines
+_DOCUMENT_READ = 4 << 20  # bytes of a JSON document read at a time
+_BOM = b"\xef\xbb\xbf"
 _ZSTD_READ = 64 << 10  # compressed bytes decoded at a time (a corrupt one loses what its read decoded)
 
 
@@ -60,7 +67,11 @@ def bytes_in(path: Path) -> tuple[IO[bytes], IO[bytes]]:
         head = stream.peek(8)[:8]  # type: ignore[attr-defined]
     except (OSError, EOFError, zlib.error):
         return raw, stream  # damaged from the start: the reader says so
-    return raw, (LengthPrefixed(stream) if _length_prefixed(head) else stream)  # type: ignore[return-value]
+    if _length_prefixed(head):
+        return raw, LengthPrefixed(stream)  # type: ignore[return-value]
+    if _document(stream.peek(_DOCUMENT_PEEK)):  # type: ignore[attr-defined]
+        return raw, JsonDocuments(stream)  # type: ignore[return-value]
+    return raw, stream
 
 
 @contextmanager
@@ -90,6 +101,105 @@ def _length_prefixed(head: bytes) -> bool:
     `TracesData` protobuf (field 1, `resource_spans`, length-delimited: 0x0a)."""
     return (len(head) >= 5 and head[0] < 4 and int.from_bytes(head[:4], "big") > 0
             and (head[4:5] in (b"{", b"\x0a") or head[4:8] == ZSTD_MAGIC))
+
+
+def _document(head: bytes) -> bool:
+    """Whether a file's first bytes are those of JSON that is not one value per line: a byte-order mark, an
+    array, or a first line that does not end its object (pretty-printed: `{` alone on the first line, as jq,
+    `json.dumps(indent=…)`, protobuf's `MessageToJson` and the query UIs' downloads write it). A first line longer
+    than what was peeked is taken for a JSON line."""
+    if head.startswith(_BOM):
+        return True
+    text = head.lstrip()
+    if text.startswith(b"["):
+        return True
+    newline = text.find(b"\n")
+    return text.startswith(b"{") and newline >= 0 and not text[:newline].rstrip().endswith(b"}")
+
+
+class JsonDocuments(io.RawIOBase):
+    """JSON lines of a file of JSON values that are not one per line (`_document`): each top-level value (a
+    pretty-printed object, or an array) re-encoded compactly as one line, preceded by blank lines so that it is
+    read as the line of the file it starts on (so rejections name the right line). Values follow one another
+    with any whitespace between them, as `jq .` writes a stream. A value is decoded whole (at most
+    MAX_DOCUMENT_BYTES of text): what cannot be decoded raises OSError naming its line, after the values
+    before it."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self._decoder = json.JSONDecoder()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._text = ""
+        self._at = 0  # in `_text`: where the next value is looked for
+        self._line = 1  # the line of the file at `_at`
+        self._emitted = 1  # the line of the output the next value will be on
+        self._eof = False
+        self._first = True
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            line = self._next()
+            if line is None:
+                return 0
+            self._pending = memoryview(line)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _next(self) -> bytes | None:
+        while True:
+            start = self._skip_space()
+            if start == len(self._text):
+                if self._eof:
+                    return None
+                self._more()
+                continue
+            try:
+                value, end = self._decoder.raw_decode(self._text, start)
+            except json.JSONDecodeError as e:
+                if not self._eof and len(self._text) - start <= MAX_DOCUMENT_BYTES:
+                    self._more()
+                    continue
+                line = self._line + self._text.count("\n", start, e.pos)
+                why = (f"a JSON value over {MAX_DOCUMENT_BYTES >> 20} MiB (write it as JSON lines: jq -c)"
+                       if not self._eof else f"not JSON: {e.msg}")
+                raise OSError(f"line {line}: {why}") from None
+            pad = self._line - self._emitted  # blank lines up to the one the value starts on
+            self._line += self._text.count("\n", start, end)
+            self._at = end
+            if end > len(self._text) // 2:  # drop what is decoded: the text kept stays under twice a value
+                self._text, self._at = self._text[end:], 0
+            self._emitted += pad + 1
+            return b"\n" * pad + json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    def _skip_space(self) -> int:
+        """Moves past whitespace (counting its lines); the position of the next value, or the end of the text."""
+        text, at = self._text, self._at
+        while at < len(text) and text[at] in " \t\r\n":
+            if text[at] == "\n":
+                self._line += 1
+            at += 1
+        self._at = at
+        return at
+
+    def _more(self) -> None:
+        """Reads and decodes more of the file: as much again as is held (a long value takes few reads)."""
+        wanted = max(_DOCUMENT_READ, len(self._text) - self._at)
+        data = self.stream.read(wanted)
+        try:
+            text = self._utf8.decode(data, final=not data)
+        except UnicodeDecodeError as e:
+            raise OSError(f"after line {self._line}: not UTF-8 ({e.reason})") from None
+        if self._first:
+            text, self._first = text.removeprefix("\ufeff"), False
+        self._eof = not data
+        self._text = self._text[self._at:] + text
+        self._at = 0
 
 
 class ZstdFrames(io.RawIOBase):
@@ -199,8 +309,8 @@ class LengthPrefixed(io.RawIOBase):
             except OSError as e:
                 raise OSError(f"message {number}: {e}") from None
         self.messages = number
-        if body.lstrip().startswith(b"{"):
-            return body.strip() + b"\n"
+        if body.lstrip().startswith(b"{"):  # pretty-printed on one line: JSON text has no raw newline in a string
+            return body.strip().replace(b"\n", b" ") + b"\n"
         try:
             message = self._parse(body)
         except self._bad as e:

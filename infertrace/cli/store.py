@@ -26,7 +26,8 @@ RESOURCE_HELP = ("KEY=VALUE: keep only the spans whose resource has this attribu
 def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     paths: Annotated[list[str] | None, typer.Argument(
-        help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst), directories, globs")] = None,
+        help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst; also trace JSON downloaded from Tempo or "
+             "Jaeger, pretty-printed or not), directories, globs")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
@@ -49,7 +50,8 @@ def ingest(
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
     iteration_log), which ITL spike attribution reads on engines that export no step spans.
-    Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
+    Trace JSON as other tools print it (pretty, base64 ids, enum names, Tempo's and Jaeger's API responses) is
+    read too. Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
     truncated file keeps every complete line.
 
     With --from, pulls the traces overlapping --since/--until out of ClickHouse's otel_traces (with the engine

@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
+from infertrace.store.json_forms import SPAN_KINDS, STATUS_CODES, base64_id, enum_value, resource_spans
 from infertrace.store.schema import (
     DECLARED_ATTRIBUTES,
     DECLARED_RESOURCE,
@@ -155,9 +156,15 @@ def _hex_id(value: Any, pattern: re.Pattern[str], what: str, required: bool) -> 
         if required:
             raise BadRecord(f"{what} is missing")
         return None
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise BadRecord(f"{what} {str(value)[:40]!r} is not {pattern.pattern.split('{')[1][:-1]} hex digits")
-    value = value.lower()
+    if isinstance(value, str) and pattern.fullmatch(value):
+        value = value.lower()
+    else:
+        digits = int(pattern.pattern.split("{")[1][:-1])
+        decoded = base64_id(value, digits // 2) if isinstance(value, str) else None
+        if decoded is None:
+            raise BadRecord(f"{what} {str(value)[:40]!r} is neither {digits} hex digits nor base64 of {digits // 2} "
+                            "bytes")
+        value = decoded
     if value.strip("0") == "":
         if required:
             raise BadRecord(f"{what} is all zeros")
@@ -252,8 +259,8 @@ class SpanBatch:
         return self.num_spans
 
     def add_traces_data(self, data: Any, source: str, line: int) -> None:
-        """Adds every span of one `TracesData` (or `ExportTraceServiceRequest`), rejecting bad spans one by
-        one. Raises BadRecord when `data` is not a `TracesData` at all."""
+        """Adds every span of one `TracesData` (or `ExportTraceServiceRequest`, or any form `json_forms` reads),
+        rejecting bad spans one by one. Raises BadRecord when `data` is not a trace at all."""
         mark = (self.num_spans, len(self._resources), len(self.rejections), len(self.notes))
         try:
             self._add_traces_data(data, source, line)
@@ -275,14 +282,7 @@ class SpanBatch:
         self.num_spans = num_spans
 
     def _add_traces_data(self, data: Any, source: str, line: int) -> None:
-        if not isinstance(data, dict):
-            raise BadRecord("not a JSON object")
-        resource_spans = data.get("resourceSpans", data.get("resource_spans"))
-        if resource_spans is None:
-            raise BadRecord("no resourceSpans")
-        if not isinstance(resource_spans, list):
-            raise BadRecord("resourceSpans is not a list")
-        for rs in resource_spans:
+        for rs in resource_spans(data):
             if not isinstance(rs, dict):
                 raise BadRecord("a resourceSpans entry is not an object")
             resource = rs.get("resource") or {}
@@ -327,14 +327,14 @@ class SpanBatch:
         if len(name) > MAX_NAME_CHARS:
             name = name[:MAX_NAME_CHARS]
             notes.append((TRUNCATED, SPAN_NAME))
-        kind = _int(span.get("kind", 0), "kind")
+        kind = _int(enum_value(span.get("kind", 0), SPAN_KINDS), "kind")
         if not 0 <= kind <= 5:
             raise BadRecord(f"kind {kind} is not a SpanKind")
         start, end = _span_times(span)
         status = span.get("status") or {}
         if not isinstance(status, dict):
             raise BadRecord("status is not an object")
-        code = _int(status.get("code", 0), "status code")
+        code = _int(enum_value(status.get("code", 0), STATUS_CODES), "status code")
         if not 0 <= code <= 2:
             raise BadRecord(f"status code {code} is not 0, 1 or 2")
         message = status.get("message") or None

@@ -1,0 +1,168 @@
+"""Trace JSON as other tools print it ingests as the same spans as OTLP JSON lines.
+
+The forms are made by the official protobuf library from the same messages: its generic JSON mapping (base64
+ids, enum names, with or without proto field names, pretty-printed or not), and the wrappers of Tempo's and
+Jaeger's query APIs around it. Each is ingested and the stored spans compared, every column, with those of the
+OTLP JSON lines (hex ids, integer enums) of the same messages, which take the columnar path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status, TracesData
+
+from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.json_forms import base64_id
+from infertrace.store.store import Store
+from reference_engine.engine.config import EngineConfig
+from reference_engine.engine.llm_engine import LLMEngine
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
+from reference_engine.telemetry.tracer import EngineTracer, engine_resource
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
+
+
+@pytest.fixture(scope="module")
+def messages(tmp_path_factory: pytest.TempPathFactory) -> list[TracesData]:
+    """Five simulated seconds as `TracesData` messages of 25 spans, some spans made client spans and some
+    errors (the engine writes neither), so that both enums take every form."""
+    path = tmp_path_factory.mktemp("trace") / "engine.jsonl"
+    config = EngineConfig(chunked_prefill=True, max_num_batched_tokens=2048)
+    writer = OtlpJsonLinesWriter(path)
+    tracer = EngineTracer(writer, engine_resource(config), seed=9, batch_size=25)
+    LLMEngine(config, observers=[tracer]).run(synthetic_requests(SyntheticWorkload(rate=5.0), 5.0, seed=9,
+                                                                 model=config.model))
+    tracer.close()
+    writer.close()
+    out = [parse_traces_data(line) for line in path.read_text().splitlines() if line]
+    for n, span in enumerate(s for m in out for rs in m.resource_spans for ss in rs.scope_spans for s in ss.spans):
+        if n % 5 == 0:
+            span.kind = Span.SPAN_KIND_CLIENT
+        if n % 7 == 0:
+            span.status.code, span.status.message = Status.STATUS_CODE_ERROR, f"failed {n}"
+    return out
+
+
+def _generic(m: TracesData, proto_names: bool = False) -> dict[str, Any]:
+    """The protobuf library's own JSON mapping: base64 ids, enum names."""
+    return json_format.MessageToDict(m, preserving_proto_field_name=proto_names)
+
+
+def _pretty(value: Any) -> bytes:
+    return json.dumps(value, indent=2).encode() + b"\n"
+
+
+def _lines(values: list[Any]) -> bytes:
+    return b"".join(json.dumps(v).encode() + b"\n" for v in values)
+
+
+def _pre_015(m: TracesData) -> dict[str, Any]:
+    """OTLP JSON as written before 0.15: instrumentationLibrarySpans / instrumentationLibrary."""
+    data = json.loads(message_to_otlp_json(m))
+    for rs in data["resourceSpans"]:
+        rs["instrumentationLibrarySpans"] = [
+            {("instrumentationLibrary" if k == "scope" else k): v for k, v in ss.items()}
+            for ss in rs.pop("scopeSpans")]
+    return data
+
+
+FORMS: dict[str, Callable[[list[TracesData]], bytes]] = {
+    "generic mapping, a line per message": lambda ms: _lines([_generic(m) for m in ms]),
+    "generic mapping with proto field names": lambda ms: _lines([_generic(m, proto_names=True) for m in ms]),
+    "MessageToJson, pretty, one after another (jq .)": lambda ms: b"".join(
+        json_format.MessageToJson(m).encode() + b"\n" for m in ms),
+    "Tempo v1 API: one pretty {batches}": lambda ms: _pretty(
+        {"batches": [rs for m in ms for rs in _generic(m)["resourceSpans"]]}),
+    "Tempo v2 API: {trace}, with a byte-order mark": lambda ms: b"\xef\xbb\xbf" + _pretty(
+        {"trace": {"resourceSpans": [rs for m in ms for rs in _generic(m)["resourceSpans"]]}}),
+    "Jaeger v3 API: a stream of {result}": lambda ms: _lines([{"result": _generic(m)} for m in ms]),
+    "a JSON array of OTLP JSON messages, on one line": lambda ms: json.dumps(
+        [json.loads(message_to_otlp_json(m)) for m in ms]).encode(),
+    "OTLP before 0.15, pretty": lambda ms: b"".join(_pretty(_pre_015(m)) for m in ms),
+    "length-prefixed messages, each pretty-printed": lambda ms: b"".join(
+        len(body).to_bytes(4, "big") + body for body in (json_format.MessageToJson(m).encode() for m in ms)),
+}
+
+
+def _spans(store: Path) -> pa.Table:
+    with Store.open(store) as s:
+        return s.sql("SELECT * FROM spans ORDER BY trace_id, span_id").to_arrow_table()
+
+
+@pytest.fixture(scope="module")
+def otlp_spans(messages: list[TracesData], tmp_path_factory: pytest.TempPathFactory) -> pa.Table:
+    root = tmp_path_factory.mktemp("otlp")
+    path = root / "otlp.jsonl"
+    path.write_text("".join(message_to_otlp_json(m) + "\n" for m in messages))
+    summary = ingest_paths(root / "store", [path])
+    assert summary.skipped == 0
+    return _spans(root / "store")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_ingests_the_same_spans_as_otlp_json_lines(messages: list[TracesData], otlp_spans: pa.Table,
+                                                            tmp_path: Path, form: str) -> None:
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(gzip.compress(FORMS[form](messages)))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0, summary.reasons
+    assert otlp_spans.num_rows > 100
+    assert set(otlp_spans.column("kind").to_pylist()) >= {1, 3} and 2 in otlp_spans.column("status_code").to_pylist()
+    assert _spans(tmp_path / "store").equals(otlp_spans)
+
+
+def test_a_syntax_error_in_a_pretty_file_keeps_the_values_before_it_and_names_its_line(
+        messages: list[TracesData], tmp_path: Path) -> None:
+    first, second = (json_format.MessageToJson(m) + "\n" for m in messages[:2])
+    broken = second.replace('"spanId"', '"spanId" "', 1)
+    path = tmp_path / "two.json"
+    path.write_text(first + broken)
+    summary = ingest_paths(tmp_path / "store", [path])
+    wanted = sum(len(ss.spans) for rs in messages[0].resource_spans for ss in rs.scope_spans)
+    assert summary.spans_read == wanted and summary.rejected_lines == 1
+    error_line = first.count("\n") + broken[:broken.index('"spanId" "')].count("\n") + 1
+    [reason] = summary.reasons
+    assert f"line {error_line}: not JSON" in reason, reason
+
+
+def test_a_rejected_span_of_a_pretty_file_is_kept_with_the_line_its_value_starts_on(
+        messages: list[TracesData], tmp_path: Path) -> None:
+    values = [_generic(m) for m in messages[:3]]
+    values[2]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "not an id"
+    text = "".join(json.dumps(v, indent=1) + "\n" for v in values)
+    path = tmp_path / "three.json"
+    path.write_text(text)
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.rejected_spans == 1 and summary.rejected_lines == 0
+    starts = [n + 1 for n, line in enumerate(text.splitlines()) if line == "{"]
+    [kept] = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert kept["line"] == starts[2]
+    assert "'not an id' is neither 32 hex digits nor base64 of 16 bytes" in kept["reason"]
+
+
+@pytest.mark.parametrize(("document", "named"), [
+    ({"data": [{"traceID": "ab", "spans": [], "processes": {}}]}, "a Jaeger JSON trace"),
+    ([{"traceId": "ab", "id": "cd", "name": "x", "timestamp": 1}], "a Zipkin JSON trace"),
+])
+def test_other_tracing_models_are_named_in_the_reason(document: Any, named: str, tmp_path: Path) -> None:
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(document, indent=2))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.rejected_lines == 1 and summary.spans_read == 0
+    assert any(named in reason for reason in summary.reasons), summary.reasons
+
+
+def test_base64_ids_are_never_taken_for_hex_nor_hex_for_base64() -> None:
+    assert base64_id("W47/95gDgQPSabYzgT/GDA==", 16) == "5b8efff798038103d269b633813fc60c"
+    assert base64_id("W47_95gDgQPSabYzgT_GDA", 16) == "5b8efff798038103d269b633813fc60c"  # URL-safe, unpadded
+    assert base64_id("7uGbfsPBsXQ=", 8) == "eee19b7ec3c1b174"
+    assert base64_id("5b8efff798038103d269b633813fc60c", 16) is None  # valid base64, but of 24 bytes
+    assert base64_id("eee19b7ec3c1b174", 8) is None
+    assert base64_id("7uGbfsPBsXQ=", 16) is None
