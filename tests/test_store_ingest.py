@@ -750,3 +750,18 @@ def test_a_block_read_stays_as_read_until_the_block_after_the_next_one_and_is_th
     with pytest.raises(ValueError, match="released"):
         bytes(first.data)
     assert [bytes(reader.block(1).data) for _ in range(3)] == lines[3:]
+
+
+@pytest.mark.parametrize(("scale", "unit"), [(10**3, "microseconds"), (10**6, "milliseconds"), (10**9, "seconds"),
+                                             (None, "before 2000-01-01")])
+def test_times_in_another_unit_are_quarantined_under_one_reason_that_names_the_unit(
+        tmp_path: Path, scale: int | None, unit: str) -> None:
+    spans = [{"traceId": f"{n + 1:032x}", "spanId": f"{n + 1:016x}", "name": "llm_request",
+              "startTimeUnixNano": str(T0 // scale + n if scale else 5 + n),
+              "endTimeUnixNano": str(T0 // scale + n + 1 if scale else 6 + n)} for n in range(30)]
+    path = tmp_path / "units.jsonl"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}) + "\n")
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.rejected_spans == 30 and summary.spans_read == 0
+    [(reason, count)] = summary.reasons.items()
+    assert count == 30 and unit in reason, reason

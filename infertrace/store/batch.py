@@ -57,6 +57,8 @@ _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
 _INT64_MAX = (1 << 63) - 1
 MIN_START_NS: Final = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: an earlier start is a clock never set
+_MAX_PLAUSIBLE_NS: Final = 4_102_444_800 * 10**9  # 2100-01-01
+_OTHER_UNITS: Final = (("microseconds", 10**3), ("milliseconds", 10**6), ("seconds", 10**9))
 LONG_KEYS: Final = f"<keys over {MAX_KEY_CHARS} characters>"
 EXTRA_KEYS: Final = f"<attributes past {MAX_ATTRIBUTES}>"
 EXTRA_EVENTS: Final = f"<events past {MAX_EVENTS}>"
@@ -198,9 +200,13 @@ def _span_times(span: dict[str, Any]) -> tuple[int, int]:
     start = _time(span.get("startTimeUnixNano"), "startTimeUnixNano")
     end = _time(span.get("endTimeUnixNano"), "endTimeUnixNano")
     if start < MIN_START_NS:
-        raise BadRecord(f"startTimeUnixNano {start} is before 2000-01-01 (missing, or a clock that was not set)")
+        unit = next((name for name, scale in _OTHER_UNITS if MIN_START_NS <= start * scale < _MAX_PLAUSIBLE_NS), None)
+        if unit is not None:  # one reason for every such span: the summary counts them together
+            raise BadRecord(f"startTimeUnixNano counts {unit}, not nanoseconds (read so, it falls between 2000 "
+                            "and 2100): the exporter writes the wrong unit")
+        raise BadRecord("startTimeUnixNano is before 2000-01-01 (missing, or a clock that was not set)")
     if end < start:
-        raise BadRecord(f"endTimeUnixNano {end} is before startTimeUnixNano {start}")
+        raise BadRecord("endTimeUnixNano is before startTimeUnixNano")
     return start, end
 
 
