@@ -48,7 +48,8 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
         if _jaeger(data):
             raise BadRecord("a Jaeger JSON trace (data[].spans), not OTLP: fetch it from Jaeger's OTLP API "
                             "(/api/v3/traces/<id>)")
-        raise BadRecord("no resourceSpans")
+        keys = ", ".join(list(data)[:5]) + (", …" if len(data) > 5 else "")
+        raise BadRecord(f"no resourceSpans (an object of {keys or 'no keys'}: not a trace export)")
     if not isinstance(found, list):
         raise BadRecord("resourceSpans is not a list")
     return [_current(rs) for rs in found]
