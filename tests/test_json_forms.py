@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,23 @@ def test_base64_ids_are_never_taken_for_hex_nor_hex_for_base64() -> None:
     assert base64_id("5b8efff798038103d269b633813fc60c", 16) is None  # valid base64, but of 24 bytes
     assert base64_id("eee19b7ec3c1b174", 8) is None
     assert base64_id("7uGbfsPBsXQ=", 16) is None
+
+
+def test_a_trace_piped_to_ingest_dash_is_read_from_standard_input(messages: list[TracesData], otlp_spans: pa.Table,
+                                                                  tmp_path: Path) -> None:
+    """As `curl -s $TEMPO/api/v2/traces/<id> | infertrace ingest --store DIR -` does it: a gzip'd pretty document
+    (told by its first bytes, as a file is), then a line that is not a trace, named `<stdin>` in the quarantine."""
+    def ingest(data: bytes, *dash: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "infertrace", "ingest", "--store", str(tmp_path / "store"),
+                               "--no-materialize", "--no-progress", *dash], input=data, capture_output=True,
+                              timeout=300)
+
+    piped = ingest(gzip.compress(FORMS["Tempo v2 API: {trace}, with a byte-order mark"](messages)), "-")
+    assert piped.returncode == 0, piped.stderr
+    assert _spans(tmp_path / "store").equals(otlp_spans)
+    again = ingest(b'{"status": "not found"}\n', "-")
+    assert again.returncode == 0 and b"Skipped 1 lines" in again.stderr, again.stderr
+    [kept] = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert (kept["source"], kept["line"]) == ("<stdin>", 1)
+    twice = ingest(b"", "-", "-")
+    assert twice.returncode == 2 and b"standard input" in twice.stderr

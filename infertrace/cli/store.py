@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -27,7 +30,8 @@ def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     paths: Annotated[list[str] | None, typer.Argument(
         help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst; also trace JSON downloaded from Tempo or "
-             "Jaeger, pretty-printed or not), directories, globs")] = None,
+             "Jaeger, pretty-printed or not), directories, globs; - reads standard input (curl … | infertrace ingest "
+             "--store DIR -)")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
@@ -64,10 +68,7 @@ def ingest(
              infertrace ingest --store incident/ --from clickhouse://oncall@ch1:8123/otel --since 2026-12-01T14:00Z \
                  --until 2026-12-01T14:30Z
     """
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from infertrace.store.ingest import expand_paths, ingest_paths
-    from infertrace.store.side_inputs import ingest_side_inputs, sniff
+    from infertrace.store.ingest import expand_paths
 
     wanted = _resource(resource)
     if from_ is not None:
@@ -82,25 +83,41 @@ def ingest(
     if since is not None or until is not None:
         raise fail("--since and --until choose a window of --from clickhouse://…; files are ingested whole")
     if not paths:
-        raise fail("give files to ingest, or --from clickhouse://…")
+        raise fail("give files to ingest (or - for standard input), or --from clickhouse://…")
     if max_line_bytes < 1:
         raise fail(f"--max-line-bytes must be positive, got {max_line_bytes}")
     kinds = ("auto", "otlp", "client-tokens", "vllm-iteration-log")
     if source not in kinds:
         raise fail(f"--source must be one of {', '.join(kinds)}, got {source!r}")
     try:
-        files = _expand(list(paths or []), source, expand_paths)
-        side: dict[str, list[Path]] = {"client-tokens": [], "vllm-iteration-log": []}
-        if source != "otlp":
-            for f in list(files):
-                kind = source if source != "auto" else sniff(f)
-                if kind in side:
-                    side[kind].append(f)
-                    files.remove(f)
+        with _stdin_spooled(list(paths)) as (named, labels):
+            files = _expand(named, source, expand_paths)
+            _ingest_files(store, files, labels, source, progress, max_line_bytes, wanted, materialize, strict)
+    except OSError as e:
+        raise fail(str(e)) from None
+
+
+def _ingest_files(store: Path, files: list[Path], labels: dict[str, str], source: str, progress: bool,
+                  max_line_bytes: int, wanted: tuple[tuple[str, str], ...], materialize: bool, strict: bool) -> None:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from infertrace.store.ingest import ingest_paths
+    from infertrace.store.side_inputs import ingest_side_inputs, sniff
+
+    side: dict[str, list[Path]] = {"client-tokens": [], "vllm-iteration-log": []}
+    if source != "otlp":
+        for f in list(files):
+            kind = source if source != "auto" else sniff(f)
+            if kind == "vllm-iteration-log" and str(f) in labels:
+                raise fail("vLLM iteration logs are named by their file (the engine instance): give the file, "
+                           "not standard input")
+            if kind in side:
+                side[kind].append(f)
+                files.remove(f)
         for kind, what, unit in (("client-tokens", "client token times", "requests"),
                                  ("vllm-iteration-log", "vLLM iteration logs", "iterations")):
             if side[kind]:
-                said = ingest_side_inputs(store, side[kind], kind)
+                said = ingest_side_inputs(store, side[kind], kind, labels)
                 err.print(said.paragraph(what, unit), soft_wrap=True, highlight=False)
         if not files:
             if materialize:
@@ -112,11 +129,9 @@ def ingest(
             with Progress(*columns, console=err, transient=True) as bar:
                 task = bar.add_task("ingest", total=total)
                 summary = ingest_paths(store, list(files), on_progress=lambda n: bar.advance(task, n),
-                                       max_line_bytes=max_line_bytes, resource=wanted)
+                                       max_line_bytes=max_line_bytes, resource=wanted, labels=labels)
         else:
-            summary = ingest_paths(store, list(files), max_line_bytes=max_line_bytes, resource=wanted)
-    except OSError as e:
-        raise fail(str(e)) from None
+            summary = ingest_paths(store, list(files), max_line_bytes=max_line_bytes, resource=wanted, labels=labels)
     err.print(summary.paragraph(), soft_wrap=True, highlight=False)
     if materialize:
         materialize_store(store, progress)
@@ -157,6 +172,26 @@ def ingest_from_clickhouse(store: Path, url: str, since: str | None, until: str 
         err.print(f"No spans in {url} for that window: nothing ingested", highlight=False)
     else:
         err.print(f"Read {read} spans from {url}: {new} new to {store}, {read - new} already there", highlight=False)
+
+
+@contextmanager
+def _stdin_spooled(paths: list[str]) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """`paths` with `-` (standard input) replaced by a temporary copy of what arrives there, and the copy's label
+    (`<stdin>`, as rejections name it). Copied first because what a file is (compressed, length-prefixed, pretty
+    JSON, a side input) is told by its first bytes and size, and a pipe can be read only once."""
+    if "-" not in paths:
+        yield paths, {}
+        return
+    if paths.count("-") > 1:
+        raise fail("- (standard input) can be given once")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise fail("- reads traces from standard input, which is a terminal here: pipe them in, e.g. "
+                   "curl -s $TEMPO/api/v2/traces/<id> | infertrace ingest --store DIR -")
+    with tempfile.TemporaryDirectory(prefix="infertrace-stdin-") as directory:
+        copy = Path(directory) / "stdin"
+        with open(copy, "wb") as out:
+            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+        yield [str(copy) if p == "-" else p for p in paths], {str(copy): "<stdin>"}
 
 
 def _expand(paths: list[str], source: str, expand_paths: Callable[[list[str | Path]], list[Path]]) -> list[Path]:

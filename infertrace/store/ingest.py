@@ -274,13 +274,14 @@ class _Block:
 def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT_BLOCK_BYTES,
                  on_progress: Callable[[int], None] | None = None, columnar: bool = True,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 resource: Sequence[tuple[str, str]] = ()) -> IngestSummary:
+                 resource: Sequence[tuple[str, str]] = (), labels: dict[str, str] | None = None) -> IngestSummary:
     """Ingests OTLP JSON lines files into the store at `root`, a block of about `block_bytes` of whole lines
     at a time (one or more segments per block). `on_progress(bytes)` is called with the number of
     (compressed) bytes read since its last call, once the block is stored. `columnar=False` parses every
     block record by record (the fallback path; for tests and the benchmark). With `resource` ((key, value)
     pairs), only the spans whose resource has every one of those attributes (compared as text) are stored: one
-    deployment environment of a collector's output, say; the others are counted in `left_out`.
+    deployment environment of a collector's output, say; the others are counted in `left_out`. `labels`: what
+    rejections call a file instead of its path (`<stdin>` for the CLI's copy of standard input).
 
     Pipelined over three threads: while a block is turned into spans (this thread), Arrow parses the next one
     (its JSON reader runs in C++ without the GIL) and the previous one's Parquet segments are written (also in
@@ -292,9 +293,10 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
     with gc_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
             _Writer(root, summary, on_progress) as writer:
         for path in files:
+            source = (labels or {}).get(str(path), str(path))
             raw, stream = bytes_in(path)
             with raw, stream:
-                lines = _Lines(stream, max_line_bytes, str(path))
+                lines = _Lines(stream, max_line_bytes, source)
                 position = 0  # in the file, up to which progress is reported
                 pending: _Block | None = None
                 while True:
@@ -306,12 +308,12 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
                         block = _Block(read, parser.submit(blocks.parse, read.data, read.longest, read.objects)
                                        if columnar and read.data else None, raw.tell())
                         if pending is not None:
-                            position = _finish_block(pending, str(path), summary, writer, position)
+                            position = _finish_block(pending, source, summary, writer, position)
                         pending = block
                     if lines.failed or not read.lines:
                         break
                 if pending is not None:
-                    _finish_block(pending, str(path), summary, writer, position)
+                    _finish_block(pending, source, summary, writer, position)
                 summary.lines += lines.line - 1
     return summary
 

@@ -190,16 +190,18 @@ def _log_name(path: Path) -> str:
     return name
 
 
-def ingest_side_inputs(root: Path, paths: list[Path], kind: str) -> SideSummary:
+def ingest_side_inputs(root: Path, paths: list[Path], kind: str, labels: dict[str, str] | None = None
+                       ) -> SideSummary:
     """Client token files (`kind` 'client-tokens') or vLLM iteration logs ('vllm-iteration-log') into the store.
-    An iteration log's name (without .log/.gz/.zst) is its engine instance, as the engine's spans name it."""
+    An iteration log's name (without .log/.gz/.zst) is its engine instance, as the engine's spans name it.
+    `labels`: what to call a file in rejections instead of its path (`<stdin>` for a copy of standard input)."""
     summary = SideSummary()
     rejected: list[Rejection] = []
     for path in paths:
         summary.files += 1
         with text_in(path) as f:
             if kind == "client-tokens":
-                table, bad = parse_client_tokens(f, str(path))
+                table, bad = parse_client_tokens(f, (labels or {}).get(str(path), str(path)))
                 rejected += bad
                 requests = len(set(table.column("request_id").to_pylist()))
                 summary.rows += requests
