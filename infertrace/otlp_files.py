@@ -117,7 +117,30 @@ def _document(head: bytes) -> bool:
     return text.startswith(b"{") and newline >= 0 and not text[:newline].rstrip().endswith(b"}")
 
 
-class JsonDocuments(io.RawIOBase):
+class _LineStream(io.RawIOBase):
+    """A stream of the lines `_next` makes one at a time (None at the end)."""
+
+    _pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            line = self._next()
+            if line is None:
+                return 0
+            self._pending = memoryview(line)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _next(self) -> bytes | None:
+        raise NotImplementedError
+
+
+class JsonDocuments(_LineStream):
     """JSON lines of a file of JSON values that are not one per line (`_document`): each top-level value (a
     pretty-printed object, or an array) re-encoded compactly as one line, preceded by blank lines so that it is
     read as the line of the file it starts on (so rejections name the right line). Values follow one another
@@ -135,21 +158,6 @@ class JsonDocuments(io.RawIOBase):
         self._emitted = 1  # the line of the output the next value will be on
         self._eof = False
         self._first = True
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        while not self._pending:
-            line = self._next()
-            if line is None:
-                return 0
-            self._pending = memoryview(line)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
 
     def _next(self) -> bytes | None:
         while True:
@@ -259,7 +267,7 @@ class ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
 
-class LengthPrefixed(io.RawIOBase):
+class LengthPrefixed(_LineStream):
     """The OTLP JSON lines of a file of length-prefixed messages (the Collector's file exporter, above): each
     message decompressed when it is a zstd frame, and a protobuf one converted by the official parser, one line
     each. A message that cannot be read (cut short, an absurd length, neither JSON nor a protobuf `TracesData`)
@@ -274,21 +282,6 @@ class LengthPrefixed(io.RawIOBase):
         self._parse, self._chunks, self._bad = TracesData.FromString, protobuf_spans.resource_spans, DecodeError
         self.stream = stream
         self.messages = 0  # read so far
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        while not self._pending:
-            line = self._next()
-            if line is None:
-                return 0
-            self._pending = memoryview(line)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
 
     def _next(self) -> bytes | None:
         head = self._exactly(4)

@@ -13,6 +13,7 @@ from reference_engine.engine.llm_engine import LLMEngine, StepReport
 from reference_engine.engine.sequence import Request, Sequence
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.tracer import EngineTracer, engine_resource
+from reference_engine.workload import SyntheticWorkload, synthetic_requests
 
 T0 = 1_767_225_600 * 10**9
 
@@ -42,3 +43,16 @@ def run_to_store(tmp: Path, config: EngineConfig, requests: list[Request],
     writer.close()
     ingest_paths(tmp / f"store-{config.instance_id}", [trace])
     return Store.open(tmp / f"store-{config.instance_id}"), engine, log
+
+
+def write_trace(path: Path, seconds: float, seed: int, batch_size: int) -> Path:
+    """`seconds` of a synthetic load (5 requests/s) on one engine with chunked prefill, written to `path` as OTLP
+    JSON lines of `batch_size` spans each (many messages)."""
+    config = EngineConfig(chunked_prefill=True, max_num_batched_tokens=2048)
+    writer = OtlpJsonLinesWriter(path)
+    tracer = EngineTracer(writer, engine_resource(config), seed=seed, batch_size=batch_size)
+    LLMEngine(config, observers=[tracer]).run(synthetic_requests(SyntheticWorkload(rate=5.0), seconds, seed=seed,
+                                                                 model=config.model))
+    tracer.close()
+    writer.close()
+    return path

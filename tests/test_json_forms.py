@@ -24,25 +24,14 @@ from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.json_forms import base64_id
 from infertrace.store.store import Store
-from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
-from reference_engine.telemetry.tracer import EngineTracer, engine_resource
-from reference_engine.workload import SyntheticWorkload, synthetic_requests
+from tests.engine_runs import write_trace
 
 
 @pytest.fixture(scope="module")
 def messages(tmp_path_factory: pytest.TempPathFactory) -> list[TracesData]:
     """Five simulated seconds as `TracesData` messages of 25 spans, some spans made client spans and some
     errors (the engine writes neither), so that both enums take every form."""
-    path = tmp_path_factory.mktemp("trace") / "engine.jsonl"
-    config = EngineConfig(chunked_prefill=True, max_num_batched_tokens=2048)
-    writer = OtlpJsonLinesWriter(path)
-    tracer = EngineTracer(writer, engine_resource(config), seed=9, batch_size=25)
-    LLMEngine(config, observers=[tracer]).run(synthetic_requests(SyntheticWorkload(rate=5.0), 5.0, seed=9,
-                                                                 model=config.model))
-    tracer.close()
-    writer.close()
+    path = write_trace(tmp_path_factory.mktemp("trace") / "engine.jsonl", 5.0, seed=9, batch_size=25)
     out = [parse_traces_data(line) for line in path.read_text().splitlines() if line]
     for n, span in enumerate(s for m in out for rs in m.resource_spans for ss in rs.scope_spans for s in ss.spans):
         if n % 5 == 0:

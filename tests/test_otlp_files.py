@@ -21,11 +21,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from infertrace.otlp_json import parse_traces_data
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
-from reference_engine.engine.config import EngineConfig
-from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
-from reference_engine.telemetry.tracer import EngineTracer, engine_resource
-from reference_engine.workload import SyntheticWorkload, synthetic_requests
+from tests.engine_runs import write_trace
 
 T0 = 1_767_225_600_000_000_000
 
@@ -33,15 +29,7 @@ T0 = 1_767_225_600_000_000_000
 @pytest.fixture(scope="module")
 def json_lines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Ten simulated seconds, written as OTLP JSON lines in batches of 10 spans (many messages)."""
-    path = tmp_path_factory.mktemp("trace") / "plain.jsonl"
-    config = EngineConfig(chunked_prefill=True, max_num_batched_tokens=2048)
-    writer = OtlpJsonLinesWriter(path)
-    tracer = EngineTracer(writer, engine_resource(config), seed=5, batch_size=10)
-    LLMEngine(config, observers=[tracer]).run(synthetic_requests(SyntheticWorkload(rate=5.0), 10.0, seed=5,
-                                                                 model=config.model))
-    tracer.close()
-    writer.close()
-    return path
+    return write_trace(tmp_path_factory.mktemp("trace") / "plain.jsonl", 10.0, seed=5, batch_size=10)
 
 
 def _messages(path: Path) -> list[bytes]:
