@@ -3,7 +3,8 @@ too: the OpenTelemetry Collector's file exporter's length-prefixed files (`forma
 without its native-compression feature gate), each message a big-endian uint32 length and an OTLP JSON or
 `TracesData` protobuf message, zstd-compressed or not: they are read as the JSON lines they hold, one per message.
 And JSON that is not one value per line (pretty-printed, an array: what query UIs download and `jq .` prints), one
-line per top-level value (`JsonDocuments`).
+line per top-level value (`JsonDocuments`), and a file that is one protobuf message with no length before it (a
+saved OTLP/HTTP request body: `OneMessage`).
 
 zstd is written at level 1 with a checksum per frame: on OTLP JSON it is as small as level 3 and faster (the
 engine hour's 136 MB of spans: 9.8 MB, about 0.2 CPU s), and writing a tenth of the bytes spares the kernel most
@@ -69,6 +70,8 @@ def bytes_in(path: Path) -> tuple[IO[bytes], IO[bytes]]:
         return raw, stream  # damaged from the start: the reader says so
     if _length_prefixed(head):
         return raw, LengthPrefixed(stream)  # type: ignore[return-value]
+    if _one_message(stream.peek(16)[:16]):  # type: ignore[attr-defined]
+        return raw, OneMessage(stream)  # type: ignore[return-value]
     if _document(stream.peek(_DOCUMENT_PEEK)):  # type: ignore[attr-defined]
         return raw, JsonDocuments(stream)  # type: ignore[return-value]
     return raw, stream
@@ -101,6 +104,20 @@ def _length_prefixed(head: bytes) -> bool:
     `TracesData` protobuf (field 1, `resource_spans`, length-delimited: 0x0a)."""
     return (len(head) >= 5 and head[0] < 4 and int.from_bytes(head[:4], "big") > 0
             and (head[4:5] in (b"{", b"\x0a") or head[4:8] == ZSTD_MAGIC))
+
+
+def _one_message(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a `TracesData` protobuf message: its field 1 (`resource_spans`,
+    length-delimited: 0x0a, a varint length) and inside it a `ResourceSpans` field (1 `resource`, 2
+    `scope_spans`, 3 `schema_url`). JSON lines that start with blank lines also start with 0x0a, then more
+    whitespace and `{` (taken for JSON, so is a message whose first `ResourceSpans` is 123 bytes long, then read
+    as lines and quarantined: a message of one tiny span)."""
+    if len(head) < 3 or head[0] != 0x0A or head.lstrip()[:1] in (b"{", b"[", b""):
+        return False
+    at = 1
+    while at < len(head) and head[at] & 0x80:  # the varint's continuation bytes
+        at += 1
+    return at + 1 < len(head) and head[at + 1] in (0x0A, 0x12, 0x1A)
 
 
 def _document(head: bytes) -> bool:
@@ -302,12 +319,16 @@ class LengthPrefixed(_LineStream):
             except OSError as e:
                 raise OSError(f"message {number}: {e}") from None
         self.messages = number
+        return self._line(body, f"message {number}")
+
+    def _line(self, body: bytes, what: str) -> bytes:
+        """One message (OTLP JSON or a `TracesData` protobuf) as a JSON line."""
         if body.lstrip().startswith(b"{"):  # pretty-printed on one line: JSON text has no raw newline in a string
             return body.strip().replace(b"\n", b" ") + b"\n"
         try:
             message = self._parse(body)
         except self._bad as e:
-            raise OSError(f"message {number}: neither OTLP JSON nor a TracesData protobuf ({e})") from None
+            raise OSError(f"{what}: neither OTLP JSON nor a TracesData protobuf ({e})") from None
         chunks = [chunk for rs in message.resource_spans for chunk in self._chunks(rs)]
         return json.dumps({"resourceSpans": chunks}, separators=(",", ":")).encode() + b"\n"
 
@@ -320,3 +341,18 @@ class LengthPrefixed(_LineStream):
             parts.append(part)
             wanted -= len(part)
         return b"".join(parts)
+
+
+class OneMessage(LengthPrefixed):
+    """A file that is one `TracesData` (or `ExportTraceServiceRequest`: the same bytes) protobuf message, with no
+    length before it: an OTLP/HTTP request body saved as it was sent, a `.binpb` file. Read whole (at most
+    MAX_MESSAGE_BYTES) as one JSON line."""
+
+    def _next(self) -> bytes | None:
+        if self.messages:
+            return None
+        body = self._exactly(MAX_MESSAGE_BYTES + 1)
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise OSError(f"a protobuf message over {MAX_MESSAGE_BYTES >> 20} MiB: not one OTLP message")
+        self.messages = 1
+        return self._line(body, "the file")

@@ -8,6 +8,7 @@ from the engine's JSON lines, the protobuf messages by the official parser."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from collections.abc import Callable
@@ -94,11 +95,31 @@ def test_a_damaged_length_prefixed_file_keeps_the_messages_before_the_damage(jso
     assert len(kept) == 1 and "unreadable" in kept[0]["reason"] and "message 4" in kept[0]["reason"], kept
 
 
-def test_a_json_lines_file_is_not_taken_for_length_prefixed_messages(json_lines: Path, tmp_path: Path) -> None:
-    padded = tmp_path / "padded.jsonl"  # JSON lines whose first line is preceded by a blank one
-    padded.write_bytes(b"\n" + json_lines.read_bytes())
+@pytest.mark.parametrize("blank", [b"\n", b"\n" * 3, b"\n\n  \n\t\n"])
+def test_a_json_lines_file_is_not_taken_for_length_prefixed_or_protobuf_messages(json_lines: Path, tmp_path: Path,
+                                                                                  blank: bytes) -> None:
+    padded = tmp_path / "padded.jsonl"  # JSON lines whose first line is preceded by blank ones (0x0a, as protobuf)
+    padded.write_bytes(blank + json_lines.read_bytes())
     assert ingest_paths(tmp_path / "store", [padded]).skipped == 0
     assert ingest_paths(tmp_path / "store", [json_lines]).spans_new == 0  # the same spans
+
+
+@pytest.mark.parametrize("packed", ["plain", "gzip"])
+def test_one_protobuf_message_with_no_length_ingests_as_its_json(json_lines: Path, tmp_path: Path,
+                                                                 packed: str) -> None:
+    """An OTLP/HTTP request body saved as it was sent (`TracesData` and `ExportTraceServiceRequest` are the same
+    bytes), or a .binpb file: one message, all the spans of the JSON lines merged into it."""
+    merged = TracesData()
+    for line in _messages(json_lines):
+        merged.MergeFrom(parse_traces_data(line))
+    body = merged.SerializeToString()
+    path = tmp_path / "request.binpb"
+    path.write_bytes(gzip.compress(body) if packed == "gzip" else body)
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0 and summary.lines == 1
+    plain = ingest_paths(tmp_path / "plain", [json_lines])
+    assert summary.spans_read == plain.spans_read > 0
+    assert _spans(tmp_path / "store").equals(_spans(tmp_path / "plain"))
 
 
 def test_a_zstd_file_cut_mid_frame_keeps_every_line_before_the_cut(tmp_path: Path) -> None:
