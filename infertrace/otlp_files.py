@@ -160,7 +160,8 @@ class _LineStream(io.RawIOBase):
 class JsonDocuments(_LineStream):
     """JSON lines of a file of JSON values that are not one per line (`_document`): each top-level value (a
     pretty-printed object, or an array) re-encoded compactly as one line, preceded by blank lines so that it is
-    read as the line of the file it starts on (so rejections name the right line). Values follow one another
+    read as the line of the file it starts on (so rejections name the right line, and as many lines are read as
+    the file has). Values follow one another
     with any whitespace between them, as `jq .` writes a stream. A value is decoded whole (at most
     MAX_DOCUMENT_BYTES of text): what cannot be decoded raises OSError naming its line, after the values
     before it."""
@@ -175,13 +176,16 @@ class JsonDocuments(_LineStream):
         self._emitted = 1  # the line of the output the next value will be on
         self._eof = False
         self._first = True
+        self._last = ""  # the last character read
 
     def _next(self) -> bytes | None:
         while True:
             start = self._skip_space()
             if start == len(self._text):
-                if self._eof:
-                    return None
+                if self._eof:  # blank lines to the file's end, so that as many lines are read as it has
+                    tail = self._line - self._emitted + (self._last not in ("", "\n"))  # a last line with no newline
+                    self._emitted += max(tail, 0)
+                    return b"\n" * tail if tail > 0 else None
                 self._more()
                 continue
             try:
@@ -223,6 +227,7 @@ class JsonDocuments(_LineStream):
         if self._first:
             text, self._first = text.removeprefix("\ufeff"), False
         self._eof = not data
+        self._last = text[-1:] or self._last
         self._text = self._text[self._at:] + text
         self._at = 0
 

@@ -100,10 +100,13 @@ def otlp_spans(messages: list[TracesData], tmp_path_factory: pytest.TempPathFact
 @pytest.mark.parametrize("form", FORMS)
 def test_each_form_ingests_the_same_spans_as_otlp_json_lines(messages: list[TracesData], otlp_spans: pa.Table,
                                                             tmp_path: Path, form: str) -> None:
+    text = FORMS[form](messages)
     path = tmp_path / "trace.json.gz"
-    path.write_bytes(gzip.compress(FORMS[form](messages)))
+    path.write_bytes(gzip.compress(text))
     summary = ingest_paths(tmp_path / "store", [path])
     assert summary.skipped == 0, summary.reasons
+    if not form.startswith("length-prefixed"):  # as many lines read as the file has
+        assert summary.lines == text.count(b"\n") + (not text.endswith(b"\n"))
     assert otlp_spans.num_rows > 100
     assert set(otlp_spans.column("kind").to_pylist()) >= {1, 3} and 2 in otlp_spans.column("status_code").to_pylist()
     assert _spans(tmp_path / "store").equals(otlp_spans)
