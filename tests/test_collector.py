@@ -136,6 +136,31 @@ def test_json_and_protobuf_bodies_are_answered_in_their_own_content_type(collect
     assert len(_spans_in(collector.root)) == 3  # the same spans twice: stored once
 
 
+@pytest.mark.parametrize("proto_names", [False, True])
+def test_a_json_body_in_the_generic_protobuf_mapping_stores_what_otlp_json_stores(tmp_path: Path,
+                                                                                 proto_names: bool) -> None:
+    """Base64 ids and enum names (`json_format.MessageToJson`, Go's protojson), with or without proto field
+    names: a client that serialises OTLP with its protobuf library's JSON mapping instead of OTLP's."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    message = ExportTraceServiceRequest.FromString(_export_body(5))
+    generic = json_format.MessageToJson(message, preserving_proto_field_name=proto_names)
+    assert '"SPAN_KIND_INTERNAL"' in generic
+    stored = {}
+    for name, body in (("otlp", message_to_otlp_json(message)), ("generic", generic)):
+        c = Collector(tmp_path / name, "127.0.0.1", 0, compact_interval_s=None)
+        thread = threading.Thread(target=c.serve_forever, daemon=True)
+        thread.start()
+        try:
+            r = requests.post(_url(c), data=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 200 and r.json() == {}, r.text
+        finally:
+            c.shutdown()
+            thread.join(5)
+        stored[name] = _spans_in(tmp_path / name)
+    assert len(stored["generic"]) == 5 and stored["generic"] == stored["otlp"]
+
+
 def test_bad_bodies_get_400_with_a_reason(collector: Collector) -> None:
     for data, content_type, words in [
         (b"\xff\xfe not protobuf", "application/x-protobuf", "not an ExportTraceServiceRequest"),
