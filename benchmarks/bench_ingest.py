@@ -34,7 +34,8 @@ own order (rotated per round):
 - `--shapes`: also ingest of the same spans in the other shapes ingest reads (docs/store.md), each written once
   before the rounds: gzip (level 6, as the engine writes it), zstd (level 1, as the engine writes it), and the
   OpenTelemetry Collector's file exporter's length-prefixed messages, as `protobuf` (`format: proto`) and as
-  zstd-compressed JSON (`compression: zstd`, one frame per message).
+  zstd-compressed JSON (`compression: zstd`, one frame per message), and trace JSON as other tools print it (the
+  protobuf library's generic JSON mapping, a line per message, and the same pretty-printed: `store/json_forms.py`).
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
 with the full OTLP schema, as ingest reads them (`columnar.BlockParser`: after the first block, the schema less
@@ -115,7 +116,9 @@ def simulate_hour(path: Path, fleet: bool) -> int:
 
 
 SHAPES = {"gzip": ".jsonl.gz", "zstd": ".jsonl.zst", "Collector, format: proto": ".pb",
-          "Collector, compression: zstd": ".zstd-frames"}
+          "Collector, compression: zstd": ".zstd-frames",
+          "protobuf generic JSON mapping (base64 ids, enum names), a line per message": ".generic.jsonl",
+          "the same pretty-printed, one value after another (jq .)": ".pretty.json"}
 
 
 def write_shapes(full: Path) -> dict[str, Path]:
@@ -123,6 +126,7 @@ def write_shapes(full: Path) -> dict[str, Path]:
     import gzip
 
     import zstandard
+    from google.protobuf import json_format
 
     from infertrace.otlp_json import parse_traces_data
 
@@ -139,6 +143,10 @@ def write_shapes(full: Path) -> dict[str, Path]:
             elif suffix == ".jsonl.zst":
                 with zstandard.ZstdCompressor(level=1, write_checksum=True).stream_writer(raw) as packed:
                     shutil.copyfileobj(lines, packed)
+            elif suffix in (".generic.jsonl", ".pretty.json"):
+                for line in lines:
+                    generic = json_format.MessageToDict(parse_traces_data(line))
+                    raw.write(json.dumps(generic, indent=2 if suffix == ".pretty.json" else None).encode() + b"\n")
             else:
                 packer = zstandard.ZstdCompressor(level=3)
                 for line in lines:
