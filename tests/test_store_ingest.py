@@ -765,3 +765,19 @@ def test_times_in_another_unit_are_quarantined_under_one_reason_that_names_the_u
     assert summary.rejected_spans == 30 and summary.spans_read == 0
     [(reason, count)] = summary.reasons.items()
     assert count == 30 and unit in reason, reason
+
+
+def test_a_store_inside_the_directory_it_ingests_never_reads_its_own_quarantine_back(trace_file: Path,
+                                                                                     tmp_path: Path) -> None:
+    for inside in ("store", "."):  # a store among the exports, and the exports' directory itself
+        exports = tmp_path / f"exports-{len(inside)}"
+        exports.mkdir()
+        (exports / "traces.jsonl").write_bytes(trace_file.read_bytes() + b'{"not": "a trace"}\n')
+        store = exports / inside
+        first = ingest_paths(store, [exports])
+        quarantined = sorted((store / "quarantine").iterdir())
+        again = ingest_paths(store, [exports])
+        assert (first.store_files, first.rejected_lines, first.spans_read) == (0, 1, again.spans_read)
+        assert again.store_files == len(quarantined) == 1 and again.rejected_lines == 1 and again.spans_new == 0
+        assert "Left out 1 files inside the store itself" in again.paragraph()
+        assert sorted((store / "quarantine").iterdir()) == quarantined

@@ -101,12 +101,12 @@ def _ingest_files(store: Path, files: list[Path], labels: dict[str, str], source
                   max_line_bytes: int, wanted: tuple[tuple[str, str], ...], materialize: bool, strict: bool) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from infertrace.store.ingest import ingest_paths
+    from infertrace.store.ingest import in_store, ingest_paths
     from infertrace.store.side_inputs import ingest_side_inputs, sniff
 
     side: dict[str, list[Path]] = {"client-tokens": [], "vllm-iteration-log": []}
     if source != "otlp":
-        for f in list(files):
+        for f in [f for f in files if not in_store(f, store)]:  # the store's own files: left out by ingest_paths
             kind = source if source != "auto" else sniff(f)
             if kind == "vllm-iteration-log" and str(f) in labels:
                 raise fail("vLLM iteration logs are named by their file (the engine instance): give the file, "

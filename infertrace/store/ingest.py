@@ -37,7 +37,15 @@ import pyarrow as pa
 from infertrace.otlp_files import SUFFIXES, bytes_in
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch, other_signal
 from infertrace.store.columnar import BlockParser, spans_table
-from infertrace.store.segments import Written, keep_resource, write_quarantine, write_segments
+from infertrace.store.segments import (
+    CORRUPT_DIR,
+    QUARANTINE_DIR,
+    SPANS_DIR,
+    Written,
+    keep_resource,
+    write_quarantine,
+    write_segments,
+)
 from infertrace.store.values import Notes, describe, merge_counts
 
 DEFAULT_BLOCK_BYTES = 32 << 20  # of JSON lines per block: bounds memory
@@ -55,6 +63,7 @@ class IngestSummary:
     rejected_lines: int = 0
     rejected_spans: int = 0
     left_out: int = 0  # spans read whose resource did not match `resource` (ingest_paths)
+    store_files: int = 0  # files found inside the store itself (its quarantine), not read
     other_signals: dict[str, int] = field(default_factory=dict)  # metrics/logs/profiles → lines left out
     resource: tuple[tuple[str, str], ...] = ()  # the resource attributes a span had to have to be kept
     quarantine: list[Path] = field(default_factory=list)
@@ -75,6 +84,9 @@ class IngestSummary:
         text = (f"Ingested {self.spans_read} spans from {self.lines} lines of {self.files} files: "
                 f"{self.spans_new} new, {self.spans_read - self.spans_new} already stored, "
                 f"in {self.segments} segments.")
+        if self.store_files:
+            text += (f" Left out {self.store_files} files inside the store itself (its quarantine: a store is never "
+                     "read as input).")
         if self.resource:
             wanted = ", ".join(f"{k}={v}" for k, v in self.resource)
             text += f" Left out {self.left_out} spans whose resource is not {wanted}."
@@ -111,6 +123,15 @@ def expand_paths(paths: list[str | Path]) -> list[Path]:
             elif match.is_file():
                 found.setdefault(match)
     return list(found)
+
+
+def in_store(path: Path, root: Path) -> bool:
+    """Whether `path` is one of the store's own files at `root` (its quarantine's JSON lines match what a
+    directory of exports is searched for: `ingest --store exports/store exports/` would read them back, and
+    quarantine them again, on every run). Other files under `root` are inputs like any (`--store .` in a
+    directory of exports)."""
+    resolved, store = path.resolve(), root.resolve()
+    return any(resolved.is_relative_to(store / owned) for owned in (QUARANTINE_DIR, SPANS_DIR, CORRUPT_DIR))
 
 
 @contextmanager
@@ -286,8 +307,9 @@ def ingest_paths(root: Path, paths: list[str | Path], block_bytes: int = DEFAULT
     Pipelined over three threads: while a block is turned into spans (this thread), Arrow parses the next one
     (its JSON reader runs in C++ without the GIL) and the previous one's Parquet segments are written (also in
     C++ without the GIL), so at most three blocks are in memory."""
-    files = expand_paths(paths)
-    summary = IngestSummary(files=len(files), resource=tuple(resource))
+    found = expand_paths(paths)
+    files = [path for path in found if not in_store(path, root)]
+    summary = IngestSummary(files=len(files), resource=tuple(resource), store_files=len(found) - len(files))
     blocks = BlockParser()  # on the parser thread only, one block after another
     root.mkdir(parents=True, exist_ok=True)
     with gc_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="infertrace-parse") as parser, \
