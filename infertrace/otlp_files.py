@@ -161,10 +161,9 @@ class JsonDocuments(_LineStream):
     """JSON lines of a file of JSON values that are not one per line (`_document`): each top-level value (a
     pretty-printed object, or an array) re-encoded compactly as one line, preceded by blank lines so that it is
     read as the line of the file it starts on (so rejections name the right line, and as many lines are read as
-    the file has). Values follow one another
-    with any whitespace between them, as `jq .` writes a stream. A value is decoded whole (at most
-    MAX_DOCUMENT_BYTES of text): what cannot be decoded raises OSError naming its line, after the values
-    before it."""
+    the file has). Values follow one another with any whitespace between them, as `jq .` writes a stream. A value
+    is decoded whole (at most MAX_DOCUMENT_BYTES of text): what cannot be decoded raises OSError naming its line,
+    after the values before it."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
