@@ -142,11 +142,13 @@ def test_a_rejected_span_of_a_pretty_file_is_kept_with_the_line_its_value_starts
 
 
 @pytest.mark.parametrize(("document", "named"), [
-    ({"data": [{"traceID": "ab", "spans": [], "processes": {}}]}, "a Jaeger JSON trace"),
     ([{"traceId": "ab", "id": "cd", "name": "x", "timestamp": 1}], "a Zipkin JSON trace"),
+    ({"traceID": "1", "spans": [{"traceID": "1", "spanID": "2", "processID": "p9"}], "processes": {}},
+     "a Jaeger span names process 'p9', which the trace does not have"),
     ({"scenario": "x", "culprit": "router-0"}, "an object of scenario, culprit: not a trace export"),
 ])
-def test_other_tracing_models_and_other_json_are_named_in_the_reason(document: Any, named: str, tmp_path: Path) -> None:
+def test_zipkin_json_a_broken_jaeger_trace_and_other_json_are_named_in_the_reason(document: Any, named: str,
+                                                                                 tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     path.write_text(json.dumps(document, indent=2))
     summary = ingest_paths(tmp_path / "store", [path])
@@ -181,3 +183,55 @@ def test_a_trace_piped_to_ingest_dash_is_read_from_standard_input(messages: list
     assert (kept["source"], kept["line"]) == ("<stdin>", 1)
     twice = ingest(b"", "-", "-")
     assert twice.returncode == 2 and b"standard input" in twice.stderr
+
+
+JAEGER_TRACE = {  # as Jaeger's query API returns a trace (ids with leading zeros dropped, times in µs)
+    "traceID": "1f2e3d4c5b6a7988",
+    "spans": [
+        {"traceID": "1f2e3d4c5b6a7988", "spanID": "a1", "operationName": "POST /v1/chat/completions",
+         "references": [], "startTime": 1767225600000000, "duration": 2500000,
+         "tags": [{"key": "span.kind", "type": "string", "value": "server"},
+                  {"key": "http.route", "type": "string", "value": "/v1/chat/completions"},
+                  {"key": "http.response.status_code", "type": "int64", "value": 429},
+                  {"key": "error", "type": "bool", "value": True},
+                  {"key": "otel.status_description", "type": "string", "value": "rate limited"},
+                  {"key": "otel.scope.name", "type": "string", "value": "gateway"}],
+         "logs": [{"timestamp": 1767225600100000, "fields": [{"key": "event", "type": "string", "value": "retry"},
+                                                            {"key": "attempt", "type": "int64", "value": 2}]}],
+         "processID": "p1", "warnings": None},
+        {"traceID": "1f2e3d4c5b6a7988", "spanID": "b2", "operationName": "llm_request",
+         "references": [{"refType": "FOLLOWS_FROM", "traceID": "ff", "spanID": "ff"},
+                        {"refType": "CHILD_OF", "traceID": "1f2e3d4c5b6a7988", "spanID": "a1"}],
+         "startTime": 1767225600200000, "duration": 2000000,
+         "tags": [{"key": "gen_ai.request.model", "type": "string", "value": "llama-3-8b"},
+                  {"key": "gen_ai.usage.input_tokens", "type": "int64", "value": 512},
+                  {"key": "blob", "type": "binary", "value": "AAAwOQ=="}],
+         "logs": [], "processID": "p2", "warnings": None}],
+    "processes": {"p1": {"serviceName": "gateway", "tags": []},
+                  "p2": {"serviceName": "vllm", "tags": [{"key": "host.name", "type": "string", "value": "gpu-7"}]}},
+    "warnings": None}
+
+
+@pytest.mark.parametrize("document", [{"data": [JAEGER_TRACE], "total": 0, "limit": 0, "offset": 0, "errors": None},
+                                      JAEGER_TRACE], ids=["query API /api/traces", "UI download of one trace"])
+def test_jaeger_json_ingests_as_the_collectors_jaeger_translator_converts_it(document: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps(document, indent=2))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0 and summary.spans_read == 2, summary.reasons
+    with Store.open(tmp_path / "store") as store:
+        entry, engine = store.sql("SELECT * FROM spans ORDER BY span_id").to_arrow_table().to_pylist()
+    trace = "0000000000000000" + "1f2e3d4c5b6a7988"  # left-padded to 32 hex digits
+    assert (entry["trace_id"], entry["span_id"], entry["parent_span_id"]) == (trace, "00000000000000a1", None)
+    assert (entry["kind"], entry["start_ns"], entry["end_ns"]) == (2, 1767225600 * 10**9, 1767225602500 * 10**6)
+    assert (entry["status_code"], entry["status_message"], entry["scope_name"]) == (2, "rate limited", "gateway")
+    assert (entry["attr.http.response.status_code"], entry["res.service.name"]) == (429, "gateway")
+    [event] = entry["events"]
+    assert (event["name"], event["time_ns"], json.loads(event["attributes"])) == (
+        "retry", 1767225600100 * 10**6, {"attempt": 2})
+    assert (engine["parent_span_id"], engine["kind"], engine["status_code"]) == ("00000000000000a1", 0, 0)
+    assert json.loads(engine["links"]) == [{"traceId": "0" * 30 + "ff", "spanId": "0" * 14 + "ff"}]
+    assert (engine["attr.gen_ai.request.model"], engine["attr.gen_ai.usage.input_tokens"]) == ("llama-3-8b", 512)
+    assert (engine["res.service.name"], engine["res.host.name"]) == ("vllm", "gpu-7")
+    assert dict(engine["span_attributes"]) == {"blob": '{"bytesValue":"AAAwOQ=="}'}

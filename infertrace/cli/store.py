@@ -54,9 +54,9 @@ def ingest(
     """Ingest OTLP JSON lines (as the OpenTelemetry Collector's file exporter writes them) into a store; also a
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
     iteration_log), which ITL spike attribution reads on engines that export no step spans.
-    Trace JSON as other tools print it (pretty, base64 ids, enum names, Tempo's and Jaeger's API responses) is
-    read too. Re-ingesting the same data adds nothing; bad lines and spans are kept in the store's quarantine, and a
-    truncated file keeps every complete line.
+    Trace JSON as other tools print it (pretty, base64 ids, enum names, Tempo's and Jaeger's API responses,
+    Jaeger's own JSON) is read too. Re-ingesting the same data adds nothing; bad lines and spans are kept in the
+    store's quarantine, and a truncated file keeps every complete line.
 
     With --from, pulls the traces overlapping --since/--until out of ClickHouse's otel_traces (with the engine
     steps of those requests' whole lives) into the store: an incident's window for a laptop, a ticket or a

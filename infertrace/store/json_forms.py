@@ -8,8 +8,9 @@ name (`"SPAN_KIND_SERVER"`, `"STATUS_CODE_ERROR"`), fields under their proto nam
 returns `{"batches": [ResourceSpans…]}`, its v2 API `{"trace": TracesData}`, Jaeger's v3 (OTLP) API streams
 `{"result": TracesData}`; OTLP before 0.15 named `scopeSpans` `instrumentationLibrarySpans`. A JSON array holds
 several of these. Each is read here as the `ResourceSpans` it holds; the ingest then treats them as it treats
-the exporter's. Jaeger's own JSON (`/api/traces`, `data[].spans` with `processes`) and Zipkin's are other
-models, not OTLP: they are named in the error, with the OTLP endpoint that gives the same trace.
+the exporter's. Jaeger's own JSON (`/api/traces`: `{"data": [trace…]}`, and the UI's download of one trace) is
+converted as the Collector's Jaeger translator converts it (`jaeger_json`); Zipkin's is named in the error, with
+the way to OTLP.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import binascii
 import re
 from typing import Any, Final
 
+from infertrace.store import jaeger_json
 from infertrace.store.values import BadRecord
 
 SPAN_KINDS: Final = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -45,9 +47,9 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
         wrapped = next((data[key] for key in _WRAPPERS if isinstance(data.get(key), dict | list)), None)
         if wrapped is not None:
             return resource_spans(wrapped, depth + 1)
-        if _jaeger(data):
-            raise BadRecord("a Jaeger JSON trace (data[].spans), not OTLP: fetch it from Jaeger's OTLP API "
-                            "(/api/v3/traces/<id>)")
+        jaeger = jaeger_json.traces(data)
+        if jaeger is not None:
+            return jaeger_json.resource_spans(jaeger)
         keys = ", ".join(list(data)[:5]) + (", …" if len(data) > 5 else "")
         raise BadRecord(f"no resourceSpans (an object of {keys or 'no keys'}: not a trace export)")
     if not isinstance(found, list):
@@ -84,12 +86,6 @@ def _camel(value: Any) -> Any:
     if isinstance(value, list):
         return [_camel(v) for v in value]
     return value
-
-
-def _jaeger(data: dict[str, Any]) -> bool:
-    traces = data.get("data")
-    return (isinstance(traces, list) and bool(traces) and isinstance(traces[0], dict)
-            and "spans" in traces[0] and ("traceID" in traces[0] or "processes" in traces[0]))
 
 
 def _zipkin(data: list[Any]) -> bool:
