@@ -21,6 +21,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status, TracesData
 
 from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
+from infertrace.store import jaeger_json
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.json_forms import base64_id
 from infertrace.store.store import Store
@@ -235,3 +236,24 @@ def test_jaeger_json_ingests_as_the_collectors_jaeger_translator_converts_it(doc
     assert (engine["attr.gen_ai.request.model"], engine["attr.gen_ai.usage.input_tokens"]) == ("llama-3-8b", 512)
     assert (engine["res.service.name"], engine["res.host.name"]) == ("vllm", "gpu-7")
     assert dict(engine["span_attributes"]) == {"blob": '{"bytesValue":"AAAwOQ=="}'}
+
+
+@pytest.mark.parametrize(("tags", "status", "attributes"), [
+    ([("error", "bool", True), ("otel.status_description", "string", "boom")], {"code": 2, "message": "boom"}, []),
+    ([("error", "bool", False)], {"code": 0}, ["error"]),
+    ([("otel.status_code", "string", "OK")], {"code": 1}, []),
+    ([("error", "bool", True), ("otel.status_code", "string", "OK")], {"code": 2}, []),
+    ([("span.kind", "string", "server"), ("http.status_code", "int64", 503)], {"code": 2}, ["http.status_code"]),
+    ([("span.kind", "string", "server"), ("http.status_code", "int64", 404)], {"code": 0}, ["http.status_code"]),
+    ([("span.kind", "string", "client"), ("http.status_code", "int64", 404), ("http.status_message", "string", "nf")],
+     {"code": 2, "message": "nf"}, ["http.status_code", "http.status_message"]),
+])
+def test_a_jaeger_spans_status_is_read_as_the_collectors_translator_reads_it(
+        tags: list[tuple[str, str, Any]], status: dict[str, Any], attributes: list[str]) -> None:
+    trace = {"traceID": "1", "processes": {"p": {"serviceName": "s"}}, "spans": [
+        {"traceID": "1", "spanID": "2", "operationName": "x", "startTime": 1767225600000000, "duration": 1,
+         "processID": "p", "tags": [{"key": k, "type": t, "value": v} for k, t, v in tags]}]}
+    [rs] = jaeger_json.resource_spans([trace])
+    [span] = rs["scopeSpans"][0]["spans"]
+    assert span["status"] == status
+    assert [a["key"] for a in span["attributes"]] == attributes

@@ -3,11 +3,12 @@
 A Jaeger trace is `{"traceID", "spans": [...], "processes": {id: {"serviceName", "tags"}}}`; the API wraps a list of
 them in `{"data": [...]}`. Converted as the OpenTelemetry Collector's Jaeger translator converts Jaeger spans:
 ids are hex, left-padded to 32 and 16 digits; times are microseconds; the parent is the first `CHILD_OF` reference
-in the same trace (else the first `FOLLOWS_FROM`), the other references are links; the `span.kind` tag is the
-kind, `otel.status_code` (or `error=true`) the status with `otel.status_description` its message, `otel.scope.name`
-(or `otel.library.name`) and its version the scope; the other tags are attributes of their declared types (binary
-as bytes); a log is an event named by its `event` field, its other fields the event's attributes; a process is a
-resource whose `serviceName` is `service.name`. One `ResourceSpans` per process.
+in the same trace (else the first `FOLLOWS_FROM`, as Jaeger's model reads it), the other references are links; the
+`span.kind` tag is the kind; the status comes from `error=true`, else `otel.status_code`, else a failed HTTP status
+code (`_status`); `otel.scope.name` (or `otel.library.name`) and its version are the scope; the other tags are
+attributes of their declared types (binary as bytes); a log is an event named by its `event` field, its other
+fields the event's attributes; a process is a resource whose `serviceName` is `service.name`. One
+`ResourceSpans` per process.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ _KINDS: Final = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consum
 _STATUS: Final = {"OK": 1, "ERROR": 2}
 _SCOPE_NAME: Final = ("otel.scope.name", "otel.library.name")
 _SCOPE_VERSION: Final = ("otel.scope.version", "otel.library.version")
-_CONSUMED: Final = {"span.kind", "otel.status_code", "otel.status_description", "error", *_SCOPE_NAME,
-                    *_SCOPE_VERSION}
+_CONSUMED: Final = {"span.kind", "otel.status_code", *_SCOPE_NAME, *_SCOPE_VERSION}
 
 
 def is_trace(data: dict[str, Any]) -> bool:
@@ -84,13 +84,15 @@ def _span(span: dict[str, Any]) -> tuple[tuple[str | None, str | None], dict[str
     trace_id = _hex(span.get("traceID"), 32, "traceID")
     parent, links = _references(span.get("references") or [], trace_id)
     start = _micros(span.get("startTime"), "startTime")
+    kind = _KINDS.get(str(_tag_value(tags, "span.kind")).lower(), 0)
+    status, consumed = _status(tags, kind)
     out: dict[str, Any] = {
         "traceId": trace_id, "spanId": _hex(span.get("spanID"), 16, "spanID"),
-        "name": span.get("operationName", ""), "kind": _KINDS.get(str(_tag_value(tags, "span.kind")).lower(), 0),
+        "name": span.get("operationName", ""), "kind": kind,
         "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + _micros(span.get("duration", 0), "duration")),
-        "attributes": [_attribute(tag) for key, tag in tags.items() if key not in _CONSUMED],
+        "attributes": [_attribute(tag) for key, tag in tags.items() if key not in _CONSUMED and key not in consumed],
         "events": [_event(log) for log in span.get("logs") or []],
-        "status": _status(tags),
+        "status": status,
     }
     if parent is not None:
         out["parentSpanId"] = parent
@@ -110,12 +112,32 @@ def _references(references: list[Any], trace_id: str) -> tuple[str | None, list[
     return (parent[2] if parent else None), links
 
 
-def _status(tags: dict[str, Any]) -> dict[str, Any]:
-    code = _STATUS.get(str(_tag_value(tags, "otel.status_code")).upper(), 0)
-    if not code and _tag_value(tags, "error") in (True, "true"):
+def _status(tags: dict[str, Any], kind: int) -> tuple[dict[str, Any], set[str]]:
+    """(the OTLP status, the tags it was read from, which are not attributes). As the translator: `error=true`
+    decides first, then `otel.status_code`, then, without either, an HTTP status code that failed (5xx on a server
+    span, 4xx or 5xx on a client span); the message is `otel.status_description`, else `http.status_message`."""
+    consumed: set[str] = set()
+    http = _tag_value(tags, "http.status_code")
+    if _tag_value(tags, "error") is True:
         code = 2
-    message = _tag_value(tags, "otel.status_description")
-    return {"code": code, **({"message": str(message)} if message and code == 2 else {})}
+        consumed.add("error")
+        message = _description(tags, consumed) or _tag_value(tags, "http.status_message")
+    elif "otel.status_code" in tags:
+        code = _STATUS.get(str(_tag_value(tags, "otel.status_code")).upper(), 0)
+        message = _description(tags, consumed)
+    elif isinstance(http, int) and not isinstance(http, bool) and (http >= 500 or (kind == 3 and http >= 400)):
+        code, message = 2, _tag_value(tags, "http.status_message")
+    else:
+        code, message = 0, None
+    return {"code": code, **({"message": str(message)} if message is not None else {})}, consumed
+
+
+def _description(tags: dict[str, Any], consumed: set[str]) -> Any:
+    """`otel.status_description`, taken out of the attributes when there."""
+    if "otel.status_description" not in tags:
+        return None
+    consumed.add("otel.status_description")
+    return _tag_value(tags, "otel.status_description")
 
 
 def _event(log: Any) -> dict[str, Any]:
