@@ -247,6 +247,8 @@ def test_jaeger_json_ingests_as_the_collectors_jaeger_translator_converts_it(doc
     ([("span.kind", "string", "server"), ("http.status_code", "int64", 404)], {"code": 0}, ["http.status_code"]),
     ([("span.kind", "string", "client"), ("http.status_code", "int64", 404), ("http.status_message", "string", "nf")],
      {"code": 2, "message": "nf"}, ["http.status_code", "http.status_message"]),
+    ([("http.status_code", "string", "404")], {"code": 2}, ["http.status_code"]),  # no kind: any code outside 1xx–3xx
+    ([("span.kind", "string", "server"), ("http.status_code", "int64", 302)], {"code": 0}, ["http.status_code"]),
 ])
 def test_a_jaeger_spans_status_is_read_as_the_collectors_translator_reads_it(
         tags: list[tuple[str, str, Any]], status: dict[str, Any], attributes: list[str]) -> None:

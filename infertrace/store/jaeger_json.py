@@ -114,10 +114,9 @@ def _references(references: list[Any], trace_id: str) -> tuple[str | None, list[
 
 def _status(tags: dict[str, Any], kind: int) -> tuple[dict[str, Any], set[str]]:
     """(the OTLP status, the tags it was read from, which are not attributes). As the translator: `error=true`
-    decides first, then `otel.status_code`, then, without either, an HTTP status code that failed (5xx on a server
-    span, 4xx or 5xx on a client span); the message is `otel.status_description`, else `http.status_message`."""
+    decides first, then `otel.status_code`, then, without either, an HTTP status code that failed (`_http_failed`);
+    the message is `otel.status_description`, else `http.status_message`."""
     consumed: set[str] = set()
-    http = _tag_value(tags, "http.status_code")
     if _tag_value(tags, "error") is True:
         code = 2
         consumed.add("error")
@@ -125,11 +124,23 @@ def _status(tags: dict[str, Any], kind: int) -> tuple[dict[str, Any], set[str]]:
     elif "otel.status_code" in tags:
         code = _STATUS.get(str(_tag_value(tags, "otel.status_code")).upper(), 0)
         message = _description(tags, consumed)
-    elif isinstance(http, int) and not isinstance(http, bool) and (http >= 500 or (kind == 3 and http >= 400)):
+    elif _http_failed(_tag_value(tags, "http.status_code"), kind):
         code, message = 2, _tag_value(tags, "http.status_message")
     else:
         code, message = 0, None
     return {"code": code, **({"message": str(message)} if message is not None else {})}, consumed
+
+
+def _http_failed(value: Any, kind: int) -> bool:
+    """Whether an HTTP status code says the span failed: 4xx on a client span but not on a server span, and any
+    other code outside 100–398 (the translator's bounds); False when there is no code, or it is not an integer."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    if 400 <= value < 500 and kind in (2, 3):
+        return kind == 3
+    return not 100 <= value < 399
 
 
 def _description(tags: dict[str, Any], consumed: set[str]) -> Any:
