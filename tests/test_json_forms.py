@@ -259,3 +259,18 @@ def test_a_jaeger_spans_status_is_read_as_the_collectors_translator_reads_it(
     [span] = rs["scopeSpans"][0]["spans"]
     assert span["status"] == status
     assert [a["key"] for a in span["attributes"]] == attributes
+
+
+def test_a_jaeger_reference_to_the_parent_is_not_also_a_link_and_follows_from_is_the_parent_without_child_of() -> None:
+    def converted(references: list[tuple[str, str, str]]) -> dict[str, Any]:
+        trace = {"traceID": "1", "processes": {"p": {"serviceName": "s"}}, "spans": [
+            {"traceID": "1", "spanID": "9", "operationName": "x", "startTime": 1767225600000000, "duration": 1,
+             "processID": "p", "references": [{"refType": r, "traceID": t, "spanID": s} for r, t, s in references]}]}
+        [rs] = jaeger_json.resource_spans([trace])
+        return rs["scopeSpans"][0]["spans"][0]
+
+    both = converted([("FOLLOWS_FROM", "1", "a"), ("CHILD_OF", "1", "a")])
+    assert both["parentSpanId"] == "000000000000000a" and "links" not in both
+    follows = converted([("FOLLOWS_FROM", "2", "b"), ("FOLLOWS_FROM", "1", "c")])
+    assert follows["parentSpanId"] == "000000000000000c"
+    assert follows["links"] == [{"traceId": "0" * 31 + "2", "spanId": "0" * 15 + "b"}]

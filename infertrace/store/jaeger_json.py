@@ -108,7 +108,7 @@ def _references(references: list[Any], trace_id: str) -> tuple[str | None, list[
     same_trace = [ref for ref in refs if ref[1] == trace_id]
     parent = next((ref for ref in same_trace if ref[0] == "CHILD_OF"), None) or next(
         (ref for ref in same_trace if ref[0] == "FOLLOWS_FROM"), None)
-    links = [{"traceId": ref[1], "spanId": ref[2]} for ref in refs if ref is not parent]
+    links = [{"traceId": ref[1], "spanId": ref[2]} for ref in refs if parent is None or ref[1:] != parent[1:]]
     return (parent[2] if parent else None), links
 
 
