@@ -18,6 +18,7 @@ import codecs
 import gzip
 import io
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ MAX_MESSAGE_BYTES = 1 << 30  # a length-prefixed message's limit: a larger lengt
 _DOCUMENT_PEEK = 4096  # bytes looked at to tell a JSON document from JSON lines
 _DOCUMENT_READ = 4 << 20  # bytes of a JSON document read at a time
 _BOM = b"\xef\xbb\xbf"
+_VALUE_START = re.compile(r"(?<=\n)[\[{]")  # a line that starts a value, in its first column
 _ZSTD_READ = 64 << 10  # compressed bytes decoded at a time (a corrupt one loses what its read decoded)
 
 
@@ -121,17 +123,34 @@ def _one_message(head: bytes) -> bool:
 
 
 def _document(head: bytes) -> bool:
-    """Whether a file's first bytes are those of JSON that is not one value per line: a byte-order mark, an
-    array, or a first line that does not end its object (pretty-printed: `{` alone on the first line, as jq,
-    `json.dumps(indent=…)`, protobuf's `MessageToJson` and the query UIs' downloads write it). A first line longer
-    than what was peeked is taken for a JSON line."""
+    """Whether a file's first bytes are those of JSON that is not one value per line: a byte-order mark, or a first
+    line that starts a value without ending it (pretty-printed: `{` or `[` alone on the first line, as jq,
+    `json.dumps(indent=…)`, protobuf's `MessageToJson` and the query UIs' downloads write it). A first line that is
+    a whole value (an array on one line too), that is not JSON at all, or that is longer than what was peeked is
+    taken for a JSON line."""
     if head.startswith(_BOM):
         return True
     text = head.lstrip()
-    if text.startswith(b"["):
-        return True
     newline = text.find(b"\n")
-    return text.startswith(b"{") and newline >= 0 and not text[:newline].rstrip().endswith(b"}")
+    if not text.startswith((b"{", b"[")) or newline < 0:
+        return False
+    try:
+        line = text[:newline].decode("utf-8")
+        json.loads(line)
+    except UnicodeDecodeError:
+        return False
+    except json.JSONDecodeError as e:
+        return _cut_short(line, e)
+    return False
+
+
+def _cut_short(text: str, error: json.JSONDecodeError) -> bool:
+    """Whether `text` failed to decode only because it ends too soon (more of the value may follow), not because
+    of a character that no continuation makes JSON: the error is at its end, or a string opened and not closed
+    before it (a raw newline in a string is an error of its own)."""
+    if error.pos >= len(text.rstrip()):
+        return True
+    return error.msg.startswith("Unterminated string") and "\n" not in text[error.pos:]
 
 
 class _LineStream(io.RawIOBase):
@@ -190,13 +209,13 @@ class JsonDocuments(_LineStream):
             try:
                 value, end = self._decoder.raw_decode(self._text, start)
             except json.JSONDecodeError as e:
-                if not self._eof and len(self._text) - start <= MAX_DOCUMENT_BYTES:
+                if _cut_short(self._text, e) and not self._eof:
+                    if len(self._text) - start > MAX_DOCUMENT_BYTES:
+                        raise OSError(f"line {self._line}: a JSON value over {MAX_DOCUMENT_BYTES >> 20} MiB (write "
+                                      "it as JSON lines: jq -c)") from None
                     self._more()
                     continue
-                line = self._line + self._text.count("\n", start, e.pos)
-                why = (f"a JSON value over {MAX_DOCUMENT_BYTES >> 20} MiB (write it as JSON lines: jq -c)"
-                       if not self._eof else f"not JSON: {e.msg}")
-                raise OSError(f"line {line}: {why}") from None
+                return self._broken(start)
             pad = self._line - self._emitted  # blank lines up to the one the value starts on
             self._line += self._text.count("\n", start, end)
             self._at = end
@@ -204,6 +223,23 @@ class JsonDocuments(_LineStream):
                 self._text, self._at = self._text[end:], 0
             self._emitted += pad + 1
             return b"\n" * pad + json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    def _broken(self, start: int) -> bytes:
+        """A value that is not JSON: its first line as it is (the ingest rejects it, naming that line), and the
+        lines after it up to the next that starts a value (`{` or `[` in its first column) as blank lines, so that
+        the values after it are read."""
+        while (found := _VALUE_START.search(self._text, start + 1)) is None and not self._eof:
+            if len(self._text) - start > MAX_DOCUMENT_BYTES:
+                break
+            self._more()  # moves the text: the value now starts at 0
+            start = self._at
+        end = found.start() if found else len(self._text)
+        first = self._text[start:end].split("\n", 1)[0]
+        pad = self._line - self._emitted
+        self._line += self._text.count("\n", start, end)
+        self._at = end
+        self._emitted += pad + 1
+        return b"\n" * pad + first.encode("utf-8", "surrogatepass") + b"\n"
 
     def _skip_space(self) -> int:
         """Moves past whitespace (counting its lines); the position of the next value, or the end of the text."""

@@ -113,18 +113,31 @@ def test_each_form_ingests_the_same_spans_as_otlp_json_lines(messages: list[Trac
     assert _spans(tmp_path / "store").equals(otlp_spans)
 
 
-def test_a_syntax_error_in_a_pretty_file_keeps_the_values_before_it_and_names_its_line(
+def test_a_value_that_is_not_json_in_a_pretty_file_is_rejected_at_its_first_line_and_the_others_are_kept(
         messages: list[TracesData], tmp_path: Path) -> None:
-    first, second = (json_format.MessageToJson(m) + "\n" for m in messages[:2])
+    first, second, third = (json_format.MessageToJson(m) + "\n" for m in messages[:3])
     broken = second.replace('"spanId"', '"spanId" "', 1)
-    path = tmp_path / "two.json"
-    path.write_text(first + broken)
+    path = tmp_path / "three.json"
+    path.write_text(first + broken + third)
     summary = ingest_paths(tmp_path / "store", [path])
-    wanted = sum(len(ss.spans) for rs in messages[0].resource_spans for ss in rs.scope_spans)
-    assert summary.spans_read == wanted and summary.rejected_lines == 1
-    error_line = first.count("\n") + broken[:broken.index('"spanId" "')].count("\n") + 1
-    [reason] = summary.reasons
-    assert f"line {error_line}: not JSON" in reason, reason
+    wanted = sum(len(ss.spans) for m in (messages[0], messages[2]) for rs in m.resource_spans for ss in rs.scope_spans)
+    assert summary.spans_read == wanted and summary.rejected_lines == 1 and summary.rejected_spans == 0
+    assert summary.lines == (first + broken + third).count("\n")
+    [kept] = [json.loads(x) for q in summary.quarantine for x in q.read_text().splitlines()]
+    assert (kept["line"], kept["record"]) == (first.count("\n") + 1, "{")
+    assert kept["reason"].startswith("not JSON")
+
+
+def test_a_json_lines_file_whose_first_line_is_not_json_is_read_line_by_line(messages: list[TracesData],
+                                                                             tmp_path: Path) -> None:
+    lines = [message_to_otlp_json(m) for m in messages[:3]]
+    for junk in ("[", "{garbage", "[1, 2", '{"unterminated'):  # a start of JSON, or not even that
+        path = tmp_path / "junk.jsonl"
+        path.write_text("\n".join([junk, *lines]) + "\n")
+        summary = ingest_paths(tmp_path / f"store-{len(junk)}", [path])
+        assert summary.rejected_lines == 1 and summary.lines == 4, (junk, summary.reasons)
+        assert summary.spans_read == sum(len(ss.spans) for m in messages[:3] for rs in m.resource_spans
+                                         for ss in rs.scope_spans)
 
 
 def test_a_rejected_span_of_a_pretty_file_is_kept_with_the_line_its_value_starts_on(

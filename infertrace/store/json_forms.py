@@ -37,6 +37,8 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
     if depth > _MAX_DEPTH:
         raise BadRecord("not a TracesData (nested too deep)")
     if isinstance(data, list):
+        if not data:
+            raise BadRecord("an empty JSON array: no trace")
         if _zipkin(data):
             raise BadRecord("a Zipkin JSON trace, not OTLP: send it through a Collector's zipkin receiver")
         return [rs for item in data for rs in resource_spans(item, depth + 1)]
