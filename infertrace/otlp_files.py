@@ -37,6 +37,7 @@ _DOCUMENT_PEEK = 4096  # bytes looked at to tell a JSON document from JSON lines
 _DOCUMENT_READ = 4 << 20  # bytes of a JSON document read at a time
 _BOM = b"\xef\xbb\xbf"
 _VALUE_START = re.compile(r"(?<=\n)[\[{]")  # a line that starts a value, in its first column
+_SPACE = re.compile(r"[ \t\r\n]*")  # JSON's whitespace
 _ZSTD_READ = 64 << 10  # compressed bytes decoded at a time (a corrupt one loses what its read decoded)
 
 
@@ -148,7 +149,7 @@ def _cut_short(text: str, error: json.JSONDecodeError) -> bool:
     """Whether `text` failed to decode only because it ends too soon (more of the value may follow), not because
     of a character that no continuation makes JSON: the error is at its end, or a string opened and not closed
     before it (a raw newline in a string is an error of its own)."""
-    if error.pos >= len(text.rstrip()):
+    if _SPACE.match(text, error.pos).end() == len(text):  # type: ignore[union-attr]
         return True
     return error.msg.startswith("Unterminated string") and "\n" not in text[error.pos:]
 
@@ -216,13 +217,7 @@ class JsonDocuments(_LineStream):
                     self._more()
                     continue
                 return self._broken(start)
-            pad = self._line - self._emitted  # blank lines up to the one the value starts on
-            self._line += self._text.count("\n", start, end)
-            self._at = end
-            if end > len(self._text) // 2:  # drop what is decoded: the text kept stays under twice a value
-                self._text, self._at = self._text[end:], 0
-            self._emitted += pad + 1
-            return b"\n" * pad + json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+            return self._emit(start, end, json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
     def _broken(self, start: int) -> bytes:
         """A value that is not JSON: its first line as it is (the ingest rejects it, naming that line), and the
@@ -234,20 +229,23 @@ class JsonDocuments(_LineStream):
             self._more()  # moves the text: the value now starts at 0
             start = self._at
         end = found.start() if found else len(self._text)
-        first = self._text[start:end].split("\n", 1)[0]
+        return self._emit(start, end, self._text[start:end].split("\n", 1)[0].encode("utf-8", "surrogatepass"))
+
+    def _emit(self, start: int, end: int, line: bytes) -> bytes:
+        """`line` for the text from `start` to `end`, after blank lines up to the line of the file it starts on;
+        the text is consumed (dropped once past half of what is held: it stays under twice a value)."""
         pad = self._line - self._emitted
         self._line += self._text.count("\n", start, end)
-        self._at = end
         self._emitted += pad + 1
-        return b"\n" * pad + first.encode("utf-8", "surrogatepass") + b"\n"
+        self._at = end
+        if end > len(self._text) // 2:
+            self._text, self._at = self._text[end:], 0
+        return b"\n" * pad + line + b"\n"
 
     def _skip_space(self) -> int:
         """Moves past whitespace (counting its lines); the position of the next value, or the end of the text."""
-        text, at = self._text, self._at
-        while at < len(text) and text[at] in " \t\r\n":
-            if text[at] == "\n":
-                self._line += 1
-            at += 1
+        at = _SPACE.match(self._text, self._at).end()  # type: ignore[union-attr]
+        self._line += self._text.count("\n", self._at, at)
         self._at = at
         return at
 
