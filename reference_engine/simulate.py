@@ -65,8 +65,7 @@ def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | Non
              telemetry: TelemetrySpec | None = None) -> Summary:
     """`executor`: e.g. a `RealExecutor` (wall-clock step times); by default the simulated one. `telemetry`: whose
     spans the engine emits, and side files (reference_engine.telemetry.profiles); by default this project's."""
-    stats = SimulationStats()
-    observers: list[EngineObserver] = [stats]
+    observers: list[EngineObserver] = []
     tracer = None
     kind = "simulated" if executor is None or isinstance(executor, SimulatedExecutor) else "real"
     run = None if telemetry is None or telemetry.is_native else TelemetryRun(telemetry, sink, seed)
@@ -74,16 +73,24 @@ def simulate(config: EngineConfig, requests: list[Request], sink: SpanSink | Non
         run.expect(requests)
         observers += run.engine_observers(config, seed, executor=kind)
     elif sink is not None:
-        tracer = EngineTracer(sink, engine_resource(config, executor=kind), seed=seed)
+        # A span writer in another process keeps the summary from the facts it gets anyway (telemetry/background.py)
+        tracer = EngineTracer(sink, engine_resource(config, executor=kind), seed=seed, summarize=True)
         observers.append(tracer)
+    remote_summary = tracer.summary if tracer is not None else None
+    stats = SimulationStats() if remote_summary is None else None
+    if stats is not None:
+        observers.insert(0, stats)
     engine = LLMEngine(config, executor, observers=observers)
     try:
-        engine.run(requests, on_progress)
+        try:
+            engine.run(requests, on_progress)
+        finally:
+            if tracer is not None:
+                tracer.close()
+        summary = stats.summary() if stats is not None else remote_summary()  # type: ignore[misc]
     finally:
-        if tracer is not None:
-            tracer.close()
         if run is not None:
             run.close()
         if sink is not None:
             sink.close()
-    return stats.summary()
+    return summary

@@ -1,15 +1,17 @@
 """What a simulation did, for the one-paragraph summary: requests, tokens, TTFT and ITL percentiles,
-prefix-cache hit rate. An engine observer, like the tracer."""
+prefix-cache hit rate. An engine observer, like the tracer, or a reader of the tracer's facts."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from reference_engine.engine.llm_engine import StepReport
 from reference_engine.engine.sequence import Sequence
+from reference_engine.telemetry.tracer import RequestFacts, StepFacts
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,15 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> flo
 
 
 class SimulationStats:
+    """An engine observer (`on_step`, `on_finish`: the engine's own objects), or a reader of the tracer's plain
+    facts (`add_step`, `add_request`: what the span writer's process gets, telemetry/background.py, so that a traced
+    simulation keeps its summary there instead of in the simulator's process). Either way the same arithmetic on
+    the same values: a request is known by its `Sequence` in the one and by its id in the other."""
+
     def __init__(self) -> None:
-        self._last_token: dict[Sequence, int] = {}
+        self._last_token: dict[Hashable, int] = {}
         self._single_gaps: list[int] = []
-        self._run_gaps: list[np.ndarray] = []  # gaps after a run's first step, one array per run
+        self._run_gaps: list[np.ndarray | list[int]] = []  # gaps after a run's first step, one array per run
         self._run_members: list[int] = []  # sequences that got a token at each of those steps
         self._ttft: list[int] = []
         self.requests = self.rejected = self.prompt_tokens = self.cached = self.output_tokens = 0
@@ -73,39 +80,56 @@ class SimulationStats:
         self.last_ns = 0
 
     def on_step(self, report: StepReport) -> None:
-        durations, decodes = report.durations, report.batch.decodes
-        end = report.end_ns
+        self._step(report.start_ns, report.end_ns, report.durations, report.batch.decodes,
+                   [seq for seq, _ in report.batch.prefills if not seq.is_prefilling])
+
+    def add_step(self, step: StepFacts) -> None:
+        self._step(step.start_ns, step.end_ns, step.durations, step.decode_ids,
+                   [rid for rid, _, _, samples_token in step.prefills if samples_token])
+
+    def _step(self, start_ns: int, end_ns: int, durations: np.ndarray | list[int], decodes: Collection[Hashable],
+              sampled: list[Hashable]) -> None:
+        """`decodes` got a token at the end of every step, `sampled` (prefills that completed their prompt) one at
+        the end of the last."""
         last = self._last_token
         gaps = self._single_gaps
         if decodes:
-            first_end = report.start_ns + int(durations[0])
-            gaps += [first_end - last[seq] for seq in decodes]
-            last.update(dict.fromkeys(decodes, end))
+            first_end = start_ns + int(durations[0])
+            gaps += [first_end - last[key] for key in decodes]
+            last.update(dict.fromkeys(decodes, end_ns))
             if len(durations) > 1:
                 self._run_gaps.append(durations[1:])
                 self._run_members.append(len(decodes))
-        for seq, _ in report.batch.prefills:
-            if not seq.is_prefilling:
-                previous = last.get(seq)
-                if previous is not None:  # recomputed after a preemption
-                    gaps.append(end - previous)
-                last[seq] = end
+        for key in sampled:
+            previous = last.get(key)
+            if previous is not None:  # recomputed after a preemption
+                gaps.append(end_ns - previous)
+            last[key] = end_ns
         self.steps += len(durations)
-        self.first_ns = report.start_ns if self.first_ns is None else self.first_ns
-        self.last_ns = end
+        self.first_ns = start_ns if self.first_ns is None else self.first_ns
+        self.last_ns = end_ns
 
     def on_finish(self, seq: Sequence) -> None:
-        self._last_token.pop(seq, None)
+        self._finish(seq, seq.error, seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens,
+                     seq.preemptions, seq.first_token_ns, seq.request.arrival_ns)
+
+    def add_request(self, request: RequestFacts) -> None:
+        self._finish(request.request_id, request.error, request.prompt_tokens, request.cached_tokens,
+                     request.output_tokens, request.preemptions, request.first_token_ns, request.arrival_ns)
+
+    def _finish(self, key: Hashable, error: str | None, prompt_tokens: int, cached_tokens: int, output_tokens: int,
+                preemptions: int, first_token_ns: int | None, arrival_ns: int) -> None:
+        self._last_token.pop(key, None)
         self.requests += 1
-        if seq.error is not None:
+        if error is not None:
             self.rejected += 1
             return
-        self.prompt_tokens += seq.num_prompt_tokens
-        self.cached += max(seq.num_cached_tokens, 0)
-        self.output_tokens += seq.num_output_tokens
-        self.preemptions += seq.preemptions
-        assert seq.first_token_ns is not None
-        self._ttft.append(seq.first_token_ns - seq.request.arrival_ns)
+        self.prompt_tokens += prompt_tokens
+        self.cached += max(cached_tokens, 0)
+        self.output_tokens += output_tokens
+        self.preemptions += preemptions
+        assert first_token_ns is not None
+        self._ttft.append(first_token_ns - arrival_ns)
 
     def itl_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Every inter-token gap (ns) with how many tokens had it: a run's later steps give each member one."""

@@ -17,8 +17,9 @@ from reference_engine.fleet.config import parse_fleet
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.workload import fleet_requests
 from reference_engine.simulate import simulate
+from reference_engine.stats import Summary
 from reference_engine.telemetry.background import BackgroundSink, available
-from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SpanRecord
+from reference_engine.telemetry.otlp import OtlpJsonLinesWriter, SpanRecord, SpanSink
 from reference_engine.workload import SyntheticWorkload, synthetic_requests
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs fork (Linux)")
@@ -27,13 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_767_225_600 * 10**9
 
 
-def _engine_run(path: Path, background: bool) -> int:
+def _simulate(sink: SpanSink | None) -> Summary:
     workload = SyntheticWorkload(rate=6.0, prompt_mean=800.0, output_mean=300.0, system_prompt_fraction=0.7,
                                  assistant_prefill_fraction=0.2)
     config = EngineConfig(policy="decode_first", chunked_prefill=True, max_num_batched_tokens=512,
                           num_kv_blocks=1200)
+    return simulate(config, synthetic_requests(workload, 60.0, seed=3, start_ns=T0), sink, seed=3)
+
+
+def _engine_run(path: Path, background: bool) -> int:
     sink = BackgroundSink(lambda: OtlpJsonLinesWriter(path)) if background else OtlpJsonLinesWriter(path)
-    simulate(config, synthetic_requests(workload, 60.0, seed=3, start_ns=T0), sink, seed=3)
+    _simulate(sink)
     return sink.spans_written
 
 
@@ -45,6 +50,17 @@ def test_an_engine_traced_in_a_child_writes_the_same_bytes_and_counts_every_span
     written_there = _engine_run(there, background=True)
     assert written_there == written_here > 1000
     assert there.read_bytes() == here.read_bytes()
+
+
+def test_a_simulation_traced_in_a_child_summarises_it_there_with_the_same_figures(tmp_path: Path) -> None:
+    """The span writer keeps the summary statistics from the facts it gets (the simulator's process computes none):
+    every figure equals the in-process summary's, traced or not, preemptions and recomputed prompts included."""
+    untraced = _simulate(None)
+    traced_here = _simulate(OtlpJsonLinesWriter(tmp_path / "here.jsonl"))
+    sink = BackgroundSink(lambda: OtlpJsonLinesWriter(tmp_path / "there.jsonl"))
+    traced_there = _simulate(sink)
+    assert traced_there == traced_here == untraced
+    assert untraced.preemptions > 0 and untraced.requests > 300 and untraced.steps > 1000
 
 
 FIDELITY_ENGINES = {

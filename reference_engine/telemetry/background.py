@@ -7,7 +7,9 @@ it records as plain values, and other producers (the gateway's components) send 
 rebuilds each step's `StepFacts` and request's `RequestFacts` and replays everything in the order it was sent,
 through an `EngineTracer` per engine and the inner sink. The output is byte for byte what the inner sink would have
 written in-process: same spans, same ids (each tracer draws them from its own seeded generator, in the same order),
-same batches.
+same batches. A tracer asked to (`summarize`) also keeps the simulation's summary statistics there, from the same facts
+(`SimulationStats.add_step`, `add_request`): the simulator's process then neither computes them nor sends anything
+more, and gets the `Summary` back at the end (`RemoteTracer.summary`).
 
 What crosses the pipe is columnar, because the simulator's own process pays for every object it builds and
 pickles: a step is a run of integers in one list (sent as int64 bytes), its request ids go to a list of strings,
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from reference_engine.stats import SimulationStats, Summary
 from reference_engine.telemetry.otlp import Attributes, SpanRecord, SpanSink
 from reference_engine.telemetry.tracer import EngineTracer, RequestFacts, StepFacts, rare_step_facts, request_facts
 
@@ -109,6 +112,10 @@ class RemoteTracer:
     def flush(self) -> None:
         self._sink._send(("flush", self._id))
 
+    def summary(self) -> Summary:
+        """The summary statistics of everything recorded so far (the tracer was made with `summarize`)."""
+        return self._sink._call("summary", self._id)
+
 
 class BackgroundSink:
     """A `SpanSink` whose work happens in a child process; `make_sink` builds the real sink there."""
@@ -144,10 +151,11 @@ class BackgroundSink:
     def export(self, resource: Attributes, spans: Sequence[SpanRecord], scope: str | None = None) -> None:
         self._send(("spans", resource, list(map(_span_fields, spans)), scope))  # tuples pickle at a third the cost
 
-    def tracer(self, resource: Attributes, seed: int, batch_size: int) -> RemoteTracer:
-        """A twin `EngineTracer(inner sink, resource, seed, batch_size)` in the child, fed with facts."""
+    def tracer(self, resource: Attributes, seed: int, batch_size: int, summarize: bool = False) -> RemoteTracer:
+        """A twin `EngineTracer(inner sink, resource, seed, batch_size)` in the child, fed with facts; with
+        `summarize`, a `SimulationStats` beside it, fed the same facts (`RemoteTracer.summary`)."""
         self._tracers += 1
-        self._send(("tracer", self._tracers, resource, seed, batch_size))
+        self._send(("tracer", self._tracers, resource, seed, batch_size, summarize))
         return RemoteTracer(self, self._tracers)
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -175,9 +183,10 @@ class BackgroundSink:
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._raise_child_error()
 
-    def _call(self, request: str) -> int:
-        """Send `request` after everything pending and wait for the child's answer: spans written so far."""
-        self._send((request,))
+    def _call(self, *request: Any) -> Any:
+        """Send `request` after everything pending and wait for the child's answer (spans written so far; for
+        "summary", the tracer's `Summary`)."""
+        self._send(request)
         self._flush()
         try:
             status, value = self._answers.recv()
@@ -221,7 +230,7 @@ def _serve(records: Connection, answers: Connection, make_sink: Callable[[], Spa
     come (up to `_MESSAGES_AHEAD`), so that the simulator does not wait on a full pipe while this process has fallen
     behind for a moment (a busy machine): it catches up on what is queued."""
     sink: SpanSink | None = None
-    tracers: dict[int, EngineTracer] = {}
+    tracers: dict[int, _Twin] = {}
     gc.disable()  # spans make no reference cycles; the cyclic collector would only rescan what the tracers hold
     _keep_heap()
     inbox: queue.Queue[bytes | None] = queue.Queue(maxsize=_MESSAGES_AHEAD)
@@ -258,8 +267,28 @@ def _receive(records: Connection, inbox: queue.Queue[bytes | None]) -> None:
         inbox.put(None)
 
 
+class _Twin:
+    """In the child: what a `RemoteTracer` feeds, its `EngineTracer` and, when it summarises, its statistics."""
+
+    def __init__(self, tracer: EngineTracer, stats: SimulationStats | None) -> None:
+        self.tracer = tracer
+        self.stats = stats
+        if stats is None:
+            self.add_step, self.add_request = tracer.add_step, tracer.add_request
+        else:
+            self.add_step, self.add_request = self._step_both, self._request_both
+
+    def _step_both(self, step: StepFacts) -> None:
+        self.tracer.add_step(step)
+        self.stats.add_step(step)  # type: ignore[union-attr]
+
+    def _request_both(self, request: RequestFacts) -> None:
+        self.tracer.add_request(request)
+        self.stats.add_request(request)  # type: ignore[union-attr]
+
+
 def _replay(records: tuple[bytes | list[int], list[str], bytes, list[Any]], answers: Connection, sink: SpanSink,
-            tracers: dict[int, EngineTracer]) -> bool:
+            tracers: dict[int, _Twin]) -> bool:
     """Replays one message of records (BackgroundSink._flush); returns whether it ended with "close"."""
     packed, strs, packed_durations, objects = records
     ints = np.frombuffer(packed, dtype=np.int64).tolist() if isinstance(packed, bytes) else packed
@@ -302,16 +331,22 @@ def _replay(records: tuple[bytes | list[int], list[str], bytes, list[Any]], answ
     return False
 
 
-def _handle(message: tuple[Any, ...], answers: Connection, sink: SpanSink,
-            tracers: dict[int, EngineTracer]) -> bool:
+def _handle(message: tuple[Any, ...], answers: Connection, sink: SpanSink, tracers: dict[int, _Twin]) -> bool:
     """A message sent whole (BackgroundSink._send); returns whether it was "close"."""
     kind = message[0]
     if kind == "spans":
         sink.export(message[1], [SpanRecord(*fields) for fields in message[2]], scope=message[3])
     elif kind == "flush":
-        tracers[message[1]].flush()
+        tracers[message[1]].tracer.flush()
     elif kind == "tracer":
-        tracers[message[1]] = EngineTracer(sink, message[2], message[3], message[4])
+        tracer_id, resource, seed, batch_size, summarize = message[1:]
+        tracers[tracer_id] = _Twin(EngineTracer(sink, resource, seed, batch_size),
+                                   SimulationStats() if summarize else None)
+    elif kind == "summary":
+        stats = tracers[message[1]].stats
+        if stats is None:
+            raise RuntimeError(f"tracer {message[1]} was not made to summarise")
+        answers.send(("ok", stats.summary()))
     elif kind == "sync":
         answers.send(("ok", _written(sink)))
     elif kind == "close":

@@ -9,6 +9,7 @@ one `engine_step` span in a trace of its own, from which every token time is der
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -33,6 +34,7 @@ from reference_engine.telemetry.otlp import (
 
 if TYPE_CHECKING:
     from reference_engine.engine.llm_engine import StepReport
+    from reference_engine.stats import Summary
 
 
 def engine_resource(config: EngineConfig, executor: str = "simulated",
@@ -248,7 +250,8 @@ class EngineTracer:
     """An engine observer: each step report becomes an `engine_step` span (`add_step`), each ended request its
     `llm_request` span and children (`add_request`), both from plain facts (`step_facts`, `request_facts`)."""
 
-    def __init__(self, sink: SpanSink, resource: Attributes, seed: int = 0, batch_size: int = 2048) -> None:
+    def __init__(self, sink: SpanSink, resource: Attributes, seed: int = 0, batch_size: int = 2048,
+                 summarize: bool = False) -> None:
         self.sink = sink
         self.resource = resource
         self.batch_size = batch_size
@@ -262,11 +265,14 @@ class EngineTracer:
         self._preemptions: dict[str, list[int]] = {}
         self._model = resource.get(sc.ENGINE_MODEL, "")
         # A sink that builds spans in another process takes the facts instead (telemetry/background.py).
-        remote = sink.tracer(resource, seed, batch_size) if hasattr(sink, "tracer") else None
+        remote = sink.tracer(resource, seed, batch_size, summarize) if hasattr(sink, "tracer") else None
         if remote is not None:  # the engine hands its reports straight to the recorder: one call per step
             self.on_step = remote.on_step  # type: ignore[method-assign]
             self.on_finish = remote.on_finish  # type: ignore[method-assign]
         self._remote_flush = remote.flush if remote is not None else None
+        # With `summarize`, a sink in another process also keeps the simulation's summary statistics from the facts
+        # it gets (call after `close`); elsewhere None: the caller keeps its own `SimulationStats`.
+        self.summary: Callable[[], Summary] | None = remote.summary if remote is not None and summarize else None
 
     def _id(self, bits: int) -> int:
         return self._random_bits(bits) or 1
