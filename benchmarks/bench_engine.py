@@ -1,7 +1,8 @@
 """Simulated seconds per wall second for one Llama-3-8B / H100 engine (prefill-first, 16384-token budget, prefix
 caching on) replaying the Azure conversation trace (one hour): with no observers, with tracing off (summary
 statistics), traced to an OTLP JSON lines file as `infertrace simulate` writes it (spans built and written by a
-child process), and traced with the writer in the simulator's own process. With `--blis PATH`, BLIS runs the same
+child process, which also keeps the summary statistics, from the facts it gets), and traced with the writer in the
+simulator's own process (which keeps the statistics itself). With `--blis PATH`, BLIS runs the same
 requests side by side and the ratios are printed.
 
     .venv/bin/python benchmarks/bench_engine.py [--workload PATH] [--duration 3600] [--repeat 5] [--blis PATH]
