@@ -156,13 +156,12 @@ def test_a_rejected_span_of_a_pretty_file_is_kept_with_the_line_its_value_starts
 
 
 @pytest.mark.parametrize(("document", "named"), [
-    ([{"traceId": "ab", "id": "cd", "name": "x", "timestamp": 1}], "a Zipkin JSON trace"),
     ({"traceID": "1", "spans": [{"traceID": "1", "spanID": "2", "processID": "p9"}], "processes": {}},
      "a Jaeger span names process 'p9', which the trace does not have"),
     ({"scenario": "x", "culprit": "router-0"}, "an object of scenario, culprit: not a trace export"),
 ])
-def test_zipkin_json_a_broken_jaeger_trace_and_other_json_are_named_in_the_reason(document: Any, named: str,
-                                                                                 tmp_path: Path) -> None:
+def test_a_broken_jaeger_trace_and_other_json_are_named_in_the_reason(document: Any, named: str,
+                                                                     tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     path.write_text(json.dumps(document, indent=2))
     summary = ingest_paths(tmp_path / "store", [path])

@@ -44,6 +44,7 @@ from infertrace.store.values import (
     BadRecord,
     NotConvertible,
     Notes,
+    Unconverted,
     as_text,
     check_text,
     convert,
@@ -322,6 +323,8 @@ class SpanBatch:
     def _add_span(self, span: Any, scope_name: Any, scope_version: Any) -> None:
         if not isinstance(span, dict):
             raise BadRecord("a span is not an object")
+        if isinstance(span, Unconverted):
+            raise BadRecord(span.reason)
         trace_id = _hex_id(span.get("traceId"), _HEX_TRACE, "traceId", True)
         span_id = _hex_id(span.get("spanId"), _HEX_SPAN, "spanId", True)
         parent = _hex_id(span.get("parentSpanId"), _HEX_SPAN, "parentSpanId", False)

@@ -9,8 +9,8 @@ returns `{"batches": [ResourceSpans…]}`, its v2 API `{"trace": TracesData}`, J
 `{"result": TracesData}`; OTLP before 0.15 named `scopeSpans` `instrumentationLibrarySpans`. A JSON array holds
 several of these. Each is read here as the `ResourceSpans` it holds; the ingest then treats them as it treats
 the exporter's. Jaeger's own JSON (`/api/traces`: `{"data": [trace…]}`, and the UI's download of one trace) is
-converted as the Collector's Jaeger translator converts it (`jaeger_json`); Zipkin's is named in the error, with
-the way to OTLP.
+converted as the Collector's Jaeger translator converts it (`jaeger_json`), and Zipkin's v2 JSON (a list of spans,
+or the traces API's list of lists) as its Zipkin receiver does (`zipkin_json`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import binascii
 import re
 from typing import Any, Final
 
-from infertrace.store import jaeger_json
+from infertrace.store import jaeger_json, zipkin_json
 from infertrace.store.values import BadRecord
 
 SPAN_KINDS: Final = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -39,8 +39,8 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
     if isinstance(data, list):
         if not data:
             raise BadRecord("an empty JSON array: no trace")
-        if _zipkin(data):
-            raise BadRecord("a Zipkin JSON trace, not OTLP: send it through a Collector's zipkin receiver")
+        if zipkin_json.is_spans(data):
+            return zipkin_json.resource_spans(data)
         return [rs for item in data for rs in resource_spans(item, depth + 1)]
     if not isinstance(data, dict):
         raise BadRecord("not a JSON object")
@@ -88,13 +88,6 @@ def _camel(value: Any) -> Any:
     if isinstance(value, list):
         return [_camel(v) for v in value]
     return value
-
-
-def _zipkin(data: list[Any]) -> bool:
-    first = data[0] if data else None
-    if isinstance(first, list):  # Zipkin's /api/v2/traces: a list of traces, each a list of spans
-        first = first[0] if first else None
-    return isinstance(first, dict) and "traceId" in first and "id" in first and "resourceSpans" not in first
 
 
 def base64_id(value: str, size: int) -> str | None:

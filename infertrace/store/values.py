@@ -43,6 +43,16 @@ class BadRecord(ValueError):
     """A span or line that cannot be stored; the message is the reason kept in quarantine."""
 
 
+class Unconverted(dict[str, Any]):
+    """A span of another format (e.g. Zipkin's) that could not be converted to OTLP: the original span, with the
+    reason. Ingest rejects it with that reason and keeps the original in quarantine; the spans beside it are
+    stored."""
+
+    def __init__(self, original: dict[str, Any], reason: str) -> None:
+        super().__init__(original)
+        self.reason = reason
+
+
 class NotConvertible(ValueError):
     """A value whose meaning in the declared type is not clear."""
 

@@ -1,0 +1,111 @@
+"""Zipkin's v2 JSON ingests as the OpenTelemetry Collector's Zipkin receiver converts it, keeping what the
+receiver loses (an `error` tag's message, replicas of one service apart), and a span that cannot be converted is
+rejected alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infertrace.store import zipkin_json
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store
+
+T0_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
+
+# One request through a gateway (Envoy-style SERVER span, then a CLIENT span to the engine) and the engine's own
+# span, as Zipkin's /api/v2/trace/{id} returns them: a 64-bit trace id, the client span's parent its own id (the
+# B3 "shared" style some proxies write), an event written by OpenTelemetry's Zipkin exporter, a link.
+TRACE = [
+    {"traceId": "1f2e3d4c5b6a7988", "id": "00000000000000a1", "name": "post /v1/chat/completions", "kind": "SERVER",
+     "timestamp": T0_US, "duration": 2_500_000,
+     "localEndpoint": {"serviceName": "router", "ipv4": "10.0.0.5", "port": 8080},
+     "remoteEndpoint": {"ipv4": "192.168.1.9", "port": 51234},
+     "annotations": [{"timestamp": T0_US + 100_000, "value": "retry|{\"attempt\":2,\"backoff\":0.5}|0"}],
+     "tags": {"http.status_code": "429", "error": "rate limited", "service.instance.id": "router-0",
+              "otel.library.name": "envoy", "otel.library.version": "1.31"}},
+    {"traceId": "1f2e3d4c5b6a7988", "parentId": "00000000000000a1", "id": "00000000000000b2",
+     "name": "llm_request", "kind": "CLIENT", "timestamp": T0_US + 200_000, "duration": 2_000_000,
+     "localEndpoint": {"serviceName": "router"}, "remoteEndpoint": {"serviceName": "vllm", "ipv6": "fd00::7"},
+     "annotations": [{"timestamp": T0_US + 300_000, "value": "first byte"}],
+     "tags": {"service.instance.id": "router-1", "gen_ai.request.model": "llama-3-8b",
+              "otlp.link.0": "00000000000000000000000000000abc|0000000000000def|k=v|{\"why\":\"retry\"}|0"}},
+    {"traceId": "1f2e3d4c5b6a7988", "parentId": "00000000000000b2", "id": "00000000000000c3", "name": "step",
+     "timestamp": T0_US + 250_000, "duration": 30_000, "localEndpoint": {"serviceName": "vllm"},
+     "tags": {"span.kind": "internal", "otel.status_code": "ERROR", "otel.status_description": "oom"}},
+]
+
+
+@pytest.mark.parametrize("document", [TRACE, [TRACE[:1], TRACE[1:]]],
+                         ids=["/api/v2/trace/{id}: a list of spans", "/api/v2/traces: a list of traces"])
+@pytest.mark.parametrize("pretty", [False, True], ids=["one line", "pretty"])
+def test_zipkin_spans_ingest_as_the_collectors_zipkin_receiver_converts_them(document: list[Any], pretty: bool,
+                                                                            tmp_path: Path) -> None:
+    path = tmp_path / "zipkin.json"
+    path.write_text(json.dumps(document, indent=2 if pretty else None))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.skipped == 0 and summary.rejected_spans == 0 and summary.spans_read == 3, summary.reasons
+    with Store.open(tmp_path / "store") as store:
+        gateway, client, step = store.sql("SELECT * FROM spans ORDER BY span_id").to_arrow_table().to_pylist()
+    trace = "0000000000000000" + "1f2e3d4c5b6a7988"  # a 64-bit id, left-padded to 32 hex digits
+    assert (gateway["trace_id"], gateway["span_id"], gateway["parent_span_id"]) == (trace, "00000000000000a1", None)
+    assert (gateway["kind"], gateway["start_ns"], gateway["end_ns"]) == (2, T0_US * 1000, (T0_US + 2_500_000) * 1000)
+    # Any `error` tag fails a Zipkin span, its value the message (the receiver counts only error=true)
+    assert (gateway["status_code"], gateway["status_message"]) == (2, "rate limited")
+    assert (gateway["scope_name"], gateway["scope_version"]) == ("envoy", "1.31")
+    assert (gateway["res.service.name"], gateway["res.service.instance.id"]) == ("router", "router-0")
+    # tags are strings (the receiver's default, parse_string_tags off); the endpoints' addresses and ports
+    assert dict(gateway["span_attributes"]) == {"http.status_code": "429", "net.host.ip": "10.0.0.5",
+                                                "net.host.port": "8080", "net.peer.ip": "192.168.1.9",
+                                                "net.peer.port": "51234"}
+    [event] = gateway["events"]
+    assert (event["name"], event["time_ns"], json.loads(event["attributes"])) == (
+        "retry", (T0_US + 100_000) * 1000, {"attempt": 2, "backoff": 0.5})
+
+    assert (client["parent_span_id"], client["kind"], client["status_code"]) == ("00000000000000a1", 3, 0)
+    # another replica of the same service is another resource (the receiver would give it router-0's)
+    assert (client["res.service.name"], client["res.service.instance.id"]) == ("router", "router-1")
+    assert (client["attr.gen_ai.request.model"], client["attr.peer.service"]) == ("llama-3-8b", "vllm")
+    assert dict(client["span_attributes"]) == {"net.peer.ip": "fd00::7"}
+    assert json.loads(client["links"]) == [{"traceId": "0" * 29 + "abc", "spanId": "0" * 13 + "def",
+                                            "traceState": "k=v",
+                                            "attributes": [{"key": "why", "value": {"stringValue": "retry"}}]}]
+    [first_byte] = client["events"]
+    assert (first_byte["name"], first_byte["time_ns"]) == ("first byte", (T0_US + 300_000) * 1000)
+
+    assert (step["kind"], step["status_code"], step["status_message"]) == (1, 2, "oom")
+    assert step["res.service.name"] == "vllm" and step["parent_span_id"] == "00000000000000b2"
+
+
+@pytest.mark.parametrize(("tags", "status"), [
+    ({"error": ""}, {"code": 2}),
+    ({"error": "true"}, {"code": 2}),
+    ({"error": "boom", "otel.status_description": "out of memory"}, {"code": 2, "message": "out of memory"}),
+    ({"otel.status_code": "STATUS_CODE_OK"}, {"code": 1}),
+    ({"otel.status_code": "OK"}, {"code": 1}),
+    ({"http.status_code": "503"}, {"code": 0}),  # Zipkin has no status but the error tag
+])
+def test_a_zipkin_spans_status_comes_from_its_error_tag_else_otel_status_code(tags: dict[str, str],
+                                                                              status: dict[str, Any]) -> None:
+    span = {"traceId": "1", "id": "2", "name": "x", "timestamp": T0_US, "duration": 1, "tags": tags}
+    [rs] = zipkin_json.resource_spans([span])
+    [converted] = rs["scopeSpans"][0]["spans"]
+    assert converted["status"] == status
+    assert not {a["key"] for a in converted["attributes"]} & {"error", "otel.status_code", "otel.status_description"}
+
+
+def test_a_zipkin_span_that_cannot_be_converted_is_rejected_alone_with_its_reason(tmp_path: Path) -> None:
+    undated = {"traceId": "1", "id": "3", "name": "late fragment", "duration": 5}
+    v1 = {"traceId": "1", "id": "4", "name": "v1", "timestamp": T0_US,
+          "annotations": [{"timestamp": T0_US, "value": "cs", "endpoint": {"serviceName": "old"}}]}
+    path = tmp_path / "zipkin.json"
+    path.write_text(json.dumps([TRACE[0], undated, v1, TRACE[2]]))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert summary.spans_read == 2 and summary.rejected_spans == 2 and summary.rejected_lines == 0
+    assert any("without a timestamp" in r for r in summary.reasons), summary.reasons
+    assert any("Zipkin v1 JSON" in r for r in summary.reasons), summary.reasons
+    kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert sorted(json.loads(k["record"])["id"] for k in kept) == ["3", "4"]  # the original Zipkin spans
