@@ -1,16 +1,27 @@
 """Zipkin's v2 JSON ingests as the OpenTelemetry Collector's Zipkin receiver converts it, keeping what the
 receiver loses (an `error` tag's message, replicas of one service apart), and a span that cannot be converted is
-rejected alone."""
+rejected alone; `infertrace collect` takes it on Zipkin's own route, from OpenTelemetry's Zipkin exporter."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from opentelemetry.exporter.zipkin.json import ZipkinExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind, StatusCode
 
 from infertrace.store import zipkin_json
+from infertrace.store.collector import Collector
+from infertrace.store.http_server import ZIPKIN_PATH
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
 
@@ -109,3 +120,63 @@ def test_a_zipkin_span_that_cannot_be_converted_is_rejected_alone_with_its_reaso
     assert any("Zipkin v1 JSON" in r for r in summary.reasons), summary.reasons
     kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
     assert sorted(json.loads(k["record"])["id"] for k in kept) == ["3", "4"]  # the original Zipkin spans
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    c = Collector(tmp_path / "store", "127.0.0.1", 0, compact_interval_s=None)
+    thread = threading.Thread(target=c.serve_forever, daemon=True)
+    thread.start()
+    yield c
+    c.shutdown()
+    thread.join(5)
+
+
+def test_spans_sent_by_opentelemetrys_zipkin_exporter_are_stored_by_collect(collector: Collector) -> None:
+    """The SDK's Zipkin JSON exporter POSTs to /api/v2/spans, as an application or proxy sending Zipkin would: 202,
+    the spans stored with their service, kind, parent, status (an error's description) and events."""
+    exporter = ZipkinExporter(endpoint=f"http://{collector.address}{ZIPKIN_PATH}")
+    provider = TracerProvider(resource=Resource.create({"service.name": "router",
+                                                        "service.instance.id": "router-3"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("gateway", "2.1")
+    with tracer.start_as_current_span("route", kind=SpanKind.SERVER) as route:
+        route.set_attribute("http.route", "/v1/chat/completions")
+        with tracer.start_as_current_span("call engine", kind=SpanKind.CLIENT) as call:
+            call.add_event("retry", {"attempt": 2})
+            call.set_status(StatusCode.ERROR, "upstream reset")
+    provider.shutdown()
+    with Store.open(collector.root) as store:
+        call_row, route_row = store.sql("SELECT * FROM spans ORDER BY name").to_arrow_table().to_pylist()
+    context = route.get_span_context()
+    assert (route_row["trace_id"], route_row["span_id"]) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    assert (route_row["kind"], route_row["res.service.name"], route_row["res.service.instance.id"]) == (
+        2, "router", "router-3")
+    assert (route_row["scope_name"], route_row["scope_version"]) == ("gateway", "2.1")
+    assert route_row["start_ns"] == (route.start_time + 500) // 1000 * 1000  # microseconds, rounded
+    assert (call_row["kind"], call_row["parent_span_id"]) == (3, f"{context.span_id:016x}")
+    assert (call_row["status_code"], call_row["status_message"]) == (2, "upstream reset")
+    [event] = call_row["events"]
+    assert (event["name"], json.loads(event["attributes"])) == ("retry", {"attempt": 2})
+
+
+def test_zipkin_bodies_that_are_not_spans_get_a_reason_as_text(collector: Collector) -> None:
+    url = f"http://{collector.address}{ZIPKIN_PATH}"
+    for data, status, words in [
+        (b"{not json", 400, "not JSON"),
+        (b'{"resourceSpans": []}', 400, "not a JSON list of Zipkin spans"),
+        (b"[1, 2]", 400, "not Zipkin v2 spans"),
+        (b"[]", 202, ""),
+    ]:
+        r = requests.post(url, data=data, headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.text) == (status, r.text) and words in r.text, data
+    r = requests.post(url, data=b"\x0a", headers={"Content-Type": "application/x-protobuf"})
+    assert r.status_code == 415 and "application/json" in r.text
+    undated = [{**TRACE[0], "id": "00000000000000d4"}, {"traceId": "1", "id": "5", "name": "late"}]
+    r = requests.post(url, data=gzip.compress(json.dumps(undated).encode()),
+                      headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 202 and r.content == b""
+    [kept] = [json.loads(x) for q in (collector.root / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert "without a timestamp" in kept["reason"]
+    with Store.open(collector.root) as store:
+        assert store.sql("SELECT span_id FROM spans").fetchall() == [("00000000000000d4",)]

@@ -29,9 +29,9 @@ RESOURCE_HELP = ("KEY=VALUE: keep only the spans whose resource has this attribu
 def ingest(
     store: Annotated[Path, typer.Option(help="Store directory (created if missing)")],
     paths: Annotated[list[str] | None, typer.Argument(
-        help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst; also trace JSON downloaded from Tempo or "
-             "Jaeger, pretty-printed or not), directories, globs; - reads standard input (curl … | infertrace ingest "
-             "--store DIR -)")] = None,
+        help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst; also trace JSON downloaded from Tempo, "
+             "Jaeger or Zipkin, pretty-printed or not), directories, globs; - reads standard input (curl … | "
+             "infertrace ingest --store DIR -)")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
@@ -55,8 +55,8 @@ def ingest(
     streaming client's token times and vLLM's iteration logs, each into a relation of its own (client_tokens,
     iteration_log), which ITL spike attribution reads on engines that export no step spans.
     Trace JSON as other tools print it (pretty, base64 ids, enum names, Tempo's and Jaeger's API responses,
-    Jaeger's own JSON) is read too. Re-ingesting the same data adds nothing; bad lines and spans are kept in the
-    store's quarantine, and a truncated file keeps every complete line.
+    Jaeger's and Zipkin's own JSON) is read too. Re-ingesting the same data adds nothing; bad lines and spans are
+    kept in the store's quarantine, and a truncated file keeps every complete line.
 
     With --from, pulls the traces overlapping --since/--until out of ClickHouse's otel_traces (with the engine
     steps of those requests' whole lives) into the store: an incident's window for a laptop, a ticket or a
@@ -261,9 +261,10 @@ def collect(
         help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
     resource: Annotated[list[str] | None, typer.Option(help=RESOURCE_HELP)] = None,
 ) -> None:
-    """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd) and optionally
-    gRPC into a store. A request is answered with success only after its spans are durably stored; a busy,
-    over-memory or full-disk collector answers with a retryable code and a delay. Logs one line per request.
+    """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd), Zipkin's v2 JSON (POST
+    /api/v2/spans) and optionally OTLP over gRPC into a store. A request is answered with success only after its
+    spans are durably stored; a busy, over-memory or full-disk collector answers with a retryable code and a delay.
+    Logs one line per request.
 
     Example: infertrace collect --store traces/ --grpc 127.0.0.1:4317 --token-file /etc/infertrace/token
     """

@@ -1,4 +1,5 @@
-"""OTLP/HTTP on uvicorn and Starlette: `POST /v1/traces`, protobuf or JSON, gzip / deflate / zstd.
+"""OTLP/HTTP on uvicorn and Starlette: `POST /v1/traces`, protobuf or JSON, gzip / deflate / zstd; and Zipkin's
+`POST /api/v2/spans` (v2 JSON, as Envoy, Istio's proxies and Zipkin's libraries send it; `zipkin_json`).
 
 uvicorn serves each connection as an asyncio task, not a thread, so a slow client costs a socket and a few
 kilobytes, never a worker. On top of its keep-alive (idle) timeout, a connection gets `header_timeout`
@@ -11,7 +12,9 @@ Answers (bodies are a `google.rpc.Status`, protobuf or JSON like the request, as
 is not a trace export or a broken compressed stream; 401 without the bearer token; 404 for another path;
 405 for another method; 408 when the body does not arrive in time; 413 over the size cap (checked on the
 declared length, on the bytes received and while decompressing); 415 for another content type or encoding;
-503 + Retry-After when the collector is busy, over its memory limit, or the disk refuses the write.
+503 + Retry-After when the collector is busy, over its memory limit, or the disk refuses the write. Zipkin's
+route answers as a Zipkin server does: 202 with no body when the spans are stored (a span that could not be
+converted is in the store's quarantine, and in the log line), the same error statuses with the reason as text.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import socket
 import ssl
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -53,6 +56,7 @@ from infertrace.store.receiver import (
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+ZIPKIN_PATH = "/api/v2/spans"
 _GRPC_INVALID_ARGUMENT = 3
 _GRPC_NOT_FOUND = 5
 _GRPC_RESOURCE_EXHAUSTED = 8
@@ -181,7 +185,8 @@ class HttpServer:
         self._socket.set_inheritable(True)
         self._workers = ThreadPoolExecutor(max_workers=receiver.limits.writers,
                                            thread_name_prefix="infertrace-write")
-        app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])],
+        app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"]),
+                                Route(ZIPKIN_PATH, self._zipkin_spans, methods=["POST"])],
                         exception_handlers={404: self._not_found, 405: self._not_allowed})
         config = uvicorn.Config(app, http=timed_protocol(header_timeout), lifespan="off", access_log=False,
                                 log_config=None, timeout_keep_alive=idle_timeout, server_header=False,
@@ -223,8 +228,8 @@ class HttpServer:
 
     # ------------------------------------------------------------------------------------------ routes
     async def _not_found(self, request: Request, exc: Exception) -> Response:
-        return _error(_Refusal(404, f"no such path {request.url.path}; OTLP traces go to POST /v1/traces",
-                               _GRPC_NOT_FOUND), _wants_json(request))
+        return _error(_Refusal(404, f"no such path {request.url.path}; OTLP traces go to POST /v1/traces, "
+                                    f"Zipkin spans to POST {ZIPKIN_PATH}", _GRPC_NOT_FOUND), _wants_json(request))
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         response = _error(_Refusal(405, f"{request.method} is not allowed; POST OTLP traces to /v1/traces",
@@ -233,16 +238,39 @@ class HttpServer:
         return response
 
     async def _traces(self, request: Request) -> Response:
+        as_json = _wants_json(request)
+
+        def store(body: bytes, content_type: str, peer: str) -> Outcome:
+            if content_type == JSON:
+                return self.receiver.store_json(body, peer)
+            return self.receiver.store_protobuf(body, peer)
+
+        return await self._receive(request, (PROTOBUF, JSON), store, 200, lambda outcome: _success(outcome, as_json),
+                                   lambda e: _error(e, as_json))
+
+    async def _zipkin_spans(self, request: Request) -> Response:
+        """Zipkin's v2 API: a JSON list of spans; 202 and no body once stored, the reason as text otherwise."""
+
+        def store(body: bytes, content_type: str, peer: str) -> Outcome:
+            return self.receiver.store_zipkin(body, peer)
+
+        return await self._receive(request, (JSON,), store, 202, lambda outcome: Response(status_code=202),
+                                   _text_error)
+
+    async def _receive(self, request: Request, content_types: tuple[str, ...],
+                       store: Callable[[bytes, str, str], Outcome], status: int,
+                       success: Callable[[Outcome], Response], error: Callable[[_Refusal], Response]) -> Response:
+        """Checks, reads, decompresses and admits a request's body, then `store`s it on a writer thread."""
         start = now()
         peer = request.client.host if request.client else "?"
-        as_json = _wants_json(request)
         size = 0
         try:
             if not self.receiver.authorized(request.headers.get("authorization")):
                 raise _Refusal(401, "missing or wrong bearer token", _GRPC_UNAUTHENTICATED)
             content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if content_type not in (PROTOBUF, JSON):
-                raise _Refusal(415, f"Content-Type {content_type!r}: send {PROTOBUF} or {JSON}", _GRPC_UNIMPLEMENTED)
+            if content_type not in content_types:
+                raise _Refusal(415, f"Content-Type {content_type!r}: send {' or '.join(content_types)}",
+                               _GRPC_UNIMPLEMENTED)
             raw = await self._read_body(request)
             size = len(raw)
             loop = asyncio.get_running_loop()
@@ -252,16 +280,16 @@ class HttpServer:
             # Admitted here, before a writer is free: past the queue or the memory limit the answer is an
             # immediate 503; within them the request waits its turn for one of the writers.
             with self._admitted(len(body)):
-                outcome = await loop.run_in_executor(self._workers, self._store, body, content_type == JSON,
+                outcome = await loop.run_in_executor(self._workers, self._store, store, body, content_type,
                                                      f"http {peer}")
         except _Refusal as e:
             log_outcome("http", peer, e.status, now() - start, size, error=e.message)
-            return _error(e, as_json)
+            return error(e)
         except Exception as e:  # a bug: answer rather than drop the connection
             log_outcome("http", peer, 500, now() - start, size, error=f"internal error: {e!r}")
-            return _error(_Refusal(500, f"internal error: {e!r}", _GRPC_INTERNAL), as_json)
-        log_outcome("http", peer, 200, now() - start, size, outcome)
-        return _success(outcome, as_json)
+            return error(_Refusal(500, f"internal error: {e!r}", _GRPC_INTERNAL))
+        log_outcome("http", peer, status, now() - start, size, outcome)
+        return success(outcome)
 
     async def _read_body(self, request: Request) -> bytes:
         cap = self.receiver.limits.max_body_bytes
@@ -294,11 +322,10 @@ class HttpServer:
         except Overloaded as e:
             raise _Refusal(503, str(e), _GRPC_RESOURCE_EXHAUSTED, e.retry_after_s) from None
 
-    def _store(self, body: bytes, as_json: bool, peer: str) -> Outcome:
+    @staticmethod
+    def _store(store: Callable[[bytes, str, str], Outcome], body: bytes, content_type: str, peer: str) -> Outcome:
         try:
-            if as_json:
-                return self.receiver.store_json(body, peer)
-            return self.receiver.store_protobuf(body, peer)
+            return store(body, content_type, peer)
         except BadExport as e:
             raise _Refusal(400, str(e), _GRPC_INVALID_ARGUMENT) from None
         except StorageUnavailable as e:
@@ -334,6 +361,14 @@ def _error(e: _Refusal, as_json: bool) -> Response:
                         headers=headers, media_type=JSON)
     return Response(Status(code=e.grpc_code, message=e.message).SerializeToString(), e.status, headers=headers,
                     media_type=PROTOBUF)
+
+
+def _text_error(e: _Refusal) -> Response:
+    """An error as a Zipkin server answers it: the status, the reason as text."""
+    headers = {"Connection": "close"} if e.status in (400, 408, 411, 413, 415) else {}
+    if e.retry_after is not None:
+        headers["Retry-After"] = str(e.retry_after)
+    return Response(e.message.encode(), e.status, headers=headers, media_type="text/plain")
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

@@ -33,7 +33,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infertrace.store import protobuf_spans
+from infertrace.store import protobuf_spans, zipkin_json
 from infertrace.store.batch import BadRecord, SpanBatch
 from infertrace.store.segments import keep_resource, remove_stale_temporaries, write_quarantine, write_segments
 from infertrace.store.values import describe
@@ -188,6 +188,25 @@ class Receiver:
                 batch.add_traces_data(data, peer, 0)
             except BadRecord as e:
                 raise BadExport(f"not a trace export: {e}") from None
+        return self._write(batch)
+
+    def store_zipkin(self, body: bytes, peer: str) -> Outcome:
+        """Stores Zipkin v2 JSON spans (a list), as `POST /api/v2/spans` sends them (`zipkin_json`)."""
+        with self._writers:
+            return self._store_zipkin(body, peer)
+
+    def _store_zipkin(self, body: bytes, peer: str) -> Outcome:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise BadExport(f"body is not JSON: {e}") from None
+        if not isinstance(data, list):
+            raise BadExport("body is not a JSON list of Zipkin spans")
+        batch = SpanBatch()
+        if data:  # an empty list is fine
+            if not zipkin_json.is_spans(data):
+                raise BadExport("not Zipkin v2 spans (a list of objects with traceId and id)")
+            batch.add_traces_data({"resourceSpans": zipkin_json.resource_spans(data)}, peer, 0)
         return self._write(batch)
 
     def _write(self, batch: SpanBatch) -> Outcome:

@@ -8,7 +8,8 @@ a 64-bit trace id left-padded to 32 digits; times are microseconds; a parent equ
 `kind` CLIENT/SERVER/PRODUCER/CONSUMER is the kind, else a `span.kind=internal` tag makes it internal; tags are
 string attributes; the local endpoint's address and port are `net.host.ip`/`net.host.port`, the remote one's
 service, address and port `peer.service`, `net.peer.ip`, `net.peer.port`; an annotation is an event named by its
-value (an OTLP event written by an OpenTelemetry exporter as `name|{attributes}|dropped` gets its attributes back);
+value (an OpenTelemetry event with attributes, which exporters write as `{"name": {attributes}}` or
+`name|{attributes}|dropped`, gets them back);
 `otlp.link.N` tags are links; `otel.library.name`/`otel.scope.name` and their versions are the scope; the local
 endpoint's `serviceName` is `service.name`.
 
@@ -150,13 +151,24 @@ def _endpoint_attributes(local: dict[str, Any], remote: dict[str, Any]) -> list[
 
 
 def _event(annotation: Any) -> dict[str, Any]:
-    """An annotation as an event: its value the name; `name|{json attributes}|dropped` (how OpenTelemetry's Zipkin
-    exporter writes an event with attributes) gets them back."""
+    """An annotation as an event: its value the name. An OpenTelemetry event with attributes gets them back, in
+    either way exporters write one: `{"name": {attributes}}` (the SDKs' Zipkin exporters) or
+    `name|{attributes}|dropped` (the Collector's)."""
     if not isinstance(annotation, dict):
         raise BadRecord("a Zipkin annotation is not an object")
     value = str(annotation.get("value", ""))
     event: dict[str, Any] = {"timeUnixNano": str(_micros(annotation.get("timestamp"), "annotation timestamp")),
                              "name": value}
+    if value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and len(parsed) == 1:
+            [(name, attributes)] = parsed.items()
+            if isinstance(attributes, dict) and (typed := _attributes(attributes)) is not None:
+                event["name"], event["attributes"] = name, typed
+        return event
     parts = value.split("|")
     if len(parts) >= 3:
         attributes = _json_attributes("|".join(parts[1:-1]))
@@ -194,8 +206,12 @@ def _json_attributes(text: str) -> list[dict[str, Any]] | None:
         values = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(values, dict):
-        return None
+    return _attributes(values) if isinstance(values, dict) else None
+
+
+def _attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """OTLP attributes of a JSON object's strings, numbers and booleans (a whole number an integer); lists and
+    objects are left out, as the translator leaves them."""
     out = []
     for key, value in values.items():
         if isinstance(value, bool):
