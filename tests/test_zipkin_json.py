@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +15,18 @@ from typing import Any
 import pytest
 import requests
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
+from opentelemetry.exporter.zipkin.json.v2 import JsonV2Encoder
+from opentelemetry.exporter.zipkin.node_endpoint import NodeEndpoint
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from infertrace.analyzers.rca import analyze_incidents, describe
+from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
 from infertrace.store import zipkin_json
 from infertrace.store.collector import Collector
 from infertrace.store.http_server import ZIPKIN_PATH
@@ -180,3 +188,74 @@ def test_zipkin_bodies_that_are_not_spans_get_a_reason_as_text(collector: Collec
     assert "without a timestamp" in kept["reason"]
     with Store.open(collector.root) as store:
         assert store.sql("SELECT span_id FROM spans").fetchall() == [("00000000000000d4",)]
+
+
+GATEWAY = ("gateway", "auth", "rate-limiter", "router")  # the sample fleet's gateway services
+
+
+def _value(value: AnyValue) -> Any:
+    which = value.WhichOneof("value")
+    return [_value(v) for v in value.array_value.values] if which == "array_value" else getattr(value, which or "",
+                                                                                                None)
+
+
+def _attributes(pairs: list[KeyValue]) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in pairs}
+
+
+def _as_zipkin(rs: ResourceSpans) -> list[dict[str, Any]]:
+    """One resource's spans as OpenTelemetry's Zipkin exporter sends them (its own encoder, from SDK spans)."""
+    resource = Resource(_attributes(rs.resource.attributes))
+    spans = []
+    for ss in rs.scope_spans:
+        scope = InstrumentationScope(ss.scope.name, ss.scope.version or None)
+        for s in ss.spans:
+            context = SpanContext(int.from_bytes(s.trace_id, "big"), int.from_bytes(s.span_id, "big"), False,
+                                  TraceFlags(1))
+            parent = SpanContext(context.trace_id, int.from_bytes(s.parent_span_id, "big"), False) \
+                if s.parent_span_id else None
+            spans.append(ReadableSpan(
+                s.name, context, parent, resource, _attributes(s.attributes),
+                [Event(e.name, _attributes(e.attributes), e.time_unix_nano) for e in s.events],
+                kind=SpanKind(max(s.kind - 1, 0)),
+                status=Status([StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR][s.status.code],
+                              s.status.message or None),
+                start_time=s.start_time_unix_nano, end_time=s.end_time_unix_nano, instrumentation_scope=scope))
+    endpoint = NodeEndpoint()
+    endpoint.service_name = resource.attributes["service.name"]
+    return json.loads(JsonV2Encoder().serialize(spans, endpoint))
+
+
+def test_a_gateway_traced_in_zipkin_gives_root_cause_analysis_what_its_otlp_spans_give(tmp_path: Path) -> None:
+    """A sample incident (the rate limiter flapping) with its gateway's spans sent as Zipkin JSON by OpenTelemetry's
+    exporter (every attribute a string tag, resource attributes among the tags, microseconds, two router replicas
+    of one service) and the engines' as OTLP: the same ranking, each candidate of the same kind, as from OTLP."""
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "rate_limiter_flapping"
+    zipkin: list[dict[str, Any]] = []
+    engines = []
+    for line in gzip.decompress((sample / "traces.jsonl.gz").read_bytes()).decode().splitlines():
+        data = parse_traces_data(line)
+        kept = []
+        for rs in data.resource_spans:
+            service = _attributes(rs.resource.attributes)["service.name"]
+            if service in GATEWAY:
+                zipkin += _as_zipkin(rs)
+            else:
+                kept.append(rs)
+        if kept:
+            del data.resource_spans[:]
+            data.resource_spans.extend(kept)
+            engines.append(message_to_otlp_json(data))
+    assert {span["localEndpoint"]["serviceName"] for span in zipkin} == set(GATEWAY)
+    (tmp_path / "gateway.json").write_text(json.dumps(zipkin))
+    (tmp_path / "engines.jsonl").write_text("\n".join(engines) + "\n")
+    rankings = []
+    for name, paths in (("otlp", [sample / "traces.jsonl.gz"]),
+                        ("zipkin", [tmp_path / "gateway.json", tmp_path / "engines.jsonl"])):
+        summary = ingest_paths(tmp_path / name, paths)
+        assert summary.skipped == 0 and summary.spans_read == 5556, summary.reasons
+        with Store.open(tmp_path / name) as store:
+            rankings.append(re.findall(r"#\d+ (.+?) \((\w+)", "\n".join(describe(analyze_incidents(store)))))
+    truth = json.loads((sample / "ground_truth.json").read_text())["root_cause"]
+    assert rankings[0][0] == (truth["instances"][0], truth["kind"]) == ("ratelimit-0", "rate_limiter")
+    assert rankings[1] == rankings[0]

@@ -19,8 +19,9 @@ Where the translator loses what a reader of these traces relies on, this module 
   a failure here, its value (other than "true") the status message. `otel.status_code` is read in both its
   spellings, "ERROR" (the exporters') and "STATUS_CODE_ERROR" (the translator's).
 - The translator keys a resource by service name alone, so two replicas of one service (`service.instance.id`
-  tags) would share the first one's resource. Here a resource is the service name with the span's tags of the
-  resource namespaces (`_RESOURCE_PREFIXES`: service, host, k8s, container, process, cloud, telemetry.sdk, …),
+  tags) would share the first one's resource. Here a resource is the service name with the span's tags that are
+  resource attributes (`_is_resource`: the resource namespaces, service, host, k8s, container, process, cloud,
+  telemetry.sdk, …, and the attributes the store declares on resources, such as `infertrace.component.kind`),
   which leave the span's attributes, as the translator moves the resource conventions.
 - A span without a `timestamp` (Zipkin allows one, for data a later span completes) is rejected with that reason
   instead of being placed at 1970.
@@ -33,6 +34,7 @@ import json
 from collections import defaultdict
 from typing import Any, Final
 
+from infertrace.store.schema import DECLARED_RESOURCE
 from infertrace.store.values import BadRecord, Unconverted
 
 _KINDS: Final = {"SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
@@ -88,7 +90,7 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
     span_id = _hex(span.get("id"), 16, "id")
     local, remote = _endpoint(span, "localEndpoint"), _endpoint(span, "remoteEndpoint")
     resource = [("service.name", str(local.get("serviceName") or "unknown_service"))]
-    resource += sorted((k, v) for k, v in tags.items() if k.startswith(_RESOURCE_PREFIXES) and k != "service.name")
+    resource += sorted((k, v) for k, v in tags.items() if _is_resource(k) and k != "service.name")
     kind = _KINDS.get(str(span.get("kind", "")).upper(), 0)
     if not kind and tags.get("span.kind") == "internal":
         kind = 1
@@ -100,7 +102,7 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
         "startTimeUnixNano": str(start),
         "endTimeUnixNano": str(start + _micros(span.get("duration", 0), "duration")),
         "attributes": [_string(k, v) for k, v in tags.items()
-                       if k not in _CONSUMED and not k.startswith(("otlp.link.", *_RESOURCE_PREFIXES))]
+                       if k not in _CONSUMED and not k.startswith("otlp.link.") and not _is_resource(k)]
         + _endpoint_attributes(local, remote),
         "events": [_event(a) for a in span.get("annotations") or []],
         "status": _status(tags),
@@ -114,6 +116,13 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
     if links:
         out["links"] = links
     return tuple(resource), (_first(tags, _SCOPE_NAME), _first(tags, _SCOPE_VERSION)), out
+
+
+def _is_resource(key: str) -> bool:
+    """Whether a tag is a resource attribute that an exporter flattened into the span's tags (OpenTelemetry's
+    Zipkin exporters write every resource attribute as a tag): the resource namespaces, and every attribute the
+    store's conventions declare on resources (`infertrace.component.kind`, `infertrace.engine.*`, …)."""
+    return key.startswith(_RESOURCE_PREFIXES) or key in DECLARED_RESOURCE
 
 
 def _status(tags: dict[str, str]) -> dict[str, Any]:
