@@ -155,18 +155,28 @@ def test_a_rejected_span_of_a_pretty_file_is_kept_with_the_line_its_value_starts
     assert "'not an id' is neither 32 hex digits nor base64 of 16 bytes" in kept["reason"]
 
 
-@pytest.mark.parametrize(("document", "named"), [
-    ({"traceID": "1", "spans": [{"traceID": "1", "spanID": "2", "processID": "p9"}], "processes": {}},
-     "a Jaeger span names process 'p9', which the trace does not have"),
-    ({"scenario": "x", "culprit": "router-0"}, "an object of scenario, culprit: not a trace export"),
-])
-def test_a_broken_jaeger_trace_and_other_json_are_named_in_the_reason(document: Any, named: str,
-                                                                     tmp_path: Path) -> None:
+def test_json_that_is_not_a_trace_is_named_by_its_keys_in_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "other.json"
-    path.write_text(json.dumps(document, indent=2))
+    path.write_text(json.dumps({"scenario": "x", "culprit": "router-0"}, indent=2))
     summary = ingest_paths(tmp_path / "store", [path])
     assert summary.rejected_lines == 1 and summary.spans_read == 0
-    assert any(named in reason for reason in summary.reasons), summary.reasons
+    assert list(summary.reasons) == ["not a TracesData: no resourceSpans (an object of scenario, culprit: not a trace "
+                                     "export)"], summary.reasons
+
+
+def test_a_jaeger_span_that_cannot_be_converted_is_rejected_alone_and_kept_as_it_was(tmp_path: Path) -> None:
+    orphan = {"traceID": "1f2e3d4c5b6a7988", "spanID": "c3", "operationName": "x", "processID": "p9",
+              "startTime": 1767225600000000, "duration": 1}
+    undated = {**orphan, "spanID": "d4", "processID": "p1", "startTime": "yesterday"}
+    trace = {**JAEGER_TRACE, "spans": [*JAEGER_TRACE["spans"], orphan, undated]}
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps({"data": [trace]}, indent=2))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert (summary.spans_read, summary.rejected_spans, summary.rejected_lines) == (2, 2, 0)
+    assert set(summary.reasons) == {"a Jaeger span names process 'p9', which the trace does not have",
+                                    "Jaeger startTime 'yesterday' is not a number of microseconds"}
+    kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
+    assert sorted(json.loads(k["record"])["spanID"] for k in kept) == ["c3", "d4"]
 
 
 def test_base64_ids_are_never_taken_for_hex_nor_hex_for_base64() -> None:

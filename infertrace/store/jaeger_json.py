@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Final
 
-from infertrace.store.values import BadRecord
+from infertrace.store.values import BadRecord, Unconverted
 
 _KINDS: Final = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 _STATUS: Final = {"OK": 1, "ERROR": 2}
@@ -42,26 +42,38 @@ def traces(data: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def resource_spans(jaeger_traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OTLP JSON `ResourceSpans` (one per process, in order of first appearance) of these Jaeger traces. Raises
-    BadRecord when a span names a process the trace does not have, or when a trace is malformed."""
-    out: dict[tuple[int, str], list[tuple[tuple[str | None, str | None], dict[str, Any]]]] = defaultdict(list)
-    resources: dict[tuple[int, str], dict[str, Any]] = {}
+    """OTLP JSON `ResourceSpans` (one per process, in order of first appearance) of these Jaeger traces. A span that
+    cannot be converted (it names a process the trace does not have, an id or a time is malformed) is passed on as
+    `Unconverted`: ingest rejects it alone, with the reason, and keeps the others. Raises BadRecord when a trace's
+    processes are malformed."""
+    out: dict[tuple[int, str], list[tuple[tuple[str | None, str | None], Any]]] = defaultdict(list)
+    resources: dict[tuple[int, str], dict[str, Any]] = {(-1, ""): {}}
     for number, trace in enumerate(jaeger_traces):
         processes = trace.get("processes") or {}
         if not isinstance(processes, dict):
             raise BadRecord("a Jaeger trace's processes is not an object")
         for span in trace["spans"]:
-            if not isinstance(span, dict):
-                raise BadRecord("a Jaeger span is not an object")
-            process_id = span.get("processID")
-            process = processes.get(process_id) if isinstance(process_id, str) else span.get("process")
-            if not isinstance(process, dict):
-                raise BadRecord(f"a Jaeger span names process {process_id!r}, which the trace does not have")
-            key = (number, str(process_id))
-            if key not in resources:
-                resources[key] = _resource(process)
-            out[key].append(_span(span))
+            try:
+                key, converted = _process_span(span, number, processes, resources)
+            except BadRecord as e:
+                key, converted = (-1, ""), ((None, None), Unconverted(span, str(e)) if isinstance(span, dict) else span)
+            out[key].append(converted)
     return [{"resource": resources[key], "scopeSpans": _by_scope(scoped)} for key, scoped in out.items()]
+
+
+def _process_span(span: Any, number: int, processes: dict[str, Any], resources: dict[tuple[int, str], dict[str, Any]]
+                  ) -> tuple[tuple[int, str], tuple[tuple[str | None, str | None], dict[str, Any]]]:
+    """(the key of the span's process, which is added to `resources` if new; the span converted)."""
+    if not isinstance(span, dict):
+        raise BadRecord("a Jaeger span is not an object")
+    process_id = span.get("processID")
+    process = processes.get(process_id) if isinstance(process_id, str) else span.get("process")
+    if not isinstance(process, dict):
+        raise BadRecord(f"a Jaeger span names process {process_id!r}, which the trace does not have")
+    key = (number, str(process_id))
+    if key not in resources:
+        resources[key] = _resource(process)
+    return key, _span(span)
 
 
 def _resource(process: dict[str, Any]) -> dict[str, Any]:
@@ -70,8 +82,8 @@ def _resource(process: dict[str, Any]) -> dict[str, Any]:
     return {"attributes": attributes}
 
 
-def _by_scope(scoped: list[tuple[tuple[str | None, str | None], dict[str, Any]]]) -> list[dict[str, Any]]:
-    scopes: dict[tuple[str | None, str | None], list[dict[str, Any]]] = defaultdict(list)
+def _by_scope(scoped: list[tuple[tuple[str | None, str | None], Any]]) -> list[dict[str, Any]]:
+    scopes: dict[tuple[str | None, str | None], list[Any]] = defaultdict(list)
     for scope, span in scoped:
         scopes[scope].append(span)
     return [{"scope": {k: v for k, v in (("name", name), ("version", version)) if v is not None}, "spans": group}
