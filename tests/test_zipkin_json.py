@@ -28,10 +28,12 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from infertrace.analyzers.rca import analyze_incidents, describe
 from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
 from infertrace.store import zipkin_json
+from infertrace.store.clickhouse.store import ClickHouseStore
 from infertrace.store.collector import Collector
 from infertrace.store.http_server import ZIPKIN_PATH
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
+from tests.clickhouse_stores import clickhouse_relation_rows, exported
 
 T0_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
 
@@ -229,7 +231,8 @@ def _as_zipkin(rs: ResourceSpans) -> list[dict[str, Any]]:
 def test_a_gateway_traced_in_zipkin_gives_root_cause_analysis_what_its_otlp_spans_give(tmp_path: Path) -> None:
     """A sample incident (the rate limiter flapping) with its gateway's spans sent as Zipkin JSON by OpenTelemetry's
     exporter (every attribute a string tag, resource attributes among the tags, microseconds, two router replicas
-    of one service) and the engines' as OTLP: the same ranking, each candidate of the same kind, as from OTLP."""
+    of one service; the HTTP status as the conventions before 1.21 and Envoy name it, `http.status_code`) and the
+    engines' as OTLP: the same ranking, each candidate of the same kind, and the limiter's 429s, as from OTLP."""
     sample = Path(__file__).resolve().parents[1] / "sample_traces" / "rate_limiter_flapping"
     zipkin: list[dict[str, Any]] = []
     engines = []
@@ -239,6 +242,10 @@ def test_a_gateway_traced_in_zipkin_gives_root_cause_analysis_what_its_otlp_span
         for rs in data.resource_spans:
             service = _attributes(rs.resource.attributes)["service.name"]
             if service in GATEWAY:
+                for span in (s for ss in rs.scope_spans for s in ss.spans):
+                    for kv in span.attributes:
+                        if kv.key == "http.response.status_code":
+                            kv.key = "http.status_code"
                 zipkin += _as_zipkin(rs)
             else:
                 kept.append(rs)
@@ -249,13 +256,20 @@ def test_a_gateway_traced_in_zipkin_gives_root_cause_analysis_what_its_otlp_span
     assert {span["localEndpoint"]["serviceName"] for span in zipkin} == set(GATEWAY)
     (tmp_path / "gateway.json").write_text(json.dumps(zipkin))
     (tmp_path / "engines.jsonl").write_text("\n".join(engines) + "\n")
-    rankings = []
+    rankings, rejected = [], []
     for name, paths in (("otlp", [sample / "traces.jsonl.gz"]),
                         ("zipkin", [tmp_path / "gateway.json", tmp_path / "engines.jsonl"])):
         summary = ingest_paths(tmp_path / name, paths)
         assert summary.skipped == 0 and summary.spans_read == 5556, summary.reasons
         with Store.open(tmp_path / name) as store:
             rankings.append(re.findall(r"#\d+ (.+?) \((\w+)", "\n".join(describe(analyze_incidents(store)))))
+            rejected.append(store.sql("SELECT count(*) FROM component_calls WHERE outcome = 'rejected' "
+                                      "AND http_status = 429").fetchall())
     truth = json.loads((sample / "ground_truth.json").read_text())["root_cause"]
     assert rankings[0][0] == (truth["instances"][0], truth["kind"]) == ("ratelimit-0", "rate_limiter")
     assert rankings[1] == rankings[0]
+    assert rejected[1] == rejected[0] and rejected[0][0][0] > 40
+    with Store.open(tmp_path / "zipkin") as local, ClickHouseStore.open(exported(str(tmp_path / "zipkin"),
+                                                                                 "zipkin_gateway")) as clickhouse:
+        expected = local.sql("SELECT * FROM component_calls ORDER BY ALL").to_arrow_table()
+        assert clickhouse_relation_rows(clickhouse, "component_calls", expected).equals(expected)

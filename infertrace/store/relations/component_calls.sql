@@ -23,7 +23,8 @@
 --   model that their traces show served by exactly one engine model is that model's name: a proxy's alias, e.g.
 --   LiteLLM's model_name, is not a model of its own), trace_id, span_id,
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
---   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status, route_target,
+--   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status
+--   (`http.response.status_code`, else the older conventions' `http.status_code`), route_target,
 --   error_type, status_code, input_tokens, output_tokens (gen_ai.usage.*, as a gateway reports them), kv_bytes,
 --   kv_source, kv_destination, kv_link, queue_ns (time the call waited for a free worker of the component, inside
 --   the span: `infertrace.component.queue_ns`; NULL when the component does not queue), resend_count (the
@@ -42,7 +43,10 @@ around AS MATERIALIZED (
         "res.infertrace.component.kind", "attr.http.route", "attr.peer.service", "attr.server.address",
         "attr.gen_ai.request.id", "attr.gen_ai.request.model", "attr.infertrace.tenant.id",
         "attr.metadata.user_api_key_team_id", "attr.user.id", "attr.infertrace.component.outcome",
-        "attr.http.response.status_code", "attr.infertrace.route.target", "attr.error.type",
+        -- HTTP semantic conventions before 1.21 (and Envoy, and Zipkin tags) say http.status_code
+        coalesce("attr.http.response.status_code", TRY_CAST(span_attributes['http.status_code'] AS BIGINT))
+            AS "attr.http.response.status_code",
+        "attr.infertrace.route.target", "attr.error.type",
         "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.output_tokens", "attr.infertrace.kv_transfer.bytes",
         "attr.infertrace.kv_transfer.source", "attr.infertrace.kv_transfer.destination",
         "attr.infertrace.kv_transfer.link", "attr.infertrace.component.queue_ns", "attr.http.request.resend_count"

@@ -15,7 +15,10 @@ around AS (
         "res.infertrace.component.kind", "attr.http.route", "attr.peer.service", "attr.server.address",
         "attr.gen_ai.request.id", "attr.gen_ai.request.model", "attr.infertrace.tenant.id",
         "attr.metadata.user_api_key_team_id", "attr.user.id", "attr.infertrace.component.outcome",
-        "attr.http.response.status_code", "attr.infertrace.route.target", "attr.error.type",
+        -- HTTP semantic conventions before 1.21 (and Envoy, and Zipkin tags) say http.status_code
+        coalesce("attr.http.response.status_code", toInt64OrNull(span_attributes['http.status_code']))
+            AS "attr.http.response.status_code",
+        "attr.infertrace.route.target", "attr.error.type",
         "attr.gen_ai.usage.input_tokens", "attr.gen_ai.usage.output_tokens", "attr.infertrace.kv_transfer.bytes",
         "attr.infertrace.kv_transfer.source", "attr.infertrace.kv_transfer.destination",
         "attr.infertrace.kv_transfer.link", "attr.infertrace.component.queue_ns", "attr.http.request.resend_count"
