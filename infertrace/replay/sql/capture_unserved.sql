@@ -5,7 +5,9 @@
 -- Parameters: $model, $since_ns, $until_ns (gateway arrival).
 -- Columns: http_status, requests.
 WITH engine_traces AS (SELECT DISTINCT trace_id FROM spans WHERE name = 'llm_request')
-SELECT g."attr.http.response.status_code" AS http_status, count(*) AS requests
+SELECT coalesce(g."attr.http.response.status_code", TRY_CAST(g.span_attributes['http.status_code'] AS BIGINT))
+           AS http_status,
+       count(*) AS requests
 FROM spans g
 LEFT JOIN engine_traces e ON e.trace_id = g.trace_id
 WHERE g.name = 'gateway' AND g."attr.gen_ai.request.model" = $model AND e.trace_id IS NULL

@@ -14,7 +14,8 @@ SELECT
     round((s.end_ns - s.start_ns) / 1e6, 3) AS duration_ms,
     s.name AS span,
     s."res.service.instance.id" AS instance,
-    s."attr.http.response.status_code" AS http_status,
+    coalesce(s."attr.http.response.status_code", TRY_CAST(s.span_attributes['http.status_code'] AS BIGINT))
+        AS http_status,
     s."attr.error.type" AS error_type,
     s."attr.infertrace.route.target" AS route_target
 FROM spans s
