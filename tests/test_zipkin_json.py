@@ -273,3 +273,33 @@ def test_a_gateway_traced_in_zipkin_gives_root_cause_analysis_what_its_otlp_span
                                                                                  "zipkin_gateway")) as clickhouse:
         expected = local.sql("SELECT * FROM component_calls ORDER BY ALL").to_arrow_table()
         assert clickhouse_relation_rows(clickhouse, "component_calls", expected).equals(expected)
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["marked shared", "told by the client span's id"])
+def test_the_server_side_of_a_shared_span_keeps_its_own_row_below_the_client_side(marked: bool,
+                                                                                  tmp_path: Path) -> None:
+    """B3's shared span context (Envoy's default): the caller's CLIENT span and the callee's SERVER span carry one
+    id. The SERVER side gets an id of its own under the CLIENT side, and the callee's own calls hang below it;
+    the same id on every ingest, so ingesting again adds nothing."""
+    shared = "1111111111111111"
+    spans = [
+        {"traceId": "a" * 32, "id": shared, "parentId": "0" * 15 + "9", "name": "get /v1/chat", "kind": "CLIENT",
+         "timestamp": T0_US, "duration": 1000, "localEndpoint": {"serviceName": "front-proxy"}},
+        {"traceId": "a" * 32, "id": shared, "parentId": "0" * 15 + "9", "name": "get /v1/chat", "kind": "SERVER",
+         "timestamp": T0_US + 100, "duration": 800, "localEndpoint": {"serviceName": "router"},
+         **({"shared": True} if marked else {})},
+        {"traceId": "a" * 32, "parentId": shared, "id": "2" * 16, "name": "engine call", "kind": "CLIENT",
+         "timestamp": T0_US + 200, "duration": 500, "localEndpoint": {"serviceName": "router"}},
+    ]
+    path = tmp_path / "zipkin.json"
+    path.write_text(json.dumps(spans))
+    summary = ingest_paths(tmp_path / "store", [path])
+    assert (summary.spans_read, summary.spans_new) == (3, 3)
+    with Store.open(tmp_path / "store") as store:
+        by_id = {span_id: (parent, service, kind) for span_id, parent, service, kind in store.sql(
+            'SELECT span_id, parent_span_id, "res.service.name", kind FROM spans').fetchall()}
+    assert len(by_id) == 3 and by_id[shared] == ("0" * 15 + "9", "front-proxy", 3)
+    [server] = [i for i, (_, service, kind) in by_id.items() if service == "router" and kind == 2]
+    assert server != shared and by_id[server][0] == shared  # its own id, below the client side
+    assert by_id["2" * 16][0] == server  # the callee's own call hangs below its server side
+    assert ingest_paths(tmp_path / "store", [path]).spans_new == 0

@@ -25,11 +25,15 @@ Where the translator loses what a reader of these traces relies on, this module 
   which leave the span's attributes, as the translator moves the resource conventions.
 - A span without a `timestamp` (Zipkin allows one, for data a later span completes) is rejected with that reason
   instead of being placed at 1970.
+- The server side of a shared span (B3's shared span context, Envoy's and Zipkin's libraries' default: the CLIENT
+  and SERVER sides of a call under one span id) gets an id of its own below the CLIENT span, as Jaeger does
+  (`_split_shared_spans`); the translator keeps both under one id, of which a store keeps one.
 Zipkin v1's JSON (`binaryAnnotations`, endpoints inside annotations) is named in the error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from typing import Any, Final
@@ -61,6 +65,9 @@ def resource_spans(data: list[Any]) -> list[dict[str, Any]]:
     tags, in order of first appearance, each with a `ScopeSpans` per scope. A span that cannot be converted is
     passed on as `Unconverted` (ingest rejects it alone, with the reason, and keeps it in quarantine)."""
     groups: dict[tuple[tuple[str, str], ...], dict[tuple[str | None, str | None], list[Any]]] = {}
+    servers: list[tuple[dict[str, Any], bool]] = []  # converted SERVER spans, and whether Zipkin marks them shared
+    clients: set[tuple[str, str]] = set()
+    converted_spans: list[dict[str, Any]] = []
     for item in data:
         for span in item if isinstance(item, list) else [item]:
             try:
@@ -68,7 +75,14 @@ def resource_spans(data: list[Any]) -> list[dict[str, Any]]:
             except BadRecord as e:  # rejected alone, with its reason; the spans beside it are kept
                 resource, scope = (), (None, None)
                 converted = Unconverted(span, str(e)) if isinstance(span, dict) else span
+            else:
+                converted_spans.append(converted)
+                if converted["kind"] == 2:
+                    servers.append((converted, span.get("shared") is True))
+                elif converted["kind"] == 3:
+                    clients.add((converted["traceId"], converted["spanId"]))
             groups.setdefault(resource, defaultdict(list))[scope].append(converted)
+    _split_shared_spans(converted_spans, servers, clients)
     return [{"resource": {"attributes": [_string(k, v) for k, v in resource]},
              "scopeSpans": [{"scope": {k: v for k, v in (("name", name), ("version", version)) if v is not None},
                              "spans": spans} for (name, version), spans in scopes.items()]}
@@ -116,6 +130,27 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
     if links:
         out["links"] = links
     return tuple(resource), (_first(tags, _SCOPE_NAME), _first(tags, _SCOPE_VERSION)), out
+
+
+def _split_shared_spans(spans: list[dict[str, Any]], servers: list[tuple[dict[str, Any], bool]],
+                        clients: set[tuple[str, str]]) -> None:
+    """Gives each SERVER span that shares its id with the caller's CLIENT span (B3's shared span context: Zipkin's
+    libraries and Envoy by default; marked `shared`, or a CLIENT span of the same id is here) an id of its own, its
+    parent the CLIENT span, and makes the spans below it its children, as Jaeger's `ZipkinSpanIDUniquifier` does.
+    Otherwise the two would be one span id, and a store keeps one span per id: the server side would be lost. The
+    new id is derived from the trace and the shared id, so the same span gets the same id in every ingest. Spans
+    below it that arrive in another document stay children of the shared id (the CLIENT span)."""
+    renamed: dict[tuple[str, str], str] = {}
+    for span, shared in servers:
+        key = (span["traceId"], span["spanId"])
+        if shared or key in clients:
+            renamed[key] = hashlib.sha256(f"zipkin shared server {key[0]} {key[1]}".encode()).hexdigest()[:16]
+            span["spanId"], span["parentSpanId"] = renamed[key], key[1]
+    if renamed:
+        for span in spans:
+            new = renamed.get((span["traceId"], span.get("parentSpanId", "")))
+            if new is not None and span["spanId"] != new:
+                span["parentSpanId"] = new
 
 
 def _is_resource(key: str) -> bool:
