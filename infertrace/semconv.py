@@ -127,7 +127,9 @@ RESPONSE_FINISH_REASONS: Final = _attr(
     "gen_ai.response.finish_reasons", "string[]", "llm_request", "`stop`, `length` or `error`.")
 ERROR_TYPE: Final = _attr("error.type", "string", "any span", "Error class when the operation failed.")
 HTTP_STATUS_CODE: Final = _attr(
-    "http.response.status_code", "int", "gateway, component spans", "HTTP-style outcome (200, 401, 429, 5xx).")
+    "http.response.status_code", "int", "gateway, component spans",
+    "HTTP-style outcome (200, 401, 429, 5xx). Where a span has none, `http.status_code` (the HTTP conventions "
+    "before 1.21, Envoy, Zipkin's tags) is read instead.")
 HTTP_RESEND_COUNT: Final = _attr(
     "http.request.resend_count", "int", "gateway",
     "The client's retry number of this request (OpenTelemetry's HTTP name; clients send it, e.g. as an "
