@@ -57,14 +57,6 @@ def _span(trace_id: int, span_id: int, name: str = "auth", attributes: dict[str,
                         start_time=start, end_time=start + 1000 if end is None else end)
 
 
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = Collector(tmp_path / "store", "127.0.0.1", 0, compact_interval_s=None)
-    c.start()
-    yield c
-    c.shutdown()
-
-
 def _url(c: Collector) -> str:
     return f"http://{c.address}/v1/traces"
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +128,6 @@ def test_a_zipkin_span_that_cannot_be_converted_is_rejected_alone_with_its_reaso
     assert any("Zipkin v1 JSON" in r for r in summary.reasons), summary.reasons
     kept = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
     assert sorted(json.loads(k["record"])["id"] for k in kept) == ["3", "4"]  # the original Zipkin spans
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = Collector(tmp_path / "store", "127.0.0.1", 0, compact_interval_s=None)
-    thread = threading.Thread(target=c.serve_forever, daemon=True)
-    thread.start()
-    yield c
-    c.shutdown()
-    thread.join(5)
 
 
 def test_spans_sent_by_opentelemetrys_zipkin_exporter_are_stored_by_collect(collector: Collector) -> None:

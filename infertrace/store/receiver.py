@@ -176,10 +176,7 @@ class Receiver:
             return self._store_json(body, peer)
 
     def _store_json(self, body: bytes, peer: str) -> Outcome:
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise BadExport(f"body is not JSON: {e}") from None
+        data = _json_body(body)
         if not isinstance(data, dict):
             raise BadExport("body is not a JSON object")
         batch = SpanBatch()
@@ -196,10 +193,7 @@ class Receiver:
             return self._store_zipkin(body, peer)
 
     def _store_zipkin(self, body: bytes, peer: str) -> Outcome:
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise BadExport(f"body is not JSON: {e}") from None
+        data = _json_body(body)
         if not isinstance(data, list):
             raise BadExport("body is not a JSON list of Zipkin spans")
         batch = SpanBatch()
@@ -226,6 +220,13 @@ class Receiver:
             self.spans_stored += stored
         return Outcome(stored, len(batch.rejections), batch.rejections[0].reason if batch.rejections else "",
                        notes.counts(), left_out)
+
+
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise BadExport(f"body is not JSON: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------- logging
