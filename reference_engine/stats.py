@@ -4,7 +4,7 @@ prefix-cache hit rate. An engine observer, like the tracer, or a reader of the t
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,20 +46,30 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> flo
     """`np.percentile(np.repeat(values, counts), q)` (its default, linear method) to the last bit, without
     building the repeated array: the two order statistics around the quantile's position, then numpy's own
     interpolation arithmetic."""
+    return weighted_percentiles(values, counts)(q)
+
+
+def weighted_percentiles(values: np.ndarray, counts: np.ndarray) -> Callable[[float], float]:
+    """`weighted_percentile` for any q, the values sorted once (a distribution's many quantiles cost one sort)."""
     order = np.argsort(values, kind="stable")
+    ordered = values[order]
     ends = np.cumsum(counts[order])  # ends[i]: rank after the last copy of the i-th smallest value
     n = int(ends[-1])
-    quantile = q / 100
-    position = (n - 1) * quantile  # numpy's virtual index, same operations
-    if position >= n - 1:
-        return float(values[order[-1]])
-    if position < 0:
-        return float(values[order[0]])
-    below = math.floor(position)
-    a, b = (float(values[order[np.searchsorted(ends, rank, side="right")]]) for rank in (below, below + 1))
-    gamma = position - below
-    diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+    def at(q: float) -> float:
+        quantile = q / 100
+        position = (n - 1) * quantile  # numpy's virtual index, same operations
+        if position >= n - 1:
+            return float(ordered[-1])
+        if position < 0:
+            return float(ordered[0])
+        below = math.floor(position)
+        a, b = (float(ordered[np.searchsorted(ends, rank, side="right")]) for rank in (below, below + 1))
+        gamma = position - below
+        diff = b - a
+        return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+    return at
 
 
 class SimulationStats:

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_engine.stats import weighted_percentile
+from reference_engine.stats import weighted_percentile, weighted_percentiles
 
 
 @settings(max_examples=300, deadline=None)
@@ -18,3 +18,14 @@ def test_percentiles_of_repeated_gaps_equal_numpys_on_the_expanded_array(gaps: l
     values = np.array([g for g, _ in gaps], dtype=np.int64) / 1e9
     counts = np.array([c for _, c in gaps], dtype=np.int64)
     assert weighted_percentile(values, counts, q) == float(np.percentile(np.repeat(values, counts), q))
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.integers(-10**12, 10**12), min_size=1, max_size=80),
+       qs=st.lists(st.floats(0, 100), min_size=1, max_size=8))
+def test_one_sort_answers_every_percentile_as_numpy_does(values: list[int], qs: list[float]) -> None:
+    """`weighted_percentiles` sorts once and answers any q: with every count 1 it is numpy's percentile of the
+    values themselves, integers included (a replay's distribution asks for dozens of quantiles)."""
+    array = np.array(values, dtype=np.int64)
+    at = weighted_percentiles(array, np.ones(len(values), dtype=np.int64))
+    assert [at(q) for q in qs] == [float(np.percentile(array, q)) for q in qs]

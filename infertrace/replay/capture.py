@@ -109,7 +109,12 @@ Percentile = Callable[[float], float | None]
 
 
 def _percentile(values: np.ndarray) -> Percentile:
-    return lambda q: float(np.percentile(values, q)) if len(values) else None
+    """`np.percentile(values, q)`, the values sorted once: a distribution asks for dozens of quantiles, and numpy's
+    selection is several times cheaper on sorted values (the order statistics, and so the result, are the same)."""
+    if not len(values):
+        return lambda q: None
+    ordered = np.sort(values)
+    return lambda q: float(np.percentile(ordered, q))
 
 
 @dataclass(frozen=True)
