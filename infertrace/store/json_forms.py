@@ -9,8 +9,9 @@ returns `{"batches": [ResourceSpans…]}`, its v2 API `{"trace": TracesData}`, J
 `{"result": TracesData}`; OTLP before 0.15 named `scopeSpans` `instrumentationLibrarySpans`. A JSON array holds
 several of these. Each is read here as the `ResourceSpans` it holds; the ingest then treats them as it treats
 the exporter's. Jaeger's own JSON (`/api/traces`: `{"data": [trace…]}`, and the UI's download of one trace) is
-converted as the Collector's Jaeger translator converts it (`jaeger_json`), and Zipkin's v2 JSON (a list of spans,
-or the traces API's list of lists) as its Zipkin receiver does (`zipkin_json`).
+converted as the Collector's Jaeger translator converts it (`jaeger_json`), Zipkin's v2 JSON (a list of spans,
+or the traces API's list of lists) as its Zipkin receiver does (`zipkin_json`), and spans as OpenTelemetry's
+Python SDK prints them (`ConsoleSpanExporter`) field by field (`sdk_console`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import binascii
 import re
 from typing import Any, Final
 
-from infertrace.store import jaeger_json, zipkin_json
+from infertrace.store import jaeger_json, sdk_console, zipkin_json
 from infertrace.store.values import BadRecord
 
 SPAN_KINDS: Final = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -52,6 +53,8 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
         jaeger = jaeger_json.traces(data)
         if jaeger is not None:
             return jaeger_json.resource_spans(jaeger)
+        if sdk_console.is_span(data):
+            return sdk_console.resource_spans(data)
         keys = ", ".join(list(data)[:5]) + (", …" if len(data) > 5 else "")
         raise BadRecord(f"no resourceSpans (an object of {keys or 'no keys'}: not a trace export)")
     if not isinstance(found, list):
