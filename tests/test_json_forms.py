@@ -260,6 +260,21 @@ def test_jaeger_json_ingests_as_the_collectors_jaeger_translator_converts_it(doc
     assert dict(engine["span_attributes"]) == {"blob": '{"bytesValue":"AAAwOQ=="}'}
 
 
+def test_jaeger_spans_one_a_line_with_their_process_ingest_as_the_trace_does(tmp_path: Path) -> None:
+    """Jaeger's storage backends (Elasticsearch, Kafka) hold one span a document, its process inside it."""
+    processes = JAEGER_TRACE["processes"]
+    lines = [{k: v for k, v in span.items() if k != "processID"} | {"process": processes[span["processID"]]}
+             for span in JAEGER_TRACE["spans"]]
+    (tmp_path / "trace.json").write_text(json.dumps(JAEGER_TRACE))
+    (tmp_path / "spans.jsonl").write_text("".join(json.dumps(span) + "\n" for span in lines))
+    for name in ("trace.json", "spans.jsonl"):
+        summary = ingest_paths(tmp_path / name.split(".")[0], [tmp_path / name])
+        assert summary.skipped == 0 and summary.spans_read == 2, summary.reasons
+    with Store.open(tmp_path / "trace") as whole, Store.open(tmp_path / "spans") as one_a_line:
+        query = "SELECT * FROM spans ORDER BY span_id"
+        assert one_a_line.sql(query).to_arrow_table().equals(whole.sql(query).to_arrow_table())
+
+
 @pytest.mark.parametrize(("tags", "status", "attributes"), [
     ([("error", "bool", True), ("otel.status_description", "string", "boom")], {"code": 2, "message": "boom"}, []),
     ([("error", "bool", False)], {"code": 0}, ["error"]),

@@ -305,3 +305,15 @@ def test_the_server_side_of_a_shared_span_keeps_its_own_row_below_the_client_sid
     assert server != shared and by_id[server][0] == shared  # its own id, below the client side
     assert by_id["2" * 16][0] == server  # the callee's own call hangs below its server side
     assert ingest_paths(tmp_path / "store", [path]).spans_new == 0
+
+
+def test_zipkin_spans_one_a_line_ingest_as_the_list_of_them_does(tmp_path: Path) -> None:
+    """Zipkin's storage backends export spans one JSON object a line (NDJSON)."""
+    (tmp_path / "list.json").write_text(json.dumps(TRACE))
+    (tmp_path / "lines.jsonl").write_text("".join(json.dumps(span) + "\n" for span in TRACE))
+    for name in ("list.json", "lines.jsonl"):
+        summary = ingest_paths(tmp_path / name.split(".")[0], [tmp_path / name])
+        assert summary.skipped == 0 and summary.spans_read == 3, summary.reasons
+    with Store.open(tmp_path / "list") as listed, Store.open(tmp_path / "lines") as lines:
+        query = "SELECT * FROM spans ORDER BY span_id"
+        assert lines.sql(query).to_arrow_table().equals(listed.sql(query).to_arrow_table())

@@ -30,6 +30,11 @@ def is_trace(data: dict[str, Any]) -> bool:
     return isinstance(data.get("spans"), list) and "processes" in data and "resourceSpans" not in data
 
 
+def is_span(data: dict[str, Any]) -> bool:
+    """Whether `data` is one Jaeger span (`traceID`, `spanID`, `operationName`), as Jaeger's storage exports them."""
+    return all(isinstance(data.get(key), str) for key in ("traceID", "spanID", "operationName"))
+
+
 def traces(data: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The Jaeger traces of the query API's answer (`{"data": [trace, …]}`), of one trace, or None when `data` is
     neither."""

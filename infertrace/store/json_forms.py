@@ -11,7 +11,8 @@ several of these. Each is read here as the `ResourceSpans` it holds; the ingest 
 the exporter's. Jaeger's own JSON (`/api/traces`: `{"data": [trace…]}`, and the UI's download of one trace) is
 converted as the Collector's Jaeger translator converts it (`jaeger_json`), Zipkin's v2 JSON (a list of spans,
 or the traces API's list of lists) as its Zipkin receiver does (`zipkin_json`), and spans as OpenTelemetry's
-Python SDK prints them (`ConsoleSpanExporter`) field by field (`sdk_console`).
+Python SDK prints them (`ConsoleSpanExporter`) field by field (`sdk_console`). A Zipkin or Jaeger span alone (one
+a line, as their storage backends export spans: Jaeger's with its `process` inside) is read as a list of one.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def resource_spans(data: Any, depth: int = 0) -> list[Any]:
             return jaeger_json.resource_spans(jaeger)
         if sdk_console.is_span(data):
             return sdk_console.resource_spans(data)
+        if zipkin_json.is_spans([data]):  # one span a line, as Zipkin's storage exports them
+            return zipkin_json.resource_spans([data])
+        if jaeger_json.is_span(data):  # one span a line with its process, as Jaeger's storage exports them
+            return jaeger_json.resource_spans([{"traceID": data.get("traceID"), "spans": [data], "processes": {}}])
         keys = ", ".join(list(data)[:5]) + (", …" if len(data) > 5 else "")
         raise BadRecord(f"no resourceSpans (an object of {keys or 'no keys'}: not a trace export)")
     if not isinstance(found, list):
