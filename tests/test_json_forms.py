@@ -18,6 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status, TracesData
 
 from infertrace.otlp_json import message_to_otlp_json, parse_traces_data
@@ -25,6 +27,7 @@ from infertrace.store import jaeger_json
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.json_forms import base64_id
 from infertrace.store.store import Store
+from infertrace.store.values import Unconverted
 from tests.engine_runs import write_trace
 
 
@@ -311,3 +314,20 @@ def test_a_jaeger_reference_to_the_parent_is_not_also_a_link_and_follows_from_is
     follows = converted([("FOLLOWS_FROM", "2", "b"), ("FOLLOWS_FROM", "1", "c")])
     assert follows["parentSpanId"] == "000000000000000c"
     assert follows["links"] == [{"traceId": "0" * 31 + "2", "spanId": "0" * 15 + "b"}]
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spans=st.lists(st.fixed_dictionaries(
+    {"traceID": st.just("1"), "spanID": st.just("2"), "processID": st.just("p"), "startTime": _JSON | st.integers()},
+    optional={k: _JSON for k in ("operationName", "references", "duration", "tags", "logs", "flags")}),
+    min_size=1, max_size=3))
+def test_any_json_in_a_jaeger_spans_fields_is_converted_or_rejected_alone_never_raised(spans: list[Any]) -> None:
+    converted = jaeger_json.resource_spans([{"traceID": "1", "spans": spans, "processes": {"p": {"serviceName": "s"}}}])
+    kept = [s for rs in converted for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(kept) == len(spans)
+    assert all(isinstance(s, Unconverted) or s["traceId"] == "0" * 31 + "1" for s in kept)

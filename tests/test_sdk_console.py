@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -18,8 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from infertrace.otlp_json import message_to_otlp_json
+from infertrace.store import sdk_console
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
+from infertrace.store.values import BadRecord
 
 T0 = 1_767_225_600 * 10**9
 
@@ -77,3 +81,25 @@ def test_a_printed_span_whose_time_is_not_iso_8601_is_rejected_with_its_reason(t
     assert (summary.spans_read, summary.rejected_lines) == (1, 1)
     assert list(summary.reasons) == ["not a TracesData: the printed span's start_time 'yesterday' is not an ISO 8601 "
                                      "UTC time"], summary.reasons
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3), max_leaves=8)
+
+_TIME = _JSON | st.from_regex(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z", fullmatch=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(span=st.fixed_dictionaries({"context": st.just({"trace_id": "0x" + "1" * 32, "span_id": "0x" + "2" * 16}),
+                                   "start_time": _TIME, "end_time": _TIME},
+                                  optional={k: _JSON for k in ("name", "kind", "parent_id", "status", "attributes",
+                                                               "events", "links", "resource")}))
+def test_any_json_in_a_printed_spans_fields_is_converted_or_rejected_with_a_reason(span: dict[str, Any]) -> None:
+    try:
+        [rs] = sdk_console.resource_spans(span)
+    except BadRecord as e:
+        assert str(e).startswith(("the printed", "a printed"))
+        return
+    [converted] = rs["scopeSpans"][0]["spans"]
+    assert converted["traceId"] == "1" * 32

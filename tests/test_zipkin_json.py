@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
 from opentelemetry.exporter.zipkin.json.v2 import JsonV2Encoder
 from opentelemetry.exporter.zipkin.node_endpoint import NodeEndpoint
@@ -31,6 +33,7 @@ from infertrace.store.collector import Collector
 from infertrace.store.http_server import ZIPKIN_PATH
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import Store
+from infertrace.store.values import Unconverted
 from tests.clickhouse_stores import clickhouse_relation_rows, exported
 
 T0_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
@@ -317,3 +320,20 @@ def test_zipkin_spans_one_a_line_ingest_as_the_list_of_them_does(tmp_path: Path)
     with Store.open(tmp_path / "list") as listed, Store.open(tmp_path / "lines") as lines:
         query = "SELECT * FROM spans ORDER BY span_id"
         assert lines.sql(query).to_arrow_table().equals(listed.sql(query).to_arrow_table())
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_FIELDS = ("traceId", "id", "parentId", "name", "kind", "timestamp", "duration", "localEndpoint", "remoteEndpoint",
+           "annotations", "tags", "shared", "debug")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spans=st.lists(st.fixed_dictionaries({"traceId": st.just("1"), "id": st.just("2")},
+                                            optional={k: _JSON for k in _FIELDS[2:]}), min_size=1, max_size=4))
+def test_any_json_in_a_zipkin_spans_fields_is_converted_or_rejected_alone_never_raised(spans: list[Any]) -> None:
+    converted = zipkin_json.resource_spans(spans)
+    kept = [s for rs in converted for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(kept) == len(spans)
+    assert all(isinstance(s, Unconverted) or int(s["endTimeUnixNano"]) >= 0 for s in kept)

@@ -13,6 +13,7 @@ fields the event's attributes; a process is a resource whose `serviceName` is `s
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any, Final
 
@@ -83,7 +84,7 @@ def _process_span(span: Any, number: int, processes: dict[str, Any], resources: 
 
 def _resource(process: dict[str, Any]) -> dict[str, Any]:
     attributes = [{"key": "service.name", "value": {"stringValue": str(process.get("serviceName", ""))}}]
-    attributes += [_attribute(tag) for tag in process.get("tags") or []]
+    attributes += [_attribute(tag) for tag in _list(process, "tags")]
     return {"attributes": attributes}
 
 
@@ -97,9 +98,9 @@ def _by_scope(scoped: list[tuple[tuple[str | None, str | None], Any]]) -> list[d
 
 def _span(span: dict[str, Any]) -> tuple[tuple[str | None, str | None], dict[str, Any]]:
     """(its scope's name and version, the span as OTLP JSON)."""
-    tags = {tag.get("key"): tag for tag in span.get("tags") or [] if isinstance(tag, dict)}
+    tags = {tag.get("key"): tag for tag in _list(span, "tags") if isinstance(tag, dict)}
     trace_id = _hex(span.get("traceID"), 32, "traceID")
-    parent, links = _references(span.get("references") or [], trace_id)
+    parent, links = _references(_list(span, "references"), trace_id)
     start = _micros(span.get("startTime"), "startTime")
     kind = _KINDS.get(str(_tag_value(tags, "span.kind")).lower(), 0)
     status, consumed = _status(tags, kind)
@@ -108,7 +109,7 @@ def _span(span: dict[str, Any]) -> tuple[tuple[str | None, str | None], dict[str
         "name": span.get("operationName", ""), "kind": kind,
         "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + _micros(span.get("duration", 0), "duration")),
         "attributes": [_attribute(tag) for key, tag in tags.items() if key not in _CONSUMED and key not in consumed],
-        "events": [_event(log) for log in span.get("logs") or []],
+        "events": [_event(log) for log in _list(span, "logs")],
         "status": status,
     }
     if parent is not None:
@@ -171,7 +172,7 @@ def _description(tags: dict[str, Any], consumed: set[str]) -> Any:
 def _event(log: Any) -> dict[str, Any]:
     if not isinstance(log, dict):
         raise BadRecord("a Jaeger log is not an object")
-    fields = [f for f in log.get("fields") or [] if isinstance(f, dict)]
+    fields = [f for f in _list(log, "fields") if isinstance(f, dict)]
     name = next((str(f.get("value")) for f in fields if f.get("key") == "event"), "")
     return {"timeUnixNano": str(_micros(log.get("timestamp"), "log timestamp")), "name": name,
             "attributes": [_attribute(f) for f in fields if f.get("key") != "event"]}
@@ -210,7 +211,15 @@ def _hex(value: Any, digits: int, what: str) -> str:
     return value.rjust(digits, "0")
 
 
+def _list(value: dict[str, Any], key: str) -> list[Any]:
+    """`value[key]`, a list (none: empty); BadRecord when it is something else."""
+    found = value.get(key) or []
+    if not isinstance(found, list):
+        raise BadRecord(f"a Jaeger {key} is not a list")
+    return found
+
+
 def _micros(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadRecord(f"Jaeger {what} {str(value)[:40]!r} is not a number of microseconds")
     return round(value * 1000)

@@ -13,6 +13,7 @@ flags; each span is its own `ResourceSpans` with its resource.
 from __future__ import annotations
 
 import calendar
+import datetime
 import re
 from typing import Any, Final
 
@@ -75,8 +76,11 @@ def _nanos(value: Any, what: str) -> int:
     if match is None:
         raise BadRecord(f"the printed span's {what} {str(value)[:40]!r} is not an ISO 8601 UTC time")
     *fields, fraction = match.groups()
-    seconds = calendar.timegm((*(int(f) for f in fields), 0, 0, 0))
-    return seconds * 10**9 + int((fraction or "").ljust(9, "0"))
+    try:
+        moment = datetime.datetime(*(int(f) for f in fields), tzinfo=datetime.UTC)
+    except ValueError:
+        raise BadRecord(f"the printed span's {what} {value!r} is not a time") from None
+    return calendar.timegm(moment.utctimetuple()) * 10**9 + int((fraction or "").ljust(9, "0"))
 
 
 def _objects(value: Any, what: str) -> list[dict[str, Any]]:

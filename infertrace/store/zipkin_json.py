@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import defaultdict
 from typing import Any, Final
 
@@ -93,8 +94,10 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
     """(the resource's attributes, the scope's name and version, the span as OTLP JSON)."""
     if not isinstance(span, dict):
         raise BadRecord("a Zipkin span is not an object")
-    if "binaryAnnotations" in span or any(isinstance(a, dict) and "endpoint" in a
-                                          for a in span.get("annotations") or []):
+    annotations = span.get("annotations") or []
+    if not isinstance(annotations, list):
+        raise BadRecord("a Zipkin span's annotations is not a list")
+    if "binaryAnnotations" in span or any(isinstance(a, dict) and "endpoint" in a for a in annotations):
         raise BadRecord("Zipkin v1 JSON (binaryAnnotations, endpoints in annotations): read Zipkin's v2 API "
                         "(/api/v2/traces) instead")
     tags = span.get("tags") or {}
@@ -118,7 +121,7 @@ def _span(span: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str | None, str
         "attributes": [_string(k, v) for k, v in tags.items()
                        if k not in _CONSUMED and not k.startswith("otlp.link.") and not _is_resource(k)]
         + _endpoint_attributes(local, remote),
-        "events": [_event(a) for a in span.get("annotations") or []],
+        "events": [_event(a) for a in annotations],
         "status": _status(tags),
     }
     parent = span.get("parentId")
@@ -287,6 +290,6 @@ def _hex(value: Any, digits: int, what: str) -> str:
 def _micros(value: Any, what: str) -> int:
     if value is None and what == "timestamp":
         raise BadRecord("a Zipkin span without a timestamp (a fragment another span completes): not placed in time")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadRecord(f"Zipkin {what} {str(value)[:40]!r} is not a number of microseconds")
     return round(value * 1000)
