@@ -321,6 +321,21 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
                                                                                  max_size=3), max_leaves=8)
 
 
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("logs", True, "a Jaeger logs is not a list"),
+    ("tags", 7, "a Jaeger tags is not a list"),
+    ("startTime", float("inf"), "is not a number of microseconds"),
+])
+def test_a_jaeger_field_of_the_wrong_json_type_rejects_that_span_alone(field: str, value: Any, reason: str) -> None:
+    """What the fuzz test below found (a TypeError through the whole ingest before)."""
+    span = {"traceID": "1", "spanID": "2", "processID": "p", "operationName": "x", "startTime": 1767225600000000}
+    converted = jaeger_json.resource_spans([{"traceID": "1", "spans": [{**span, field: value}, span],
+                                             "processes": {"p": {"serviceName": "s"}}}])
+    [bad] = [s for rs in converted for ss in rs["scopeSpans"] for s in ss["spans"] if isinstance(s, Unconverted)]
+    assert reason in bad.reason
+
+
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(spans=st.lists(st.fixed_dictionaries(
     {"traceID": st.just("1"), "spanID": st.just("2"), "processID": st.just("p"), "startTime": _JSON | st.integers()},

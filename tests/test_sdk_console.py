@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -90,6 +91,15 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
 _TIME = _JSON | st.from_regex(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z", fullmatch=True)
 
 
+def test_a_printed_time_that_is_no_date_is_rejected_with_its_reason() -> None:
+    """What the fuzz test below found (a ValueError before)."""
+    span = {"context": {"trace_id": "0x" + "1" * 32, "span_id": "0x" + "2" * 16},
+            "start_time": "0000-00-00T00:00:00Z", "end_time": "2026-01-01T00:00:00Z"}
+    with pytest.raises(BadRecord, match="start_time '0000-00-00T00:00:00Z' is not a time"):
+        sdk_console.resource_spans(span)
+
+
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(span=st.fixed_dictionaries({"context": st.just({"trace_id": "0x" + "1" * 32, "span_id": "0x" + "2" * 16}),
                                    "start_time": _TIME, "end_time": _TIME},

@@ -329,6 +329,19 @@ _FIELDS = ("traceId", "id", "parentId", "name", "kind", "timestamp", "duration",
            "annotations", "tags", "shared", "debug")
 
 
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("annotations", 1.0, "annotations is not a list"),
+    ("timestamp", float("inf"), "is not a number of microseconds"),
+    ("tags", ["a"], "tags is not an object"),
+])
+def test_a_zipkin_field_of_the_wrong_json_type_rejects_that_span_alone(field: str, value: Any, reason: str) -> None:
+    """What the fuzz test below found (each raised through ingest)."""
+    [bad] = [s for rs in zipkin_json.resource_spans([{**TRACE[2], field: value}, TRACE[0]])
+             for ss in rs["scopeSpans"] for s in ss["spans"] if isinstance(s, Unconverted)]
+    assert reason in bad.reason
+
+
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spans=st.lists(st.fixed_dictionaries({"traceId": st.just("1"), "id": st.just("2")},
                                             optional={k: _JSON for k in _FIELDS[2:]}), min_size=1, max_size=4))
