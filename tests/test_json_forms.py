@@ -325,6 +325,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
     ("logs", True, "a Jaeger logs is not a list"),
     ("tags", 7, "a Jaeger tags is not a list"),
     ("startTime", float("inf"), "is not a number of microseconds"),
+    ("duration", -5, "negative number of microseconds"),
 ])
 def test_a_jaeger_field_of_the_wrong_json_type_rejects_that_span_alone(field: str, value: Any, reason: str) -> None:
     """What the fuzz test below found (a TypeError through the whole ingest before)."""

@@ -222,4 +222,6 @@ def _list(value: dict[str, Any], key: str) -> list[Any]:
 def _micros(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadRecord(f"Jaeger {what} {str(value)[:40]!r} is not a number of microseconds")
+    if value < 0:  # epoch microseconds and durations: neither is ever negative
+        raise BadRecord(f"Jaeger {what} {value} is a negative number of microseconds")
     return round(value * 1000)

@@ -292,4 +292,6 @@ def _micros(value: Any, what: str) -> int:
         raise BadRecord("a Zipkin span without a timestamp (a fragment another span completes): not placed in time")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadRecord(f"Zipkin {what} {str(value)[:40]!r} is not a number of microseconds")
+    if value < 0:  # epoch microseconds and durations: neither is ever negative
+        raise BadRecord(f"Zipkin {what} {value} is a negative number of microseconds")
     return round(value * 1000)
