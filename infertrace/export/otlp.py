@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from infertrace.export import query_text
 from infertrace.otlp_files import lines_out
+from infertrace.store.values import encode_value
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -42,19 +43,6 @@ def _encoder(arrow_type: pa.DataType) -> Callable[[Any], dict[str, Any]]:
     if pa.types.is_floating(arrow_type):
         return lambda value: {"doubleValue": value}
     return lambda value: {"stringValue": str(value)}
-
-
-def _json_value(value: Any) -> dict[str, Any]:
-    """An event attribute, stored as JSON, back to an OTLP value."""
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, list):
-        return {"arrayValue": {"values": [_json_value(v) for v in value if v is not None]}}
-    return {"stringValue": value if isinstance(value, str) else json.dumps(value)}
 
 
 class _Columns:
@@ -93,7 +81,7 @@ def _span(row: dict[str, Any], columns: _Columns) -> dict[str, Any]:
         span["attributes"] = attributes
     if row.get("events"):
         span["events"] = [{"timeUnixNano": str(e["time_ns"]), "name": e["name"],
-                           "attributes": [{"key": k, "value": _json_value(v)}
+                           "attributes": [{"key": k, "value": encode_value(v)}
                                           for k, v in json.loads(e["attributes"] or "{}").items() if v is not None]}
                           for e in row["events"]]
     if row.get("links"):

@@ -17,7 +17,7 @@ import datetime
 import re
 from typing import Any, Final
 
-from infertrace.store.values import BadRecord
+from infertrace.store.values import BadRecord, encode_value
 
 _KINDS: Final = {"SpanKind.INTERNAL": 1, "SpanKind.SERVER": 2, "SpanKind.CLIENT": 3, "SpanKind.PRODUCER": 4,
                  "SpanKind.CONSUMER": 5}
@@ -103,16 +103,4 @@ def _attributes(values: Any, what: str) -> list[dict[str, Any]]:
         return []
     if not isinstance(values, dict):
         raise BadRecord(f"the printed span's {what} is not an object")
-    return [{"key": str(key), "value": _value(value)} for key, value in values.items()]
-
-
-def _value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, list):
-        return {"arrayValue": {"values": [_value(v) for v in value]}}
-    return {"stringValue": "" if value is None else str(value)}
+    return [{"key": str(key), "value": encode_value(value)} for key, value in values.items()]

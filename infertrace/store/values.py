@@ -145,6 +145,20 @@ def decode_value(value: Any, key: str) -> tuple[str, Any] | None:
     raise BadRecord(f"attribute {key!r}: unknown value type {tag!r}")
 
 
+def encode_value(value: Any) -> dict[str, Any]:
+    """A JSON-decoded value as an OTLP JSON `AnyValue`, the inverse of `decode_value` for what it stores: a
+    list becomes an array without its nulls, and an object or a null is kept as its JSON text."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [encode_value(v) for v in value if v is not None]}}
+    return {"stringValue": value if isinstance(value, str) else json.dumps(value)}
+
+
 _SCALAR_KINDS: Final = ("string", "int", "double", "bool")
 _INTEGER: Final = re.compile(r"-?[0-9]{1,19}")
 
