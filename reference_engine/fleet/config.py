@@ -460,7 +460,7 @@ def _tenant(table: dict[str, Any], i: int, known: tuple[str, ...], base: Path) -
     if workload != "synthetic":
         if "path" not in table:
             raise FleetFileError(f"{where}: workload {workload!r} replays a trace: give its path")
-        path = (base / str(table["path"])).resolve()
+        path = Path(os.path.abspath(base / str(table["path"])))  # symlinks kept: written back relative as given
         if not path.is_file():
             raise FleetFileError(f"{where}.path: {path} does not exist")
     options = {k: (tuple(v) if isinstance(v, list) else v) for k, v in table.items() if k in SYNTHETIC_FIELDS}
@@ -663,7 +663,7 @@ def fleet_to_toml(spec: FleetSpec, relative_to: Path | None = None) -> str:
     for t in spec.tenants:
         values = {"name": t.name, "models": t.models, "workload": t.workload}
         if t.path is not None:
-            path = os.path.relpath(t.path, relative_to.resolve()) if relative_to is not None else str(t.path)
+            path = os.path.relpath(t.path, os.path.abspath(relative_to)) if relative_to is not None else str(t.path)
             values.update(path=path, speedup=t.speedup, offset_s=t.offset_s)
         if t.retries:
             values.update(retries=t.retries, retry_backoff_s=t.retry_backoff_s)
