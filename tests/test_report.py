@@ -83,6 +83,15 @@ def test_a_target_breached_by_twice_its_value_is_critical_and_just_above_it_a_wa
     assert ok.model(model.model).severity == "ok"
 
 
+def test_a_request_that_reached_an_engine_and_failed_before_its_first_token_counts_as_an_engine_request() -> None:
+    with Store.open(sample_store("kv_transfer_congestion").store) as sample:
+        [(requests, with_first_token)] = sample.sql(
+            "SELECT count(*), count(first_token_ns) FROM requests WHERE model = 'llama-3-8b'").fetchall()
+        model = slo_summary(sample, model="llama-3-8b").model("llama-3-8b")
+    assert requests > with_first_token  # the sample has such a request
+    assert model.engine_requests == requests and model.ttft.count == with_first_token
+
+
 def test_slo_targets_parse_and_override_by_metric() -> None:
     targets = with_targets([parse_target("itl_p95_ms=80"), parse_target("error_rate=0.05")])
     assert SloTarget("itl", 0.95, 80.0) in targets and SloTarget("error_rate", None, 0.05) in targets

@@ -348,12 +348,13 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
         overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
     gateway = {row[0]: row[1:] for row in store.aggregate("slo_gateway", GATEWAY_SQL, params).fetchall()}
     models = sorted({m for m, _ in overall} | set(gateway))
+    reached = dict(con.execute("SELECT model, count(*) FROM r GROUP BY ALL").fetchall())  # with a first token or not
     empty = Percentiles(0, None, None, None)
     results = []
     for name in models:
         n_gw, errors, rejected = gateway.get(name, (0, 0, 0))
         pct = {metric: overall.get((name, metric), empty) for metric in METRICS}
-        engine_requests = pct["ttft"].count
+        engine_requests = int(reached.get(name, 0))
         slo = ModelSlo(name, int(n_gw), int(errors), int(rejected), engine_requests, pct["ttft"], pct["itl"],
                        pct["e2e"], ())
         checks = []
