@@ -215,3 +215,13 @@ def test_simulate_sends_to_the_collector_the_otel_environment_names_with_its_hea
     requests = int(re.search(r"(\d+) requests", " ".join(result.stderr.split())).group(1))
     with Store.open(tmp_path / "store") as opened:
         assert opened.sql("SELECT count(*) FROM requests").fetchall()[0][0] == requests > 0
+
+
+@pytest.mark.parametrize("command", [("report",), ("store", "check"), ("store", "compact"), ("dashboard",),
+                                     ("export", "--format", "otlp", "--out", "-")])
+def test_a_trace_file_given_as_the_store_is_named_a_file_with_the_command_that_ingests_it(command: tuple[str, ...]) \
+        -> None:
+    traces = ROOT / "sample_traces" / "host_pauses" / "traces.jsonl.gz"
+    done = infertrace(*command, "--store", str(traces))
+    assert done.returncode == 2, done.stderr
+    assert f"a file, not a store directory (`infertrace ingest --store DIR {traces}` reads it into one)" in done.stderr

@@ -132,10 +132,11 @@ def serve_metrics(
       infertrace serve-metrics --store traces/ --listen 127.0.0.1:9464
     """
     from infertrace.export.metrics import serve
+    from infertrace.store import not_a_store
     from infertrace.store.collector import parse_listen
 
     if not store.is_dir():
-        raise fail(f"--store {store}: no such store directory")
+        raise fail(f"--store {store}: {not_a_store(store)}")
     try:
         host, port = parse_listen(listen)
         server, thread = serve(store, host, port)

@@ -36,6 +36,7 @@ def dashboard(
     import os
     import sys
 
+    from infertrace.store import not_a_store
     from infertrace.store.clickhouse.connection import is_clickhouse_url
 
     if is_clickhouse_url(store):
@@ -54,7 +55,7 @@ def dashboard(
     if not app_path.is_file():
         raise fail(f"{app_path}: the dashboard app is missing (run from a clone of the repository)")
     if not root.is_dir():
-        raise fail(f"--store {store}: no such store directory")
+        raise fail(f"--store {store}: {not_a_store(root)}")
     extra = []
     if components is not None:
         from infertrace.sources.components import load_rules

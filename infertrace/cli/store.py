@@ -331,10 +331,11 @@ def compact_command(
 
     Example: infertrace store compact --store traces/ --retain 7d
     """
+    from infertrace.store import not_a_store
     from infertrace.store.compaction import compact, parse_duration
 
     if not store.is_dir():
-        raise fail(f"--store {store}: no such store directory")
+        raise fail(f"--store {store}: {not_a_store(store)}")
     try:
         retain_s = parse_duration(retain) if retain else None
         summary = compact(store, target_bytes=target_mib << 20, min_age_s=min_age, grace_s=grace, retain_s=retain_s)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infertrace.store import not_a_store
 from infertrace.store.compaction import compaction_lock, finish
 from infertrace.store.schema import SCHEMA
 from infertrace.store.segments import (
@@ -93,7 +94,7 @@ def _read_whole(path: Path) -> str | None:
 def check(root: str | Path, full: bool = True) -> Health:
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such store directory")
+        raise FileNotFoundError(f"{root}: {not_a_store(root)}")
     health = Health()
     for folder in partition_dirs(root):
         listing = list_partition(folder)
@@ -167,7 +168,7 @@ def _salvage(path: Path) -> pa.Table | None:
 def repair(root: str | Path) -> RepairSummary:
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such store directory")
+        raise FileNotFoundError(f"{root}: {not_a_store(root)}")
     summary = RepairSummary()
     with compaction_lock(root) as held:
         if not held:

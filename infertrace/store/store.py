@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infertrace.store import not_a_store
 from infertrace.store.schema import SCHEMA
 from infertrace.store.segments import NOTES_KEY, list_segments
 from infertrace.store.side_inputs import (
@@ -160,7 +161,7 @@ class Store:
         """Opens a store directory for reading. Raises FileNotFoundError when it does not exist."""
         path = Path(root)
         if not path.is_dir():
-            raise FileNotFoundError(f"{path}: no such store directory")
+            raise FileNotFoundError(f"{path}: {not_a_store(path)}")
         con = duckdb.connect(":memory:")
         con.execute("SET enable_progress_bar = false")
         if threads:
