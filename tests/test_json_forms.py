@@ -81,6 +81,7 @@ FORMS: dict[str, Callable[[list[TracesData]], bytes]] = {
     "a JSON array of OTLP JSON messages, on one line": lambda ms: json.dumps(
         [json.loads(message_to_otlp_json(m)) for m in ms]).encode(),
     "OTLP before 0.15, pretty": lambda ms: b"".join(_pretty(_pre_015(m)) for m in ms),
+    "OTLP before 0.15, a line per message": lambda ms: _lines([_pre_015(m) for m in ms]),
     "length-prefixed messages, each pretty-printed": lambda ms: b"".join(
         len(body).to_bytes(4, "big") + body for body in (json_format.MessageToJson(m).encode() for m in ms)),
 }

@@ -285,8 +285,8 @@ def _spans_table(lines: pa.Table) -> tuple[pa.Table, Notes]:
     if lines.column("resourceSpans").null_count:
         raise _Fallback  # a line without resourceSpans is rejected by the record-by-record path
     resource_spans, _ = _flatten(lines.column("resourceSpans"))
-    if resource_spans.null_count:
-        raise _Fallback
+    if resource_spans.null_count or resource_spans.field("scopeSpans").null_count:
+        raise _Fallback  # no scopeSpans: OTLP before 0.15 named them instrumentationLibrarySpans (json_forms)
     scope_spans, scope_owner = _flatten(resource_spans.field("scopeSpans"))
     spans, span_scope = _flatten(scope_spans.field("spans"))
     if scope_spans.null_count or spans.null_count:
