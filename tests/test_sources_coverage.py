@@ -111,3 +111,39 @@ def test_a_components_file_names_kinds_and_a_bad_one_is_refused_with_its_name_an
     result = CliRunner().invoke(app, ["report", "--store", str(sample_store("rate_limiter_flapping").store),
                                       "--components", str(bad)])
     assert result.exit_code == 2 and f"--components {bad}: not TOML" in result.output
+
+
+def _web_service_trace(path: Path, requests: int) -> None:
+    """A web service's traces, as a user's export of everything holds them: server spans over database calls, no
+    model named anywhere."""
+    lines = []
+    for i in range(requests):
+        trace, start = f"{i + 1:032x}", 1_767_225_600_000_000_000 + i * 10**8
+        spans = [{"traceId": trace, "spanId": f"{2 * i + 1:016x}", "name": "GET /api/items", "kind": 2,
+                  "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 5 * 10**7),
+                  "attributes": [{"key": "http.route", "value": {"stringValue": "/api/items"}}]},
+                 {"traceId": trace, "spanId": f"{2 * i + 2:016x}", "parentSpanId": f"{2 * i + 1:016x}",
+                  "name": "SELECT items", "kind": 3, "startTimeUnixNano": str(start + 10**6),
+                  "endTimeUnixNano": str(start + 4 * 10**7)}]
+        lines.append({"resourceSpans": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "shop-api"}}]}, "scopeSpans": [{"spans": spans}]}]})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_entry_spans_that_name_no_model_are_counted_and_no_summary_or_detection_is_claimed_on_them(
+        tmp_path: Path) -> None:
+    _web_service_trace(tmp_path / "web.jsonl", 40)
+    ingest_paths(tmp_path / "store", [tmp_path / "web.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        coverage = store_coverage(store)
+    assert (coverage.entry_requests, coverage.entries_without_model) == (40, 40)
+    for key in ("slo", "incidents"):
+        analysis = coverage.analysis(key)
+        assert not analysis.supported and analysis.detail.startswith("No request names a model"), analysis
+    assert any(line.startswith("40 of these entries name no model") for line in coverage.sentences())
+
+
+def test_entries_whose_traces_reach_an_engine_count_as_named_by_it() -> None:
+    with Store.open(sample_store("prefill_storm").store) as store:
+        coverage = store_coverage(store)
+    assert coverage.entry_requests > 0 and coverage.entries_without_model == 0

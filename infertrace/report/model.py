@@ -497,6 +497,7 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
     return {
         "sources": dict(coverage.sources),
         "gateway_requests": coverage.entry_requests,
+        "gateway_requests_without_model": coverage.entries_without_model,
         "component_calls": coverage.component_calls,
         "step_spans": coverage.step_spans,
         "summary": coverage.sentences(),

@@ -63,6 +63,7 @@ class StoreCoverage:
     propagation: tuple[PropagationBreak, ...] = ()  # models whose engines get no trace context from the gateway
     environments: dict[str, int] = field(default_factory=dict)  # spans per deployment environment that names one
     aliases: tuple[tuple[str, str, int], ...] = ()  # a gateway's name for a model, the engines' name, entries
+    entries_without_model: int = 0  # entry requests that neither the entry nor an engine in its trace name a model of
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -84,6 +85,10 @@ class StoreCoverage:
                          "trace tree" + (f", and {self.in_process_calls} spans in the gateway's own process that "
                                          "count only when --components names them" if self.in_process_calls else "")
                          + ".")
+            if self.entries_without_model:
+                lines.append(f"{self.entries_without_model} of these entries name no model, nor does an engine span "
+                             "in their traces (gen_ai.request.model): they are in no per-model figure (requests "
+                             "that are not LLM inference, or a gateway that does not say which model it called).")
         else:
             lines.append("Gateway: no gateway span; requests are seen at the engines.")
         if self.model_from_service:
@@ -154,6 +159,7 @@ def store_coverage(store: Store) -> StoreCoverage:
         engine_requests=total("source"),
         sources={str(k): n for k, n in sorted(counts.get("source", {}).items(), key=lambda kv: -kv[1])},
         entry_requests=total("entry"),
+        entries_without_model=total("entry_without_model"),
         entry_services=tuple(sorted(str(k) for k in counts.get("entry", {}) if k is not None)),
         component_calls=sum(n for k, n in calls.items() if k != "same_service") + named,
         in_process_calls=calls.get("same_service", 0) - named,
@@ -194,11 +200,13 @@ def _named_in_process(store: Store) -> int:
 
 
 def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
-    requests = c.engine_requests + c.entry_requests
+    requests = c.engine_requests + c.entry_requests - c.entries_without_model  # those the per-model figures count
     tokens = c.tokens_from_steps + c.tokens_from_spans
     gateway = c.entry_requests > 0
     out = []
 
+    none = ("No request names a model (the gateway's entry spans do not, and no engine span is in their traces)"
+            if c.entries_without_model else "No request spans")
     seen = "gateway entry spans" if gateway else "the engines' own spans (no gateway span)"
     itl_pct = ("ITL percentiles from engine_step spans" if c.tokens_from_steps else
                f"ITL percentiles from {TOKEN_SPANS}" if c.tokens_from_spans else
@@ -219,10 +227,10 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     out.append(Analysis("slo", "SLO summary", requests > 0,
                         f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}{clocks}"
                         f"{split('their TTFT and E2E are from the engine alone')}" if requests else
-                        "No request spans: nothing to summarise."))
+                        f"{none}: nothing to summarise."))
 
     if not requests:
-        detection = "No request spans: no incident can be detected."
+        detection = f"{none}: no incident can be detected."
     elif gateway:
         detection = f"Per model and tenant, from {c.entry_requests} requests at gateway entry spans."
     else:

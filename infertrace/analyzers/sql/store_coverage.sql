@@ -8,7 +8,8 @@
 -- Tokens are counted from `token_runs` (as many as `tokens` has rows, without expanding them).
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
---   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'calls' | 'environment' | 'alias'), key (the source, the
+--   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'entry_without_model' (entries neither they nor an engine
+--   in their trace name a model of) | 'calls' | 'environment' | 'alias'), key (the source, the
 --   fallback used, the tokens' origin, the entry's service, how calls were found, the spans' deployment
 --   environment (resource attribute deployment.environment.name, or the older deployment.environment; NULL where
 --   none), 'NAME\tMODEL' for a gateway's name of a model that `component_calls` gives as the engines' MODEL;
@@ -32,6 +33,8 @@ UNION ALL
 SELECT 'tokens', CASE WHEN role = 'span' THEN 'spans' ELSE 'steps' END, sum(tokens) FROM token_runs GROUP BY ALL
 UNION ALL
 SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
+UNION ALL
+SELECT 'entry_without_model', NULL, count(*) FROM component_calls WHERE role = 'entry' AND model IS NULL
 UNION ALL
 SELECT 'calls', found_by, count(*) FROM component_calls WHERE role = 'call' GROUP BY ALL
 UNION ALL
