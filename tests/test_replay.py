@@ -109,6 +109,16 @@ def test_replay_bad_settings_exit_2_naming_the_setting(two_models: Path) -> None
         assert named in result.stderr, (args, result.stderr)
 
 
+def test_replay_of_a_store_whose_requests_name_no_model_exits_2_saying_there_is_no_traffic(tmp_path: Path) -> None:
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "GET /api/items", "kind": 2,
+            "startTimeUnixNano": "1767225600000000000", "endTimeUnixNano": "1767225600050000000"}
+    (tmp_path / "web.jsonl").write_text(json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "shop-api"}}]}, "scopeSpans": [{"spans": [span]}]}]}) + "\n")
+    ingest_paths(tmp_path / "store", [tmp_path / "web.jsonl"])
+    result = infertrace("replay", "--store", str(tmp_path / "store"))
+    assert result.returncode == 2 and "no engine request span names a model" in result.stderr, result.stderr
+
+
 def test_settings_parse_into_a_variant_of_the_captured_deployment(two_models: Path) -> None:
     with Store.open(two_models) as store:
         base = read_capture(store, "llama-3-8b").deployment

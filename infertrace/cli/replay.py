@@ -155,6 +155,9 @@ def replay(
             if model is None:
                 models = [m for (m,) in opened.sql("SELECT DISTINCT model FROM requests WHERE model IS NOT NULL "
                                                    "ORDER BY 1").fetchall()]
+                if not models:
+                    raise fail(f"--store {store}: no engine request span names a model: there is no traffic to "
+                               "replay (infertrace report says what the store holds)")
                 if len(models) != 1:
                     raise fail(f"--model is needed: the store holds {len(models)} models ({', '.join(models)})")
                 model = models[0]
