@@ -33,7 +33,7 @@ st.caption(f"TTFT and E2E {source}; ITL between consecutive tokens. Targets: "
            + ", ".join(f"{t.key} ≤ {t.threshold:g}" for t in summary.targets)
            + f"; critical at {summary.critical_ratio:g}× a target.")
 if not summary.models:
-    st.info("No requests in the store yet.")
+    st.info(coverage.analysis("slo").detail if coverage.entries_without_model else "No requests in the store yet.")
     st.stop()
 
 table = pd.DataFrame([{
