@@ -252,6 +252,18 @@ def test_incidents_page_on_a_store_too_short_to_score_warns_instead_of_saying_no
                "answers" in w for w in warnings), warnings
 
 
+def test_fleet_overview_of_a_store_whose_requests_name_no_model_says_so_not_that_it_has_no_requests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "GET /api/items", "kind": 2,
+            "startTimeUnixNano": "1767225600000000000", "endTimeUnixNano": "1767225600050000000"}
+    (tmp_path / "web.jsonl").write_text(json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "shop-api"}}]}, "scopeSpans": [{"spans": [span]}]}]}) + "\n")
+    ingest_paths(tmp_path / "store", [tmp_path / "web.jsonl"])
+    at = app(tmp_path / "store", monkeypatch, "views/fleet.py")
+    shown = [i.value for i in at.info]
+    assert shown and shown[0].startswith("No request names a model") and "No requests in the store yet." not in shown
+
+
 def test_prefix_cache_page_shows_the_analyzers_hit_rates_and_billing(store_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(store_dir, monkeypatch, "views/prefix_cache.py")
