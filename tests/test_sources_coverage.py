@@ -147,3 +147,27 @@ def test_entries_whose_traces_reach_an_engine_count_as_named_by_it() -> None:
     with Store.open(sample_store("prefill_storm").store) as store:
         coverage = store_coverage(store)
     assert coverage.entry_requests > 0 and coverage.entries_without_model == 0
+
+
+def test_calls_to_a_model_seen_only_by_their_client_are_counted_and_said_to_be_in_no_figure(tmp_path: Path) -> None:
+    """An application's GenAI instrumentation (OpenLLMetry's OpenAI spans): CLIENT spans naming the model, in
+    traces of their own. Before, the store read as holding no request at all."""
+    lines = []
+    for i in range(30):
+        start = 1_767_225_600_000_000_000 + i * 10**9
+        span = {"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": "openai.chat", "kind": 3,
+                "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 2 * 10**9),
+                "attributes": [{"key": "gen_ai.request.model", "value": {"stringValue": "gpt-4o"}},
+                               {"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "120"}}]}
+        lines.append({"resourceSpans": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "my-app"}}]}, "scopeSpans": [{"spans": [span]}]}]})
+    (tmp_path / "app.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ingest_paths(tmp_path / "store", [tmp_path / "app.jsonl"])
+    with Store.open(tmp_path / "store") as store:
+        coverage = store_coverage(store)
+    assert coverage.client_calls == 30 and coverage.engine_requests == coverage.entry_requests == 0
+    assert coverage.analysis("slo").detail.startswith("No request spans (only 30 calls seen by their clients)")
+    assert any(line.startswith("30 spans are calls to a model seen by their client") for line in coverage.sentences())
+    assert "Gateway: no gateway span." in coverage.sentences()
+    with Store.open(sample_store("prefill_storm").store) as served:
+        assert store_coverage(served).client_calls == 0  # the gateway's and engines' own spans are not clients'

@@ -498,6 +498,7 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
         "sources": dict(coverage.sources),
         "gateway_requests": coverage.entry_requests,
         "gateway_requests_without_model": coverage.entries_without_model,
+        "client_calls": coverage.client_calls,
         "component_calls": coverage.component_calls,
         "step_spans": coverage.step_spans,
         "summary": coverage.sentences(),

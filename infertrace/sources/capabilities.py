@@ -64,6 +64,7 @@ class StoreCoverage:
     environments: dict[str, int] = field(default_factory=dict)  # spans per deployment environment that names one
     aliases: tuple[tuple[str, str, int], ...] = ()  # a gateway's name for a model, the engines' name, entries
     entries_without_model: int = 0  # entry requests that neither the entry nor an engine in its trace name a model of
+    client_calls: int = 0  # CLIENT spans naming a model, in traces without an engine request or a gateway span
     analyses: tuple[Analysis, ...] = field(default=())
 
     def analysis(self, key: str) -> Analysis:
@@ -90,7 +91,13 @@ class StoreCoverage:
                              "in their traces (gen_ai.request.model): they are in no per-model figure (requests "
                              "that are not LLM inference, or a gateway that does not say which model it called).")
         else:
-            lines.append("Gateway: no gateway span; requests are seen at the engines.")
+            lines.append("Gateway: no gateway span" + ("; requests are seen at the engines." if self.engine_requests
+                                                        else "."))
+        if self.client_calls:
+            lines.append(f"{self.client_calls} spans are calls to a model seen by their client (CLIENT spans with "
+                         "gen_ai.request.model, in traces with no gateway or engine span: an application's GenAI "
+                         "instrumentation, e.g. OpenLLMetry's): infertrace reads requests where they are served, at "
+                         "gateways and engines, so they are in no figure.")
         if self.model_from_service:
             lines.append(f"{self.model_from_service} requests carry no model attribute (vLLM V1 sets none, TGI none): "
                          "their model is their service.name.")
@@ -160,6 +167,7 @@ def store_coverage(store: Store) -> StoreCoverage:
         sources={str(k): n for k, n in sorted(counts.get("source", {}).items(), key=lambda kv: -kv[1])},
         entry_requests=total("entry"),
         entries_without_model=total("entry_without_model"),
+        client_calls=total("client_calls"),
         entry_services=tuple(sorted(str(k) for k in counts.get("entry", {}) if k is not None)),
         component_calls=sum(n for k, n in calls.items() if k != "same_service") + named,
         in_process_calls=calls.get("same_service", 0) - named,
@@ -206,7 +214,9 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     out = []
 
     none = ("No request names a model (the gateway's entry spans do not, and no engine span is in their traces)"
-            if c.entries_without_model else "No request spans")
+            if c.entries_without_model else
+            f"No request spans (only {c.client_calls} calls seen by their clients)" if c.client_calls else
+            "No request spans")
     seen = "gateway entry spans" if gateway else "the engines' own spans (no gateway span)"
     itl_pct = ("ITL percentiles from engine_step spans" if c.tokens_from_steps else
                f"ITL percentiles from {TOKEN_SPANS}" if c.tokens_from_spans else

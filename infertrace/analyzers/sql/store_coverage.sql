@@ -9,8 +9,9 @@
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
 --   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'entry_without_model' (entries neither they nor an engine
---   in their trace name a model of) | 'calls' | 'environment' | 'alias'), key (the source, the
---   fallback used, the tokens' origin, the entry's service, how calls were found, the spans' deployment
+--   in their trace name a model of) | 'client_calls' (CLIENT spans naming a model in traces with no engine
+--   request and no gateway span: an application's calls to an LLM API) | 'calls' | 'environment' | 'alias'), key
+--   (the source, the fallback used, the tokens' origin, the entry's service, how calls were found, the spans' deployment
 --   environment (resource attribute deployment.environment.name, or the older deployment.environment; NULL where
 --   none), 'NAME\tMODEL' for a gateway's name of a model that `component_calls` gives as the engines' MODEL;
 --   NULL for plain counts), n (spans for 'environment', entries for 'alias', else requests, calls or tokens).
@@ -35,6 +36,10 @@ UNION ALL
 SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
 UNION ALL
 SELECT 'entry_without_model', NULL, count(*) FROM component_calls WHERE role = 'entry' AND model IS NULL
+UNION ALL
+SELECT 'client_calls', NULL, count(*) FROM spans
+WHERE kind = 3 AND "attr.gen_ai.request.model" IS NOT NULL
+  AND trace_id NOT IN (SELECT trace_id FROM request_legs UNION SELECT trace_id FROM component_calls)
 UNION ALL
 SELECT 'calls', found_by, count(*) FROM component_calls WHERE role = 'call' GROUP BY ALL
 UNION ALL
