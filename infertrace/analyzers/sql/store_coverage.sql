@@ -39,7 +39,7 @@ SELECT 'entry_without_model', NULL, count(*) FROM component_calls WHERE role = '
 UNION ALL
 SELECT 'client_calls', NULL, count(*) FROM spans
 WHERE kind = 3 AND "attr.gen_ai.request.model" IS NOT NULL
-  AND trace_id NOT IN (SELECT trace_id FROM request_legs UNION SELECT trace_id FROM component_calls)
+  AND trace_id NOT IN (SELECT trace_id FROM requests UNION SELECT trace_id FROM component_calls)
 UNION ALL
 SELECT 'calls', found_by, count(*) FROM component_calls WHERE role = 'call' GROUP BY ALL
 UNION ALL
