@@ -205,7 +205,7 @@ def test_a_trace_piped_to_ingest_dash_is_read_from_standard_input(messages: list
     assert piped.returncode == 0, piped.stderr
     assert _spans(tmp_path / "store").equals(otlp_spans)
     again = ingest(b'{"status": "not found"}\n', "-")
-    assert again.returncode == 0 and b"Skipped 1 lines" in again.stderr, again.stderr
+    assert again.returncode == 1 and b"Skipped 1 lines" in again.stderr, again.stderr  # nothing stored: a failure
     [kept] = [json.loads(x) for q in (tmp_path / "store" / "quarantine").iterdir() for x in q.read_text().splitlines()]
     assert (kept["source"], kept["line"]) == ("<stdin>", 1)
     twice = ingest(b"", "-", "-")

@@ -228,6 +228,10 @@ def test_cli_ingest_exit_codes_strict_and_missing_paths(trace_file: Path, tmp_pa
     assert missing.returncode == 2 and "no such file" in missing.stderr
     clean = _cli("ingest", "--store", store, "--no-progress", "--strict", str(trace_file))
     assert clean.returncode == 0, clean.stderr
+    nothing = tmp_path / "nothing.jsonl"
+    nothing.write_text('{"status": "not found"}\n')  # what a trace API answers for an unknown id
+    rejected = _cli("ingest", "--store", store, "--no-progress", str(nothing))
+    assert rejected.returncode == 1 and "Nothing was stored: everything given was rejected" in rejected.stderr
 
 
 def test_a_first_line_that_is_a_bare_null_is_quarantined_and_the_spans_after_it_are_stored(

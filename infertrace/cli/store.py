@@ -32,7 +32,8 @@ def ingest(
         help="OTLP JSON lines files (.jsonl, .jsonl.gz, .jsonl.zst; also trace JSON downloaded from Tempo, "
              "Jaeger or Zipkin, pretty-printed or not), directories, globs; - reads standard input (curl … | "
              "infertrace ingest --store DIR -)")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit 1 if any line or span was skipped")] = False,
+    strict: Annotated[bool, typer.Option(
+        help="Exit 1 if anything was skipped (without it: only if nothing was stored)")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_line_bytes: Annotated[int, typer.Option(help="Longest line read; a longer one is quarantined unread")] = (
         32 * 1024 * 1024),
@@ -135,7 +136,10 @@ def _ingest_files(store: Path, files: list[Path], labels: dict[str, str], source
     err.print(summary.paragraph(), soft_wrap=True, highlight=False)
     if materialize:
         materialize_store(store, progress)
-    if strict and summary.skipped:
+    if summary.skipped and (strict or not summary.spans_read):
+        if not summary.spans_read:
+            err.print("Nothing was stored: everything given was rejected (exit 1; the quarantine keeps it).",
+                      soft_wrap=True, highlight=False)
         raise typer.Exit(1)
 
 
