@@ -171,3 +171,14 @@ def test_calls_to_a_model_seen_only_by_their_client_are_counted_and_said_to_be_i
     assert "Gateway: no gateway span." in coverage.sentences()
     with Store.open(sample_store("prefill_storm").store) as served:
         assert store_coverage(served).client_calls == 0  # the gateway's and engines' own spans are not clients'
+
+
+def test_a_web_services_traces_beside_an_llm_fleets_are_counted_apart_from_its_requests(tmp_path: Path) -> None:
+    sample = sample_store("prefill_storm")
+    _web_service_trace(tmp_path / "web.jsonl", 25)
+    ingest_paths(tmp_path / "store", [sample.traces, tmp_path / "web.jsonl"])
+    with Store.open(sample.store) as alone, Store.open(tmp_path / "store") as mixed:
+        before, after = store_coverage(alone), store_coverage(mixed)
+    assert (after.entry_requests, after.entries_without_model) == (before.entry_requests + 25, 25)
+    assert after.analysis("incidents").detail.startswith(
+        f"Per model and tenant, from {before.entry_requests} requests at gateway entry spans.")

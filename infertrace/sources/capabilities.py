@@ -242,7 +242,8 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     if not requests:
         detection = f"{none}: no incident can be detected."
     elif gateway:
-        detection = f"Per model and tenant, from {c.entry_requests} requests at gateway entry spans."
+        detection = (f"Per model and tenant, from {c.entry_requests - c.entries_without_model} requests at gateway "
+                     "entry spans.")
     else:
         detection = ("Per model from the engines' spans alone: there is no gateway span, so gateway latency and "
                      "requests rejected before an engine are not seen.")
