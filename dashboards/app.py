@@ -40,6 +40,8 @@ with st.sidebar:
         st.error(f"No store directory: {root or 'give --store DIR'}")
     else:
         st.caption(f"Store `{root}` · {len(st.session_state['snapshot'])} segments")
+        if (lag := results.behind(root, st.session_state["snapshot"])) is not None:
+            st.info(lag)
         live = st.toggle("Refresh when new traces arrive", value=True)
         if live:
             @st.fragment(run_every=5)

@@ -4,8 +4,11 @@ Analyzer results are read from the store's materialised results (`infertrace.res
 ingest` or `collect` wrote them for this snapshot, and computed (and written) otherwise; the store reader's
 relation views read the materialised relations when they exist.
 
-A snapshot is the names of the store's segments: when a collector or `infertrace ingest` adds a segment, the
-snapshot changes and the results are recomputed; until then every page and rerun reuses them. All results are
+A snapshot is the store's segments (paths relative to it). The pages show the current one when its results are
+materialised, or when none ever were (they are then computed here, once per snapshot). While a collector adds
+segments faster than the analyses of the whole store run, the pages show the newest materialised snapshot instead,
+at once, and the sidebar says how far behind it is; a background process materialises the current one (unless
+another is at it: the collector's), and the sidebar's watcher reruns the page when it is done. All results are
 read through one store reader per snapshot (`reader`), whose connection keeps the relations the analyzers
 materialize (on a store without materialised relations, the `requests` or `step_membership` of an hour of a
 busy fleet take seconds to compute: once, not once per page). A lock serializes the reader's use (a DuckDB
@@ -16,21 +19,27 @@ statistic: it calls the analyzers and the runbook and returns their results.
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from infertrace.results import result
+from infertrace.results import background, result
+from infertrace.results.materialized import is_materialised, latest
 from infertrace.results.relations import attach
 from infertrace.store.segments import list_segments
 from infertrace.store.store import Store
+
+log = logging.getLogger(__name__)
 
 STORE_ENV = "INFERTRACE_STORE"
 
@@ -52,8 +61,40 @@ def components_file() -> str | None:
     return None
 
 
+def current_segments(root: Path) -> tuple[str, ...]:
+    return tuple(sorted(p.relative_to(root).as_posix() for p in list_segments(root)))
+
+
+_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}  # per store: the materialisation this process started last
+
+
 def snapshot(root: Path) -> tuple[str, ...]:
-    return tuple(p.name for p in list_segments(root))
+    """The snapshot the pages show (see above): the current segments, or the newest materialised snapshot while
+    the current one is being materialised."""
+    now = current_segments(root)
+    if not now or is_materialised(root, (Path(s).name for s in now)):
+        return now
+    shown = latest(root)
+    if shown is None or not all((root / s).is_file() for s in shown.segments):
+        return now  # nothing materialised yet, or compaction removed its files: computed here
+    child = _CHILDREN.get(str(root))
+    if child is not None and child.poll() not in (None, 0, background.BUSY):
+        return now  # the background materialisation failed (e.g. a read-only store): computed here
+    if (child is None or child.poll() is not None) and not background.busy(root):
+        _CHILDREN[str(root)] = background.spawn(root)
+        log.info("materialising %s in the background", root)
+    return shown.segments
+
+
+def behind(root: Path, shown: tuple[str, ...]) -> str | None:
+    """What the sidebar says when the pages show an older snapshot than the store's current one, else None."""
+    newer = set(current_segments(root)) - set(shown)
+    record = latest(root)
+    if not newer or record is None or record.segments != shown:
+        return None
+    until = datetime.fromtimestamp(record.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (f"Showing the analysis of the spans stored until {until}; {len(newer)} newer segment(s) are being "
+            "analysed, and the page refreshes when they are.")
 
 
 _LOCK = threading.Lock()
@@ -61,7 +102,7 @@ _LOCK = threading.Lock()
 
 @st.cache_resource(max_entries=1, show_spinner=False)
 def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
-    store = Store.open(root)
+    store = Store.open(root, segments=snapshot)
     attach(store)  # the snapshot's materialised relations, when written
     if (path := components_file()) is not None:  # results are then kept under a key of their own
         from infertrace.sources.components import load_rules, register

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -323,6 +324,39 @@ def test_pages_refresh_when_new_segments_arrive(tmp_path: Path, monkeypatch: pyt
         summary = slo_summary(opened)
     assert list(after["requests"]) == [m.gateway_requests for m in summary.models]
     assert after["requests"].sum() > before["requests"].sum()
+
+
+@pytest.mark.slow
+def test_while_new_segments_are_analysed_the_pages_show_the_last_analysis_at_once_and_say_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector under steady load adds segments faster than the whole store is analysed: the pages show the
+    newest materialised snapshot (not the analyses computed again on every new segment), the sidebar says how far
+    behind it is, and a background process materialises the current one, which the next run shows."""
+    from infertrace.results import materialize
+    from infertrace.results.materialized import is_materialised
+    from infertrace.store.segments import list_segments
+
+    store = tmp_path / "store"
+    shutil.copytree(demo_store().store / "spans", store / "spans")
+    with Store.open(store) as opened:
+        materialize(opened)
+        earlier = slo_summary(opened)
+    ingest_paths(store, [incident_store("rate_limiter_flapping").traces])  # newer segments, not materialised
+    at = app(store, monkeypatch)
+    assert list(frame(at, "ttft p99 ms")["requests"]) == [m.gateway_requests for m in earlier.models]
+    lag = [i.value for i in at.sidebar.info]
+    assert len(lag) == 1 and lag[0].startswith("Showing the analysis of the spans stored until ")
+    assert "newer segment(s) are being analysed" in lag[0]
+    deadline = time.monotonic() + 300  # the dashboard's background materialisation of the current snapshot
+    while not is_materialised(store, (p.name for p in list_segments(store))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    at.run()
+    assert not at.exception
+    with Store.open(store) as opened:
+        now = slo_summary(opened)
+    assert list(frame(at, "ttft p99 ms")["requests"]) == [m.gateway_requests for m in now.models]
+    assert sum(m.gateway_requests for m in now.models) > sum(m.gateway_requests for m in earlier.models)
+    assert not at.sidebar.info
 
 
 def test_disaggregation_page_counts_each_request_once_with_its_transfer_and_pools(

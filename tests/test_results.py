@@ -135,3 +135,99 @@ def test_a_collector_side_materializer_writes_the_results_once_new_segments_sett
     assert materializer.runs == 1
     with Store.open(store_dir) as store:
         assert all(load(store, name) is not None for name in ANALYSES)
+
+
+@pytest.mark.slow
+def test_the_collector_side_materializer_keeps_up_with_a_stream_that_never_settles(tmp_path: Path) -> None:
+    """Engines under steady load export every few seconds: the segment list never stays unchanged for the
+    settling time, and the snapshot is materialised once its oldest change has waited `max_wait_s`."""
+    import gzip
+
+    from infertrace.results.background import Materializer
+    from infertrace.results.materialized import is_materialised, latest
+
+    with gzip.open(SAMPLES / "prefill_storm" / "traces.jsonl.gz", "rt") as lines:
+        exports = [json.loads(line) for line in lines]
+
+    def export(i: int, n: int) -> str:
+        """Every n-th span from the i-th on, as an exporter's batches would hold them."""
+        return "".join(json.dumps({"resourceSpans": [{"resource": rs.get("resource", {}),
+                                                      "scopeSpans": [{**ss, "spans": ss["spans"][i::n]}]}]}) + "\n"
+                       for doc in exports for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
+                       if ss["spans"][i::n])
+
+    store_dir = tmp_path / "store"
+    materializer = Materializer(store_dir, settle_s=3.0, poll_s=0.1, max_wait_s=1.0).start()
+    try:
+        for i in range(40):  # a new segment every ≈ 0.3 s for ≈ 12 s or more: never 3 s without one
+            part = tmp_path / f"export-{i}.jsonl"
+            part.write_text(export(i, 40))
+            ingest_paths(store_dir, [part])
+            time.sleep(0.3)
+            if materializer.runs:
+                break
+        streamed = i + 1
+    finally:
+        materializer.stop()
+    assert materializer.runs >= 1, "nothing materialised while segments kept arriving"
+    assert streamed < 40
+    shown = latest(store_dir)
+    assert shown is not None and is_materialised(store_dir, (Path(s).name for s in shown.segments))
+    with Store.open(store_dir, segments=shown.segments) as store:
+        assert all(load(store, name) is not None for name in ANALYSES)
+
+
+def test_one_materialisation_per_store_at_a_time(tmp_path: Path) -> None:
+    import fcntl
+
+    from infertrace.results.background import BUSY, LOCK, busy
+
+    store_dir = tmp_path / "store"
+    ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    assert not busy(store_dir)
+    (store_dir / LOCK).parent.mkdir(parents=True, exist_ok=True)
+    with open(store_dir / LOCK, "ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another materialisation at work
+        assert busy(store_dir)
+        child = subprocess.run([sys.executable, "-m", "infertrace.results.background", str(store_dir)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert child.returncode == BUSY, child.stderr
+    assert not (store_dir / RESULTS_DIR).exists()
+    assert not busy(store_dir)
+
+
+def test_a_store_opened_on_an_earlier_snapshot_reads_it_until_compaction_removes_its_files(tmp_path: Path) -> None:
+    from infertrace.store.compaction import compact
+
+    store_dir = tmp_path / "store"
+    ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        first = store.segment_paths()
+        (first_spans,), = store.sql("SELECT count(*) FROM spans").fetchall()
+    ingest_paths(store_dir, [SAMPLES / "cache_busting" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        (all_spans,), = store.sql("SELECT count(*) FROM spans").fetchall()
+    assert all_spans > first_spans
+    with Store.open(store_dir, segments=first) as pinned:
+        assert pinned.segment_paths() == first
+        assert pinned.sql("SELECT count(*) FROM spans").fetchall() == [(first_spans,)]
+        compact(store_dir, grace_s=0)  # merges the segments and removes its inputs at once
+        assert pinned.sql("SELECT count(*) FROM spans").fetchall() == [(all_spans,)]  # the current snapshot now
+        assert pinned.segment_paths() != first
+
+
+def test_materialize_records_the_newest_materialised_snapshot(store_dir: Path) -> None:
+    from infertrace.results.materialized import LATEST, is_materialised, latest
+
+    assert latest(store_dir) is None
+    with Store.open(store_dir) as store:
+        materialize(store)
+        snapshot = store.segment_paths()
+    shown = latest(store_dir)
+    assert shown is not None and shown.segments == snapshot
+    assert shown.data_until == max((store_dir / s).stat().st_mtime for s in snapshot)
+    assert is_materialised(store_dir, (Path(s).name for s in snapshot))
+    ingest_paths(store_dir, [SAMPLES / "cache_busting" / "traces.jsonl.gz"])  # a newer snapshot, not materialised
+    assert latest(store_dir) == shown
+    (store_dir / LATEST).write_text("{not json")
+    assert latest(store_dir) is None  # unreadable: nothing to show, not an error

@@ -16,14 +16,17 @@ def materialize_store(root: Path, progress: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.results import ANALYSES, materialize
+    from infertrace.results.background import materialising
     from infertrace.store.store import Store
 
     started = time.perf_counter()
     columns = (TextColumn("materialising {task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     try:
-        with Store.open(root) as store, Progress(*columns, console=err, transient=True,
-                                                 disable=not progress) as bar:
+        # after any materialisation under way (a collector's, a dashboard's): the same results are not computed
+        # twice at once, and most are then already there
+        with materialising(root, wait=True), Store.open(root) as store, Progress(
+                *columns, console=err, transient=True, disable=not progress) as bar:
             task = bar.add_task("", total=len(ANALYSES) + 2)
             steps = iter(range(len(ANALYSES) + 3))
 

@@ -9,6 +9,10 @@ data the result came from) with the version of the analysis code (a hash of the 
 source). A result directory is written under a temporary name and renamed into place: a reader sees a whole
 result or none. The last few keys per analysis are kept, so a reader on an older snapshot still finds its own.
 
+`DIR/derived/latest.json` names the newest snapshot whose every result (and report document) is written, by its
+segments' paths and the time its newest segment was written: while a new snapshot is being materialised, the
+dashboard shows that one, saying how far behind it is, instead of computing everything again on each new segment.
+
 `INFERTRACE_RESULTS=live` bypasses all of it (every result computed, nothing read or written): the benchmark
 compares both paths with it.
 """
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = Path("derived") / "results"
+LATEST = Path("derived") / "latest.json"
 KEEP = 3  # result keys kept per analysis
 LIVE_ENV = "INFERTRACE_RESULTS"
 
@@ -289,6 +294,50 @@ def save_report(store: Store, doc: dict[str, Any]) -> None:
     _prune(parent)
 
 
+@dataclasses.dataclass(frozen=True)
+class Materialised:
+    """A snapshot whose every result is materialised: its segments (paths relative to the store directory) and
+    when its newest segment was written (Unix seconds): the analysis covers the spans stored up to then."""
+
+    segments: tuple[str, ...]
+    data_until: float
+
+
+def is_materialised(root: Path, segment_names: Iterable[str]) -> bool:
+    """Whether the snapshot with these segment names has every result (its report document is written last)."""
+    path = Path(root) / RESULTS_DIR / REPORT / segments_key(segment_names) / "result.parquet"
+    return not is_live() and path.is_file()
+
+
+def latest(root: Path) -> Materialised | None:
+    """The newest snapshot with every result materialised (`materialize` records it), or None."""
+    path = Path(root) / LATEST
+    try:
+        doc = json.loads(path.read_text())
+        found = Materialised(tuple(str(s) for s in doc["segments"]), float(doc["data_until"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s unreadable (%s): no materialised snapshot to show", path, e)
+        return None
+    if not is_materialised(root, (Path(s).name for s in found.segments)):
+        return None  # its results were pruned, or the code that computed them changed
+    return found
+
+
+def _record_latest(store: Store) -> None:
+    """Records the store's snapshot as the newest materialised one, unless a newer one is recorded already (two
+    materialisations may finish out of order)."""
+    data_until = max((p.stat().st_mtime for p in store.segments if p.exists()), default=0.0)
+    previous = latest(store.root)
+    if previous is not None and previous.data_until > data_until:
+        return
+    path = store.root / LATEST
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps({"segments": list(store.segment_paths()), "data_until": data_until}))
+    os.replace(temporary, path)
+
+
 def materialize(store: Store, names: Iterable[str] = ANALYSES,
                 on_progress: Callable[[str], None] | None = None) -> dict[str, float]:
     """Computes and writes the snapshot's derived relations and every named analysis it has no result for
@@ -325,4 +374,12 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         results["cache"] = results.pop("prefix_cache")
         save_report(store, build_report(store, **results))
         spent[REPORT] = time.perf_counter() - started
+    if set(names) == set(ANALYSES) and not is_live():
+        from infertrace.sources.components import registered
+
+        if not registered(store):  # the dashboard shows rule-less results unless started with --components
+            try:
+                _record_latest(store)
+            except OSError as e:
+                log.warning("cannot record the materialised snapshot in %s: %s", store.root, e)
     return spent

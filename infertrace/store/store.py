@@ -146,9 +146,11 @@ class Store:
     """Read side of a store directory. Views: `spans_raw` (every stored span row), `spans` (each span once),
     and the derived relations in `RELATIONS`."""
 
-    def __init__(self, root: Path, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, root: Path, con: duckdb.DuckDBPyConnection, pinned: Sequence[Path] | None = None) -> None:
         self.root = root
         self.con = con
+        # The segments of an earlier snapshot to read instead of the store's current ones (`open(segments=…)`)
+        self.pinned: list[Path] | None = list(pinned) if pinned is not None else None
         self.segments: list[Path] = []
         self.skipped: list[tuple[Path, str]] = []  # segments left out of the snapshot, with the reason
         self.notes: dict[str, dict[str, int]] = {}  # what was converted, truncated or dropped, per key
@@ -157,8 +159,12 @@ class Store:
         self.refresh()
 
     @classmethod
-    def open(cls, root: str | Path, threads: int | None = None) -> Store:
-        """Opens a store directory for reading. Raises FileNotFoundError when it does not exist."""
+    def open(cls, root: str | Path, threads: int | None = None, segments: Sequence[str] | None = None) -> Store:
+        """Opens a store directory for reading. Raises FileNotFoundError when it does not exist.
+
+        `segments` (paths relative to the directory, as `segment_paths` gives them) reads an earlier snapshot
+        instead of the current one: what a materialised result was computed from. While compaction's grace
+        period keeps them, those files are read; once one is gone the store reads its current segments."""
         path = Path(root)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: {not_a_store(path)}")
@@ -166,19 +172,26 @@ class Store:
         con.execute("SET enable_progress_bar = false")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
-        return cls(path, con)
+        return cls(path, con, None if segments is None else [path / s for s in segments])
 
     def refresh(self) -> None:
-        """Takes a new snapshot: the segments written since are included from now on."""
+        """Takes a new snapshot: the segments written since are included from now on (a store opened on given
+        segments keeps them while they all exist)."""
+        if self.pinned is not None and not all(p.exists() for p in self.pinned):
+            self.pinned = None
         self._load_spans_raw()
         self._define_views()
+
+    def segment_paths(self) -> tuple[str, ...]:
+        """The snapshot's segments as paths relative to the store directory (for `open(segments=…)`)."""
+        return tuple(sorted(p.relative_to(self.root).as_posix() for p in self.segments))
 
     def _load_spans_raw(self) -> None:
         """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
         readable: dict[str, list[Path]] = {}
         schemas: dict[str, pa.Schema] = {}
         self.segments, self.skipped, self.notes = [], [], {}
-        for path in list_segments(self.root):
+        for path in self.pinned if self.pinned is not None else list_segments(self.root):
             info = read_footer(path)
             if isinstance(info, str):
                 if path.exists():  # a segment removed since the listing (compaction) is not a problem
