@@ -61,7 +61,8 @@ def components_file() -> str | None:
     return None
 
 
-def current_segments(root: Path) -> tuple[str, ...]:
+def current_segments(root: str | Path) -> tuple[str, ...]:
+    root = Path(root)
     return tuple(sorted(p.relative_to(root).as_posix() for p in list_segments(root)))
 
 
@@ -86,10 +87,10 @@ def snapshot(root: Path) -> tuple[str, ...]:
     return shown.segments
 
 
-def behind(root: Path, shown: tuple[str, ...]) -> str | None:
+def behind(root: str | Path, shown: tuple[str, ...]) -> str | None:
     """What the sidebar says when the pages show an older snapshot than the store's current one, else None."""
     newer = set(current_segments(root)) - set(shown)
-    record = latest(root)
+    record = latest(Path(root))
     if not newer or record is None or record.segments != shown:
         return None
     until = datetime.fromtimestamp(record.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

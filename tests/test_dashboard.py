@@ -333,6 +333,7 @@ def test_while_new_segments_are_analysed_the_pages_show_the_last_analysis_at_onc
     newest materialised snapshot (not the analyses computed again on every new segment), the sidebar says how far
     behind it is, and a background process materialises the current one, which the next run shows."""
     from infertrace.results import materialize
+    from infertrace.results.background import materialising
     from infertrace.results.materialized import is_materialised
     from infertrace.store.segments import list_segments
 
@@ -342,11 +343,21 @@ def test_while_new_segments_are_analysed_the_pages_show_the_last_analysis_at_onc
         materialize(opened)
         earlier = slo_summary(opened)
     ingest_paths(store, [incident_store("rate_limiter_flapping").traces])  # newer segments, not materialised
-    at = app(store, monkeypatch)
-    assert list(frame(at, "ttft p99 ms")["requests"]) == [m.gateway_requests for m in earlier.models]
-    lag = [i.value for i in at.sidebar.info]
-    assert len(lag) == 1 and lag[0].startswith("Showing the analysis of the spans stored until ")
-    assert "newer segment(s) are being analysed" in lag[0]
+    with materialising(store, wait=True):  # another process (the collector's materialiser) at work meanwhile
+        at = app(store, monkeypatch)
+        assert list(frame(at, "ttft p99 ms")["requests"]) == [m.gateway_requests for m in earlier.models]
+        lag = [i.value for i in at.sidebar.info]
+        assert len(lag) == 1 and lag[0].startswith("Showing the analysis of the spans stored until ")
+        assert "newer segment(s) are being analysed" in lag[0]
+        # a request of the newer segments is not in the shown snapshot yet, and its waterfall says why
+        with Store.open(store, segments=at.session_state["snapshot"]) as shown:
+            shown_ids = {r for (r,) in shown.sql("SELECT request_id FROM requests").fetchall()}
+        with Store.open(store) as opened:
+            newer = sorted({r for (r,) in opened.sql("SELECT request_id FROM requests").fetchall()} - shown_ids)
+        waterfall = app(store, monkeypatch, "views/request.py")
+        waterfall.text_input(key="waterfall_request").input(newer[0]).run()
+        assert next(w.value for w in waterfall.warning).endswith("a request that arrived since appears once they are.")
+    at.run()  # no other materialisation now: the dashboard starts its own of the current snapshot
     deadline = time.monotonic() + 300  # the dashboard's background materialisation of the current snapshot
     while not is_materialised(store, (p.name for p in list_segments(store))) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -25,7 +25,9 @@ if request_id != wanted:
 
 stages = results.runbook(root, snap, "request_waterfall", (("request_id", request_id),))
 if stages.empty:
-    st.warning(f"No spans of request `{request_id}` in the store (it may be outside it, or the id is mistyped).")
+    newer = (" The pages show an earlier snapshot while newer spans are analysed (sidebar): a request that arrived "
+             "since appears once they are." if results.behind(root, snap) else "")
+    st.warning(f"No spans of request `{request_id}` in the store (it may be outside it, or the id is mistyped).{newer}")
     st.stop()
 
 stages["label"] = [f"{'› ' * int(d)}{s} · {i}" if i else f"{'› ' * int(d)}{s}"
