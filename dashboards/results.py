@@ -19,9 +19,7 @@ statistic: it calls the analyzers and the runbook and returns their results.
 
 from __future__ import annotations
 
-import logging
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -33,13 +31,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from infertrace.results import background, result
-from infertrace.results.materialized import is_materialised, latest
+from infertrace.results import result
+from infertrace.results.live import lag, shown_snapshot
 from infertrace.results.relations import attach
-from infertrace.store.segments import list_segments
 from infertrace.store.store import Store
-
-log = logging.getLogger(__name__)
 
 STORE_ENV = "INFERTRACE_STORE"
 
@@ -61,41 +56,19 @@ def components_file() -> str | None:
     return None
 
 
-def current_segments(root: str | Path) -> tuple[str, ...]:
-    root = Path(root)
-    return tuple(sorted(p.relative_to(root).as_posix() for p in list_segments(root)))
-
-
-_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}  # per store: the materialisation this process started last
-
-
 def snapshot(root: Path) -> tuple[str, ...]:
-    """The snapshot the pages show (see above): the current segments, or the newest materialised snapshot while
-    the current one is being materialised."""
-    now = current_segments(root)
-    if not now or is_materialised(root, (Path(s).name for s in now)):
-        return now
-    shown = latest(root)
-    if shown is None or not all((root / s).is_file() for s in shown.segments):
-        return now  # nothing materialised yet, or compaction removed its files: computed here
-    child = _CHILDREN.get(str(root))
-    if child is not None and child.poll() not in (None, 0, background.BUSY):
-        return now  # the background materialisation failed (e.g. a read-only store): computed here
-    if (child is None or child.poll() is not None) and not background.busy(root):
-        _CHILDREN[str(root)] = background.spawn(root)
-        log.info("materialising %s in the background", root)
-    return shown.segments
+    """The snapshot the pages show (see above; `infertrace.results.live`)."""
+    return shown_snapshot(root)
 
 
 def behind(root: str | Path, shown: tuple[str, ...]) -> str | None:
     """What the sidebar says when the pages show an older snapshot than the store's current one, else None."""
-    newer = set(current_segments(root)) - set(shown)
-    record = latest(Path(root))
-    if not newer or record is None or record.segments != shown:
+    found = lag(root, shown)
+    if found is None:
         return None
-    until = datetime.fromtimestamp(record.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (f"Showing the analysis of the spans stored until {until}; {len(newer)} newer segment(s) are being "
-            "analysed, and the page refreshes when they are.")
+    until = datetime.fromtimestamp(found.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (f"Showing the analysis of the spans stored until {until}; {found.newer_segments} newer segment(s) are "
+            "being analysed, and the page refreshes when they are.")
 
 
 _LOCK = threading.Lock()

@@ -315,6 +315,48 @@ def test_metrics_of_engines_without_step_spans_leave_out_what_their_spans_lack_a
 
 
 @pytest.mark.slow
+def test_a_scrape_while_newer_segments_are_analysed_answers_from_the_last_analysis_and_says_how_far_behind(
+        tmp_path: Path) -> None:
+    """A scrape must answer within Prometheus' timeout: it does not compute a new snapshot's analyses itself."""
+    from infertrace.export.metrics import exposition
+    from infertrace.results import materialize
+    from infertrace.results.background import materialising
+    from infertrace.results.live import current_segments
+    from infertrace.results.materialized import is_materialised, latest
+
+    def scrape() -> dict[str, Any]:
+        return {f.name: f for f in text_string_to_metric_families(exposition(store_dir).decode())}
+
+    def requests(families: dict[str, Any]) -> float:
+        return sum(s.value for s in _samples(families["vllm:e2e_request_latency_seconds"], "_count"))
+
+    store_dir = tmp_path / "store"
+    ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        materialize(store)
+        (earlier,), = store.sql("SELECT count(*) FROM requests WHERE e2e_ns IS NOT NULL").fetchall()
+    current = scrape()
+    assert requests(current) == earlier and current["infertrace:segments_pending"].samples[0].value == 0
+    ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])  # a collector writes more
+    with materialising(store_dir, wait=True):  # while another process materialises the new snapshot
+        behind = scrape()
+    assert requests(behind) == earlier
+    assert behind["infertrace:segments_pending"].samples[0].value > 0
+    shown = latest(store_dir)
+    assert shown is not None
+    assert behind["infertrace:data_until_timestamp_seconds"].samples[0].value == shown.data_until
+    scrape()  # no other materialisation now: this process starts one of the current snapshot
+    deadline = time.monotonic() + 300
+    while not is_materialised(store_dir, (Path(s).name for s in current_segments(store_dir))):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    after = scrape()
+    with Store.open(store_dir) as store:
+        (now,), = store.sql("SELECT count(*) FROM requests WHERE e2e_ns IS NOT NULL").fetchall()
+    assert requests(after) == now > earlier and after["infertrace:segments_pending"].samples[0].value == 0
+
+
+@pytest.mark.slow
 def test_collect_with_metrics_serves_them_and_materialises_what_it_received(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     process = subprocess.Popen([sys.executable, "-m", "infertrace", "collect", "--store", str(store_dir),

@@ -21,7 +21,10 @@ What only infertrace knows, under `infertrace:`:
   time each token (SGLang, TGI, a streaming client's times), the request-only method's stall windows instead;
 - `infertrace:prefix_cache_hit_rate{tenant}`: share of the tenant's prompt tokens read from the prefix cache;
 - `infertrace:metric_unavailable{metric, reason}` = 1 for each metric above the store cannot give, and why (no
-  step spans, no token times, no cached-token counts): an absent series never reads as a zero.
+  step spans, no token times, no cached-token counts): an absent series never reads as a zero;
+- `infertrace:data_until_timestamp_seconds` (when the newest segment the metrics cover was stored) and
+  `infertrace:segments_pending` (segments stored since, being analysed): while a collector writes, a scrape
+  answers from the newest materialised snapshot (`StoreMetrics`), so these say how current the rest is.
 
 A counter whose inputs an engine's spans do not carry (vLLM's carry no cached-token or preemption counts) is left
 out for that engine, rather than reported as 0.
@@ -236,8 +239,12 @@ def _stall_window_metrics(attribution: RequestOnlyAttribution, models: dict[str,
 
 
 class StoreMetrics:
-    """A prometheus-client collector over a store directory: each scrape sees the store's current segments,
-    and the metrics are recomputed only when they changed."""
+    """A prometheus-client collector over a store directory. Each scrape answers from the snapshot
+    `infertrace.results.live` shows: the store's current segments when their analyses are materialised, else the
+    newest materialised snapshot while the current one is materialised in the background (a scrape must answer
+    within Prometheus' timeout, 10 s by default, and computing the analyses of a busy hour takes longer). The
+    metrics are recomputed only when that snapshot changes, from its materialised relations and results; two
+    gauges say how current they are."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -246,18 +253,36 @@ class StoreMetrics:
         self._families: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
-        from infertrace.store.segments import list_segments
+        from infertrace.results import result
+        from infertrace.results.live import lag, shown_snapshot
+        from infertrace.results.relations import attach
         from infertrace.store.store import Store
 
         with self._lock:
-            snapshot = tuple(p.name for p in list_segments(self.root))
+            snapshot = shown_snapshot(self.root)
             if snapshot != self._snapshot:
                 started = time.perf_counter()
-                with Store.open(self.root) as store:
-                    self._families = derived_metrics(store)
+                with Store.open(self.root, segments=snapshot) as store:
+                    attach(store)
+                    itl = result(store, "itl") if stall_source(store) == "steps" else None
+                    self._families = derived_metrics(store, itl=itl, cache=result(store, "prefix_cache"))
+                    self._families.append(_data_until(store))
                 self._snapshot = snapshot
                 log.info("metrics recomputed for %d segments in %.2f s", len(snapshot), time.perf_counter() - started)
-            yield from self._families
+            behind = lag(self.root, snapshot)
+            pending = GaugeMetricFamily("infertrace:segments_pending", "Segments stored since the snapshot these "
+                                        "metrics come from (being analysed; 0: the metrics are current).")
+            pending.add_metric([], float(behind.newer_segments if behind is not None else 0))
+            yield from [*self._families, pending]
+
+
+def _data_until(store: Store) -> Metric:
+    """When the newest segment of the store's snapshot was written: the metrics cover the spans stored until then."""
+    gauge = GaugeMetricFamily("infertrace:data_until_timestamp_seconds", "When the newest segment of the snapshot "
+                              "these metrics come from was stored (Unix seconds): they cover the spans stored until "
+                              "then.")
+    gauge.add_metric([], max((p.stat().st_mtime for p in store.segments if p.exists()), default=0.0))
+    return gauge
 
 
 def exposition(root: Path) -> bytes:
