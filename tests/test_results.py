@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from infertrace.results import ANALYSES, materialize, result, snapshot_key
-from infertrace.results.materialized import RESULTS_DIR, load
+from infertrace.export.metrics import exposition_text
+from infertrace.results.materialized import RESULTS_DIR, load, load_metrics
 from infertrace.results.relations import RELATIONS_DIR, attach
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import RELATIONS, Store
@@ -38,12 +39,14 @@ def test_every_materialised_result_reads_back_equal_to_the_analyzers_result(stor
     with Store.open(store_dir) as store:
         live = {name: compute(store) for name, compute in ANALYSES.items()}
         spent = materialize(store)
-    assert set(spent) == {"relations", *ANALYSES, "report"} and all(s > 0 for s in spent.values())
+    assert set(spent) == {"relations", *ANALYSES, "report", "metrics"} and all(s > 0 for s in spent.values())
     with Store.open(store_dir) as store:
         for name in ANALYSES:
             assert load(store, name) == live[name], name
+        # the metrics endpoint's exposition, as computed from the analyzers' results on the spans themselves
+        assert load_metrics(store) == exposition_text(store, live["itl"], live["prefix_cache"])
         again = materialize(store)  # nothing to do the second time
-        assert again == dict.fromkeys(set(spent) - {"report"}, 0.0)
+        assert again == dict.fromkeys(set(spent) - {"report", "metrics"}, 0.0)
     assert not list(store_dir.glob("derived/**/.*tmp*")), "no temporary left behind"
 
 

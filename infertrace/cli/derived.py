@@ -27,8 +27,8 @@ def materialize_store(root: Path, progress: bool) -> None:
         # twice at once, and most are then already there
         with materialising(root, wait=True), Store.open(root) as store, Progress(
                 *columns, console=err, transient=True, disable=not progress) as bar:
-            task = bar.add_task("", total=len(ANALYSES) + 2)
-            steps = iter(range(len(ANALYSES) + 3))
+            task = bar.add_task("", total=len(ANALYSES) + 3)  # the relations, each analysis, the report, the metrics
+            steps = iter(range(len(ANALYSES) + 4))
 
             def advance(step: str) -> None:
                 bar.update(task, description=step, completed=next(steps))

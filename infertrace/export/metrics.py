@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from infertrace.analyzers.slo import UNCHECKED
 from infertrace.export import NO_STALL_INPUTS, query_text, stall_source
@@ -255,6 +256,7 @@ class StoreMetrics:
     def collect(self) -> Iterator[Metric]:
         from infertrace.results import result
         from infertrace.results.live import lag, shown_snapshot
+        from infertrace.results.materialized import load_metrics, save_metrics
         from infertrace.results.relations import attach
         from infertrace.store.store import Store
 
@@ -263,10 +265,15 @@ class StoreMetrics:
             if snapshot != self._snapshot:
                 started = time.perf_counter()
                 with Store.open(self.root, segments=snapshot) as store:
-                    attach(store)
-                    itl = result(store, "itl") if stall_source(store) == "steps" else None
-                    self._families = derived_metrics(store, itl=itl, cache=result(store, "prefix_cache"))
-                    self._families.append(_data_until(store))
+                    text = load_metrics(store)
+                    if text is None:  # no materialised snapshot yet: computed here, and kept for the next reader
+                        attach(store)
+                        text = exposition_text(store, result(store, "itl"), result(store, "prefix_cache"))
+                        try:
+                            save_metrics(store, text)
+                        except OSError as e:
+                            log.warning("cannot keep the metrics in %s: %s", self.root, e)
+                self._families = list(text_string_to_metric_families(text))
                 self._snapshot = snapshot
                 log.info("metrics recomputed for %d segments in %.2f s", len(snapshot), time.perf_counter() - started)
             behind = lag(self.root, snapshot)
@@ -274,6 +281,25 @@ class StoreMetrics:
                                         "metrics come from (being analysed; 0: the metrics are current).")
             pending.add_metric([], float(behind.newer_segments if behind is not None else 0))
             yield from [*self._families, pending]
+
+
+def exposition_text(store: Store, itl: ItlAnalysis, cache: PrefixCacheAnalysis) -> str:
+    """Every family of `derived_metrics` and `infertrace:data_until_timestamp_seconds`, in Prometheus' text
+    format: what `materialize` keeps per snapshot and a scrape serves (`StoreMetrics`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    families = derived_metrics(store, itl=itl if stall_source(store) == "steps" else None, cache=cache)
+    registry.register(_Families([*families, _data_until(store)]))  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
+
+
+class _Families:
+    """Metric families computed once, for a registry to write out."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
 
 
 def _data_until(store: Store) -> Metric:

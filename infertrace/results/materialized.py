@@ -76,14 +76,17 @@ _CODE = {  # what each kind of derived data depends on
     "relations": (("infertrace.store", "relations/*.sql"),),
     "results": (("infertrace.analyzers", "*.py"), ("infertrace.analyzers", "sql/*.sql"),
                 ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py"),
-                ("infertrace.sources", "*.py")),
+                ("infertrace.sources", "*.py"),
+                # the documents built from the results: the report's and the metrics endpoint's
+                ("infertrace.report", "*.py"), ("infertrace.export", "*.py"), ("infertrace.export", "sql/*.sql")),
 }
 
 
 @functools.cache
 def code_version(kind: str = "results") -> str:
     """A hash of the code that derived data depends on: for results, the analyzers (Python and SQL), the
-    relations' SQL, this package and the source profiles (`infertrace.sources`); for relations, their SQL."""
+    relations' SQL, this package, the source profiles (`infertrace.sources`) and the code of the report and
+    metrics documents built from them; for relations, their SQL."""
     digest = hashlib.sha256()
     for package, pattern in _CODE[kind]:
         folder = Path(str(resources.files(package)))
@@ -261,37 +264,66 @@ def result(store: Store, name: str) -> Any:
 REPORT = "report"  # the unfiltered report's document, built from the results above
 
 
-def load_report(root: Path, segment_names: Iterable[str]) -> dict[str, Any] | None:
-    """The unfiltered report document of the snapshot with these segments, or None; reads one small file and
-    opens no store, so `infertrace report` answers at once."""
-    path = Path(root) / RESULTS_DIR / REPORT / segments_key(segment_names) / "result.parquet"
+METRICS = "metrics"  # the metrics endpoint's exposition (Prometheus text format), built from the results above
+
+
+def _load_text(root: Path, name: str, segment_names: Iterable[str]) -> str | None:
+    """A document (`REPORT`, `METRICS`) of the snapshot with these segments, or None; reads one small file and
+    opens no store."""
+    path = Path(root) / RESULTS_DIR / name / segments_key(segment_names) / "result.parquet"
     if is_live() or not path.is_file():
         return None
     try:
-        return json.loads(pq.read_table(path)["result"][0].as_py())
+        return str(pq.read_table(path)["result"][0].as_py())
     except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-        log.warning("materialised report %s unreadable (%s): building it again", path, e)
+        log.warning("materialised %s %s unreadable (%s): building it again", name, path, e)
         return None
 
 
-def save_report(store: Store, doc: dict[str, Any]) -> None:
-    """Keeps the unfiltered report document of the store's snapshot (atomically, as results are kept);
-    nothing with INFERTRACE_RESULTS=live."""
+def _save_text(store: Store, name: str, text: str) -> None:
+    """Keeps a document of the store's snapshot (atomically, as results are kept); nothing with
+    INFERTRACE_RESULTS=live."""
     if is_live():
         return
-    parent = _folder(store, REPORT)
+    parent = _folder(store, name)
     parent.mkdir(parents=True, exist_ok=True)
     key = snapshot_key(store)
     temporary = parent / f".{key}.tmp-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    meta = {"analysis": REPORT, "code_version": code_version(), "segments": sorted(p.name for p in store.segments)}
-    pq.write_table(pa.table({"meta": [json.dumps(meta)], "result": [json.dumps(doc)]}), temporary / "result.parquet")
+    meta = {"analysis": name, "code_version": code_version(), "segments": sorted(p.name for p in store.segments)}
+    pq.write_table(pa.table({"meta": [json.dumps(meta)], "result": [text]}), temporary / "result.parquet")
     try:
         temporary.rename(parent / key)
     except OSError:
         shutil.rmtree(temporary, ignore_errors=True)
     _prune(parent)
+
+
+def load_report(root: Path, segment_names: Iterable[str]) -> dict[str, Any] | None:
+    """The unfiltered report document of the snapshot with these segments, or None; reads one small file and
+    opens no store, so `infertrace report` answers at once."""
+    text = _load_text(root, REPORT, segment_names)
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError as e:
+        log.warning("materialised report of %s unreadable (%s): building it again", root, e)
+        return None
+
+
+def save_report(store: Store, doc: dict[str, Any]) -> None:
+    """Keeps the unfiltered report document of the store's snapshot."""
+    _save_text(store, REPORT, json.dumps(doc))
+
+
+def load_metrics(store: Store) -> str | None:
+    """The metrics exposition of the store's snapshot, or None."""
+    return _load_text(store.root, METRICS, (p.name for p in store.segments))
+
+
+def save_metrics(store: Store, text: str) -> None:
+    """Keeps the metrics exposition of the store's snapshot (`infertrace.export.metrics.exposition_text`)."""
+    _save_text(store, METRICS, text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,9 +336,11 @@ class Materialised:
 
 
 def is_materialised(root: Path, segment_names: Iterable[str]) -> bool:
-    """Whether the snapshot with these segment names has every result (its report document is written last)."""
-    path = Path(root) / RESULTS_DIR / REPORT / segments_key(segment_names) / "result.parquet"
-    return not is_live() and path.is_file()
+    """Whether the snapshot with these segment names has every result (the report and metrics documents, built
+    from the others, are written last)."""
+    key = segments_key(segment_names)
+    return not is_live() and all((Path(root) / RESULTS_DIR / name / key / "result.parquet").is_file()
+                                 for name in (REPORT, METRICS))
 
 
 def latest(root: Path) -> Materialised | None:
@@ -374,6 +408,16 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         results["cache"] = results.pop("prefix_cache")
         save_report(store, build_report(store, **results))
         spent[REPORT] = time.perf_counter() - started
+    if set(names) == set(ANALYSES) and load_metrics(store) is None:
+        from infertrace.export.metrics import exposition_text
+
+        if on_progress is not None:
+            on_progress(METRICS)
+        started = time.perf_counter()
+        itl = computed["itl"] if "itl" in computed else result(store, "itl")
+        cache = computed["prefix_cache"] if "prefix_cache" in computed else result(store, "prefix_cache")
+        save_metrics(store, exposition_text(store, itl, cache))
+        spent[METRICS] = time.perf_counter() - started
     if set(names) == set(ANALYSES) and not is_live():
         from infertrace.sources.components import registered
 
