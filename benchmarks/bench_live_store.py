@@ -47,6 +47,10 @@ def _child(kind: str, store: Path, page: str) -> None:
     else:
         from infertrace.export.metrics import exposition
 
+        # what a running endpoint has imported by its first scrape after new segments arrived
+        from infertrace.results import live, relations  # noqa: F401
+        from infertrace.store.store import Store  # noqa: F401
+
         started, cpu = time.perf_counter(), time.process_time()
         exposition(store)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from infertrace.results import ANALYSES, materialize, result, snapshot_key
 from infertrace.export.metrics import exposition_text
+from infertrace.results import ANALYSES, materialize, result, snapshot_key
 from infertrace.results.materialized import RESULTS_DIR, load, load_metrics
 from infertrace.results.relations import RELATIONS_DIR, attach
 from infertrace.store.ingest import ingest_paths
@@ -44,7 +44,8 @@ def test_every_materialised_result_reads_back_equal_to_the_analyzers_result(stor
         for name in ANALYSES:
             assert load(store, name) == live[name], name
         # the metrics endpoint's exposition, as computed from the analyzers' results on the spans themselves
-        assert load_metrics(store) == exposition_text(store, live["itl"], live["prefix_cache"])
+        served = load_metrics(store_dir, (p.name for p in store.segments))
+        assert served == exposition_text(store, live["itl"], live["prefix_cache"])
         again = materialize(store)  # nothing to do the second time
         assert again == dict.fromkeys(set(spent) - {"report", "metrics"}, 0.0)
     assert not list(store_dir.glob("derived/**/.*tmp*")), "no temporary left behind"

@@ -264,9 +264,9 @@ class StoreMetrics:
             snapshot = shown_snapshot(self.root)
             if snapshot != self._snapshot:
                 started = time.perf_counter()
-                with Store.open(self.root, segments=snapshot) as store:
-                    text = load_metrics(store)
-                    if text is None:  # no materialised snapshot yet: computed here, and kept for the next reader
+                text = load_metrics(self.root, (Path(s).name for s in snapshot))
+                if text is None:  # no materialised snapshot yet: computed here, and kept for the next reader
+                    with Store.open(self.root, segments=snapshot) as store:
                         attach(store)
                         text = exposition_text(store, result(store, "itl"), result(store, "prefix_cache"))
                         try:

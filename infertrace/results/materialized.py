@@ -316,9 +316,9 @@ def save_report(store: Store, doc: dict[str, Any]) -> None:
     _save_text(store, REPORT, json.dumps(doc))
 
 
-def load_metrics(store: Store) -> str | None:
-    """The metrics exposition of the store's snapshot, or None."""
-    return _load_text(store.root, METRICS, (p.name for p in store.segments))
+def load_metrics(root: Path, segment_names: Iterable[str]) -> str | None:
+    """The metrics exposition of the snapshot with these segments, or None; opens no store."""
+    return _load_text(root, METRICS, segment_names)
 
 
 def save_metrics(store: Store, text: str) -> None:
@@ -408,7 +408,7 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         results["cache"] = results.pop("prefix_cache")
         save_report(store, build_report(store, **results))
         spent[REPORT] = time.perf_counter() - started
-    if set(names) == set(ANALYSES) and load_metrics(store) is None:
+    if set(names) == set(ANALYSES) and load_metrics(store.root, (p.name for p in store.segments)) is None:
         from infertrace.export.metrics import exposition_text
 
         if on_progress is not None:
