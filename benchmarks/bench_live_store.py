@@ -3,19 +3,20 @@ new segments arrived, with and without an earlier materialised snapshot to show,
 
     .venv/bin/infertrace simulate --fleet examples/fleets/four_models.toml --duration 600 --seed 1 --out F.jsonl.gz
     .venv/bin/infertrace simulate --fleet examples/fleets/four_models.toml --duration 20 --seed 2 --out G.jsonl.gz
-    .venv/bin/python benchmarks/bench_live_store.py --traces F.jsonl.gz --newer G.jsonl.gz [--json out.json]
+    .venv/bin/python benchmarks/bench_live_store.py --traces F.jsonl.gz --newer G.jsonl.gz [--before DIR] [--json J]
 
 The store: F ingested and materialised (as `infertrace ingest` or the collector's materialiser leaves it), then
 G ingested without materialising (the segments a collector wrote since). Each measurement runs in a fresh process
-on a fresh copy of that store:
+(its imports done before the clock starts, as in a running server) on a fresh copy of that store:
 
 - "newest materialised shown" (this code): the page and the scrape answer from the materialised snapshot
   (`infertrace.results.live`). This process holds the store's materialisation lock meanwhile, as a collector's
   materialiser at work would, so no background materialisation runs beside the measurement (that one costs
   what the materialisation row of BENCHMARKS.md's first-render section says, at `nice` 10);
-- "current snapshot computed" (what every render and scrape did on such a store before): the same copy without
-  `derived/latest.json`, so there is no materialised snapshot to show and the page and the scrape compute the
-  current snapshot's relations and analyses themselves.
+- "nothing materialised to show" (this code's fallback): the same copy without `derived/latest.json`, so the
+  page and the scrape compute the current snapshot's relations and analyses themselves;
+- with `--before DIR` (another checkout, e.g. `git archive` of an earlier commit, run on `PYTHONPATH` from its
+  own directory): that code's page render (its own `bench_first_render.py --render`) and scrape on the same copy.
 
 Prints wall and CPU seconds (the child's user + system) per step and the load average.
 """
@@ -48,7 +49,7 @@ def _child(kind: str, store: Path, page: str) -> None:
         from infertrace.export.metrics import exposition
 
         # what a running endpoint has imported by its first scrape after new segments arrived
-        from infertrace.results import live, relations  # noqa: F401
+        from infertrace.results import relations  # noqa: F401
         from infertrace.store.store import Store  # noqa: F401
 
         started, cpu = time.perf_counter(), time.process_time()
@@ -57,11 +58,18 @@ def _child(kind: str, store: Path, page: str) -> None:
     print(f"{wall:.3f} {cpu:.3f}")
 
 
-def _timed(kind: str, store: Path, page: str = "") -> tuple[float, float]:
-    """Wall and CPU seconds of the step as its process reports them (after its imports)."""
-    out = subprocess.run([sys.executable, __file__, "--child", kind, "--store", str(store), "--page", page],
-                         check=True, capture_output=True, text=True, env={**os.environ, "INFERTRACE_RESULTS": ""})
-    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+def _timed(kind: str, store: Path, page: str = "", code: Path | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of the step as its process reports them (after its imports); `code`: another
+    checkout's (its own page renderer)."""
+    env = {**os.environ, "INFERTRACE_RESULTS": ""}
+    command = [sys.executable, __file__, "--child", kind, "--store", str(store), "--page", page]
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+        if kind == "render":
+            command = [sys.executable, str(code / "benchmarks" / "bench_first_render.py"), "--render", page,
+                       "--store", str(store)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=code)
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()[:2]
     return float(wall), float(cpu)
 
 
@@ -70,6 +78,7 @@ def main() -> None:
     parser.add_argument("--traces", type=Path)
     parser.add_argument("--newer", type=Path, help="traces ingested after the materialisation")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--before", type=Path, help="another checkout to measure on the same copies")
     parser.add_argument("--child", choices=("render", "scrape"), help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--page", default="", help=argparse.SUPPRESS)
@@ -108,15 +117,18 @@ def main() -> None:
             (spans,), = store.sql("SELECT count(*) FROM spans").fetchall()
             row(f"snapshot: {len(store.segments)} segments, {spans:,} spans", 0.0, 0.0)
         steps = [("render", page) for page in PAGES] + [("scrape", "")]
-        for mode in ("newest materialised shown", "current snapshot computed"):
+        modes = ["newest materialised shown", "nothing materialised to show"]
+        if args.before is not None:
+            modes.append(f"before ({args.before})")
+        for mode in modes:
             for kind, page in steps:
                 copy = work / "copy"
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(prepared, copy)
-                if mode == "current snapshot computed":
+                if mode == "nothing materialised to show":
                     (copy / LATEST).unlink()
                 with materialising(copy, wait=True):  # a collector's materialiser at work
-                    wall, cpu_s = _timed(kind, copy, page)
+                    wall, cpu_s = _timed(kind, copy, page, args.before if mode.startswith("before") else None)
                 row(f"{mode}: {'first render ' + page if kind == 'render' else 'one metrics scrape'}", wall, cpu_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
