@@ -72,13 +72,12 @@ ANALYSES: dict[str, Callable[[Store], Any]] = {
 }
 
 
-_CODE = {  # what each kind of derived data depends on
-    "relations": (("infertrace.store", "relations/*.sql"),),
-    "results": (("infertrace.analyzers", "*.py"), ("infertrace.analyzers", "sql/*.sql"),
-                ("infertrace.store", "relations/*.sql"), ("infertrace.results", "*.py"),
-                ("infertrace.sources", "*.py"),
+_CODE = {  # what each kind of derived data depends on: (folder of the infertrace package, files)
+    "relations": (("store", "relations/*.sql"),),
+    "results": (("analyzers", "*.py"), ("analyzers", "sql/*.sql"), ("store", "relations/*.sql"), ("results", "*.py"),
+                ("sources", "*.py"),
                 # the documents built from the results: the report's and the metrics endpoint's
-                ("infertrace.report", "*.py"), ("infertrace.export", "*.py"), ("infertrace.export", "sql/*.sql")),
+                ("report", "*.py"), ("export", "*.py"), ("export", "sql/*.sql")),
 }
 
 
@@ -86,11 +85,12 @@ _CODE = {  # what each kind of derived data depends on
 def code_version(kind: str = "results") -> str:
     """A hash of the code that derived data depends on: for results, the analyzers (Python and SQL), the
     relations' SQL, this package, the source profiles (`infertrace.sources`) and the code of the report and
-    metrics documents built from them; for relations, their SQL."""
+    metrics documents built from them; for relations, their SQL. The files are read, not imported (a metrics
+    endpoint has no use for the report's imports)."""
+    package = Path(str(resources.files("infertrace")))
     digest = hashlib.sha256()
-    for package, pattern in _CODE[kind]:
-        folder = Path(str(resources.files(package)))
-        for path in sorted(folder.glob(pattern)):
+    for folder, pattern in _CODE[kind]:
+        for path in sorted((package / folder).glob(pattern)):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
