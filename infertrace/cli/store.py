@@ -262,7 +262,8 @@ def collect(
     metrics: Annotated[str | None, typer.Option(
         help="Also serve the derived metrics for Prometheus at http://HOST:PORT/metrics (serve-metrics)")] = None,
     materialize: Annotated[bool, typer.Option(
-        help="Compute each new snapshot's analyses once its segments settle (docs/results.md)")] = True,
+        help="Compute each new snapshot's analyses once its segments settle, or after 60 s of steady "
+             "arrivals (docs/results.md)")] = True,
     resource: Annotated[list[str] | None, typer.Option(help=RESOURCE_HELP)] = None,
 ) -> None:
     """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd), Zipkin's v2 JSON (POST
