@@ -234,3 +234,28 @@ def test_materialize_records_the_newest_materialised_snapshot(store_dir: Path) -
     assert latest(store_dir) == shown
     (store_dir / LATEST).write_text("{not json")
     assert latest(store_dir) is None  # unreadable: nothing to show, not an error
+
+
+def test_a_reader_shows_the_newest_materialised_snapshot_while_a_newer_one_is_materialised(tmp_path: Path) -> None:
+    from infertrace.results.background import materialising
+    from infertrace.results.live import current_segments, lag, shown_snapshot
+    from infertrace.results.materialized import latest
+    from infertrace.store.compaction import compact
+
+    store_dir = tmp_path / "store"
+    ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    assert shown_snapshot(store_dir) == current_segments(store_dir)  # nothing materialised: computed by the reader
+    with Store.open(store_dir) as store:
+        materialize(store)
+    materialised = current_segments(store_dir)
+    assert shown_snapshot(store_dir) == materialised and lag(store_dir, materialised) is None
+    ingest_paths(store_dir, [SAMPLES / "cache_busting" / "traces.jsonl.gz"])
+    with materialising(store_dir, wait=True):  # another process materialises the new snapshot
+        assert shown_snapshot(store_dir) == materialised
+        behind = lag(store_dir, materialised)
+        recorded = latest(store_dir)
+        assert recorded is not None and behind is not None
+        assert behind.newer_segments == len(set(current_segments(store_dir)) - set(materialised)) > 0
+        assert behind.data_until == recorded.data_until
+        compact(store_dir, grace_s=0)  # its segments merged and removed at once: it cannot be read any more
+        assert shown_snapshot(store_dir) == current_segments(store_dir) != materialised

@@ -29,13 +29,20 @@ log = logging.getLogger(__name__)
 
 NICENESS = 10
 LOCK = Path("derived") / ".materialize.lock"
+LOG = Path("derived") / "materialize.log"  # what background materialisations a reader started wrote to stderr
 BUSY = 75  # the child's exit status when another materialisation of the store holds the lock (EX_TEMPFAIL)
 
 
-def spawn(root: Path) -> subprocess.Popen[bytes]:
-    """Starts a child process that materialises the store's current snapshot (see `main`)."""
-    return subprocess.Popen([sys.executable, "-m", "infertrace.results.background", str(root)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def spawn(root: Path, log_file: Path | None = None) -> subprocess.Popen[bytes]:
+    """Starts a child process that materialises the store's current snapshot (see `main`). Its standard error
+    goes to a pipe for the caller to read (`communicate`), or, for a caller that does not wait for it, appended
+    to `log_file` (a pipe nobody reads would stop the child once full)."""
+    command = [sys.executable, "-m", "infertrace.results.background", str(root)]
+    if log_file is None:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as stderr:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 @contextmanager

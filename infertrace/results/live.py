@@ -43,10 +43,14 @@ def shown_snapshot(root: str | Path) -> tuple[str, ...]:
         return now  # nothing materialised yet, or compaction removed its files: the reader computes it
     child = _CHILDREN.get(str(root))
     if child is not None and child.poll() not in (None, 0, background.BUSY):
-        return now  # this process's background materialisation failed (e.g. a read-only store)
+        return now  # this process's background materialisation failed (`background.LOG` says why)
     if (child is None or child.poll() is not None) and not background.busy(root):
-        _CHILDREN[str(root)] = background.spawn(root)
-        log.info("materialising %s in the background", root)
+        try:
+            _CHILDREN[str(root)] = background.spawn(root, root / background.LOG)
+        except OSError as e:  # a read-only store: the reader computes the current snapshot itself
+            log.warning("cannot materialise %s in the background: %s", root, e)
+            return now
+        log.info("materialising %s in the background (its errors in %s)", root, root / background.LOG)
     return shown.segments
 
 
