@@ -259,3 +259,30 @@ def test_a_reader_shows_the_newest_materialised_snapshot_while_a_newer_one_is_ma
         assert behind.data_until == recorded.data_until
         compact(store_dir, grace_s=0)  # its segments merged and removed at once: it cannot be read any more
         assert shown_snapshot(store_dir) == current_segments(store_dir) != materialised
+
+
+def test_report_materialized_answers_from_the_newest_materialised_snapshot_and_says_how_far_behind(
+        tmp_path: Path) -> None:
+    from infertrace.report import render
+    from infertrace.results.materialized import load_report
+
+    def report(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(store_dir), "--format",
+                               "json", "--fail-on", "never", *extra], capture_output=True, text=True, cwd=ROOT,
+                              timeout=300)
+
+    store_dir = tmp_path / "store"
+    ingest_paths(store_dir, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    none_yet = report("--materialized")  # nothing materialised: the current snapshot, computed
+    assert none_yet.returncode == 0 and "No materialised snapshot in this store yet" in none_yet.stderr
+    with Store.open(store_dir) as store:
+        materialize(store)
+        earlier = load_report(store_dir, [p.name for p in store.segments])
+    assert earlier is not None
+    ingest_paths(store_dir, [SAMPLES / "cache_busting" / "traces.jsonl.gz"])  # a collector wrote more since
+    at_once = report("--materialized")
+    assert at_once.returncode == 0, at_once.stderr
+    assert at_once.stdout == render(earlier, "json")
+    assert "newer segment(s) are not in this report" in at_once.stderr
+    filtered = report("--materialized", "--model", "llama-3-8b")
+    assert filtered.returncode == 2 and "--materialized reports the whole store as materialised" in filtered.stderr

@@ -117,6 +117,34 @@ def _materialized_report(spec: str) -> dict[str, Any] | None:
     return load_report(root, [p.name for p in list_segments(root)])
 
 
+def _newest_materialized_report(spec: str) -> dict[str, Any] | None:
+    """`report --materialized`: the report of the store's newest materialised snapshot, saying on stderr how far
+    behind the store it is; None (the current snapshot is then computed) when none was materialised."""
+    from datetime import UTC, datetime
+
+    from infertrace.results.live import lag
+    from infertrace.results.materialized import latest, load_report
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
+
+    root = Path(spec)
+    if is_clickhouse_url(spec):
+        raise fail(f"--store {spec}: --materialized reads a store directory's materialised results; ClickHouse "
+                   "keeps none")
+    record = latest(root) if root.is_dir() else None
+    doc = load_report(root, [Path(s).name for s in record.segments]) if record is not None else None
+    if record is None or doc is None:
+        err.print("No materialised snapshot in this store yet: analysing its current one.", markup=False,
+                  highlight=False, soft_wrap=True)
+        return None
+    behind = lag(root, record.segments)
+    if behind is not None:
+        until = datetime.fromtimestamp(behind.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        err.print(f"Reporting on the spans stored until {until}: {behind.newer_segments} newer segment(s) are not "
+                  "in this report (being analysed; without --materialized the report includes them).", markup=False,
+                  highlight=False, soft_wrap=True)
+    return doc
+
+
 def materialized_results(store: Store, options: ReportOptions) -> dict[str, Any]:
     """The analyses the report needs, from the store's materialised results (computed and kept when
     missing): whole-store analyses always, the SLO summary only for an unfiltered report."""
@@ -158,12 +186,17 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Write the report to this file instead of stdout")] = None,
     components: Annotated[Path | None, typer.Option(
         help="TOML naming the kinds of a gateway's components (docs/sources.md)")] = None,
+    materialized: Annotated[bool, typer.Option(
+        "--materialized",
+        help="At once, from the newest materialised snapshot, while a collector's newest segments are still being "
+             "analysed (says how far behind it is); unfiltered reports only")] = False,
 ) -> None:
     """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
     recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error.
 
     Example:
       infertrace report --store traces/ --since -15m
+      infertrace report --store /var/lib/infertrace --materialized
       infertrace report --store traces/ --model llama-3-8b --format markdown --out report.md
       infertrace report --store traces/ --slo ttft_p99_ms=800 --fail-on warning
       INFERTRACE_CLICKHOUSE_PASSWORD_FILE=~/.ch infertrace report --store clickhouse://oncall@ch1:8123/otel --since -1h
@@ -194,7 +227,11 @@ def report(
     except ValueError as e:
         raise fail(str(e)) from None
     # The materialised report is the one without --components rules (they rename the components RCA ranks).
-    doc = _materialized_report(store) if options == ReportOptions() and not rules else None
+    if materialized and (options != ReportOptions() or rules):
+        raise fail("--materialized reports the whole store as materialised: it takes no --since, --until, --model, "
+                   "--tenant, --slo, --section or --components")
+    doc = (_newest_materialized_report(store) if materialized else
+           _materialized_report(store) if options == ReportOptions() and not rules else None)
     if doc is None:
         from infertrace.results.materialized import save_report
         from infertrace.store.store import Store, open_store
