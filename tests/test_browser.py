@@ -93,6 +93,19 @@ class DevTools:
                 raise TimeoutError(f"{pattern!r} not on the page after {timeout_s} s; page text:\n{text[:3000]}")
             time.sleep(0.5)
 
+    def wait_until_idle(self, quiet_s: float = 3.0, timeout_s: float = 180) -> None:
+        """Until no script run has been under way for `quiet_s` (a rerun may start a moment after another ends:
+        the sidebar's watcher, then the page's own)."""
+        deadline = time.monotonic() + timeout_s
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < quiet_s:
+            if self.evaluate("!!document.querySelector("
+                             "'[data-testid=\"stStatusWidget\"], [data-testid=\"stSpinner\"]')"):
+                quiet_since = time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the page was still running after {timeout_s} s")
+            time.sleep(0.25)
+
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
@@ -307,7 +320,7 @@ def test_the_open_dashboard_refreshes_when_new_segments_arrive(dashboard_url: st
     after_text = browser.wait_for_text(rf"· (?!{before} )\d+ segments[\s\S]*Drill down", timeout_s=120)
     after = int(re.search(r"· (\d+) segments", after_text).group(1))
     assert after > before
-    time.sleep(2)
+    browser.wait_until_idle()  # the page's own rerun over the new snapshot, after the sidebar's
     browser.screenshot(ARTIFACTS / "10-fleet-after-new-segments.png")
 
 
