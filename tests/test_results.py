@@ -286,3 +286,32 @@ def test_report_materialized_answers_from_the_newest_materialised_snapshot_and_s
     assert "newer segment(s) are not in this report" in at_once.stderr
     filtered = report("--materialized", "--model", "llama-3-8b")
     assert filtered.returncode == 2 and "--materialized reports the whole store as materialised" in filtered.stderr
+
+
+def test_ingest_waits_for_a_materialisation_under_way_and_says_so(tmp_path: Path) -> None:
+    import fcntl
+    import threading
+
+    from infertrace.results.background import LOCK
+    from infertrace.results.live import current_segments
+    from infertrace.results.materialized import is_materialised
+
+    store_dir = tmp_path / "store"
+    (store_dir / LOCK).parent.mkdir(parents=True)
+    lines: list[str] = []
+    with open(store_dir / LOCK, "ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process materialising this store
+        ingest = subprocess.Popen([sys.executable, "-m", "infertrace", "ingest", "--store", str(store_dir),
+                                   "--no-progress", str(SAMPLES / "prefill_storm" / "traces.jsonl.gz")],
+                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert ingest.stderr is not None
+        reader = threading.Thread(target=lambda: lines.extend(ingest.stderr or ()), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("Waiting for the materialisation") for line in lines):
+            assert time.monotonic() < deadline and ingest.poll() is None, lines
+            time.sleep(0.2)
+        assert not (store_dir / RESULTS_DIR).exists()  # it waits: nothing computed twice at once
+    assert ingest.wait(timeout=300) == 0, lines
+    reader.join(timeout=30)
+    assert is_materialised(store_dir, (Path(s).name for s in current_segments(store_dir)))

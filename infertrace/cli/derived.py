@@ -16,12 +16,15 @@ def materialize_store(root: Path, progress: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.results import ANALYSES, materialize
-    from infertrace.results.background import materialising
+    from infertrace.results.background import busy, materialising
     from infertrace.store.store import Store
 
     started = time.perf_counter()
     columns = (TextColumn("materialising {task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
+    if busy(root):
+        err.print("Waiting for the materialisation another process has under way on this store (a collector's or a "
+                  "dashboard's) …", markup=False, highlight=False, soft_wrap=True)
     try:
         # after any materialisation under way (a collector's, a dashboard's): the same results are not computed
         # twice at once, and most are then already there
