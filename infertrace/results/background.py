@@ -74,7 +74,8 @@ def busy(root: Path) -> bool:
 
 
 class Materializer:
-    """Watches a store directory; `settle_s` after the last change of its segment list, materialises it."""
+    """Watches a store directory and materialises its snapshot `settle_s` after the last change of its segment
+    list, or `max_wait_s` after the first change not yet materialised, whichever comes first."""
 
     def __init__(self, root: Path, settle_s: float = 5.0, poll_s: float = 1.0, max_wait_s: float = 60.0) -> None:
         self.root = Path(root)
