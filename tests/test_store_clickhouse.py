@@ -232,8 +232,14 @@ def test_every_aggregation_with_a_clickhouse_form_is_held_to_its_duckdb_form() -
     assert set(TWINS) == set(DUCKDB_FORM)
 
 
+# Every aggregation's ClickHouse form runs in the default run through the report's sections and the ITL and SLO
+# analyses on ClickHouse (the tests above and below); row by row, the default run compares two, CI's slow run each.
+TWIN_PARAMS = [pytest.param(n, marks=() if n in ("itl_stall_candidates", "slo_requests") else pytest.mark.slow)
+               for n in sorted(TWINS)]
+
+
 @pytest.mark.parametrize("sample", SAMPLES_PARAMS)
-@pytest.mark.parametrize("name", sorted(TWINS))
+@pytest.mark.parametrize("name", TWIN_PARAMS)
 def test_an_aggregation_pushed_into_clickhouse_returns_the_rows_duckdb_computes(sample: str, name: str) -> None:
     local_dir, url = sample_in_clickhouse(sample)
     query, params_of = DUCKDB_FORM[name]
