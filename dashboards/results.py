@@ -24,7 +24,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +65,8 @@ def behind(root: str | Path, shown: tuple[str, ...]) -> str | None:
     found = lag(root, shown)
     if found is None:
         return None
-    until = datetime.fromtimestamp(found.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (f"Showing the analysis of the spans stored until {until}; {found.newer_segments} newer segment(s) are "
-            "being analysed, and the page refreshes when they are.")
+    return (f"Showing the analysis of the spans stored until {found.until_utc()}; {found.newer_segments} newer "
+            "segment(s) are being analysed, and the page refreshes when they are.")
 
 
 _LOCK = threading.Lock()

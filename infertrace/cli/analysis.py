@@ -120,8 +120,6 @@ def _materialized_report(spec: str) -> dict[str, Any] | None:
 def _newest_materialized_report(spec: str) -> dict[str, Any] | None:
     """`report --materialized`: the report of the store's newest materialised snapshot, saying on stderr how far
     behind the store it is; None (the current snapshot is then computed) when none was materialised."""
-    from datetime import UTC, datetime
-
     from infertrace.results.live import lag
     from infertrace.results.materialized import latest, load_report
     from infertrace.store.clickhouse.connection import is_clickhouse_url
@@ -138,10 +136,9 @@ def _newest_materialized_report(spec: str) -> dict[str, Any] | None:
         return None
     behind = lag(root, record.segments)
     if behind is not None:
-        until = datetime.fromtimestamp(behind.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        err.print(f"Reporting on the spans stored until {until}: {behind.newer_segments} newer segment(s) are not "
-                  "in this report (being analysed; without --materialized the report includes them).", markup=False,
-                  highlight=False, soft_wrap=True)
+        err.print(f"Reporting on the spans stored until {behind.until_utc()}: {behind.newer_segments} newer "
+                  "segment(s) are not in this report (being analysed; without --materialized the report includes "
+                  "them).", markup=False, highlight=False, soft_wrap=True)
     return doc
 
 

@@ -307,7 +307,7 @@ def _data_until(store: Store) -> Metric:
     gauge = GaugeMetricFamily("infertrace:data_until_timestamp_seconds", "When the newest segment of the snapshot "
                               "these metrics come from was stored (Unix seconds): they cover the spans stored until "
                               "then.")
-    gauge.add_metric([], max((p.stat().st_mtime for p in store.segments if p.exists()), default=0.0))
+    gauge.add_metric([], store.written_until())
     return gauge
 
 

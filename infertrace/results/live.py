@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from infertrace.results import background
@@ -61,6 +62,10 @@ class Lag:
 
     data_until: float
     newer_segments: int
+
+    def until_utc(self) -> str:
+        """`data_until` as people read it: 2026-01-01 12:00:00 UTC."""
+        return datetime.fromtimestamp(self.data_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def lag(root: str | Path, shown: tuple[str, ...]) -> Lag | None:

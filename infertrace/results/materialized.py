@@ -362,7 +362,7 @@ def latest(root: Path) -> Materialised | None:
 def _record_latest(store: Store) -> None:
     """Records the store's snapshot as the newest materialised one, unless a newer one is recorded already (two
     materialisations may finish out of order)."""
-    data_until = max((p.stat().st_mtime for p in store.segments if p.exists()), default=0.0)
+    data_until = store.written_until()
     previous = latest(store.root)
     if previous is not None and previous.data_until > data_until:
         return
@@ -382,6 +382,8 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
     spent: dict[str, float] = {}
     if not store.segments:
         return spent
+    names = tuple(names)
+    everything = set(names) == set(ANALYSES)  # then also the documents built from them, and latest.json
     if on_progress is not None:
         on_progress("relations")
     spent["relations"] = materialize_relations(store)
@@ -398,7 +400,7 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         spent[name] = time.perf_counter() - started
         save(store, name, value, spent[name])
         log.info("materialised %s in %.2f s", name, spent[name])
-    if set(names) == set(ANALYSES) and load_report(store.root, (p.name for p in store.segments)) is None:
+    if everything and load_report(store.root, (p.name for p in store.segments)) is None:
         from infertrace.report import build_report
 
         if on_progress is not None:
@@ -408,7 +410,7 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         results["cache"] = results.pop("prefix_cache")
         save_report(store, build_report(store, **results))
         spent[REPORT] = time.perf_counter() - started
-    if set(names) == set(ANALYSES) and load_metrics(store.root, (p.name for p in store.segments)) is None:
+    if everything and load_metrics(store.root, (p.name for p in store.segments)) is None:
         from infertrace.export.metrics import exposition_text
 
         if on_progress is not None:
@@ -418,7 +420,7 @@ def materialize(store: Store, names: Iterable[str] = ANALYSES,
         cache = computed["prefix_cache"] if "prefix_cache" in computed else result(store, "prefix_cache")
         save_metrics(store, exposition_text(store, itl, cache))
         spent[METRICS] = time.perf_counter() - started
-    if set(names) == set(ANALYSES) and not is_live():
+    if everything and not is_live():
         from infertrace.sources.components import registered
 
         if not registered(store):  # the dashboard shows rule-less results unless started with --components

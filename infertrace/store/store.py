@@ -182,6 +182,11 @@ class Store:
         self._load_spans_raw()
         self._define_views()
 
+    def written_until(self) -> float:
+        """When the snapshot's newest segment was written (Unix seconds; 0.0 without one): it holds the spans
+        stored until then."""
+        return max((p.stat().st_mtime for p in self.segments if p.exists()), default=0.0)
+
     def segment_paths(self) -> tuple[str, ...]:
         """The snapshot's segments as paths relative to the store directory (for `open(segments=…)`)."""
         return tuple(sorted(p.relative_to(self.root).as_posix() for p in self.segments))
