@@ -19,7 +19,7 @@ import pytest
 from infertrace.export.metrics import exposition_text
 from infertrace.results import ANALYSES, materialize, result, snapshot_key
 from infertrace.results.materialized import RESULTS_DIR, load, load_metrics
-from infertrace.results.relations import RELATIONS_DIR, attach
+from infertrace.results.relations import MANIFEST, PER_SEGMENT, RELATIONS_DIR, SEGMENT_RELATIONS_DIR, attach
 from infertrace.store.ingest import ingest_paths
 from infertrace.store.store import RELATIONS, Store
 from tests.incident_stores import SAMPLES, sample_store
@@ -63,6 +63,71 @@ def test_attached_relations_give_the_same_rows_as_the_views(store_dir: Path) -> 
                                 "role", "start_ns") if c in files.column_names]
             order = [(k, "ascending") for k in keys]
             assert files.sort_by(order).equals(views[name].sort_by(order)), name
+
+
+def _relation_rows(store: Store, name: str) -> pa.Table:
+    table = store.sql(f"SELECT * FROM {name}").to_arrow_table()
+    keys = [c for c in ("request_id", "instance", "trace_id", "span_id", "step_index", "role", "start_ns")
+            if c in table.column_names]
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
+def _segment_relation_folders(store_dir: Path) -> dict[Path, int]:
+    """Each segment's folder of per-segment relations, with when its files were written."""
+    return {done.parent: done.stat().st_mtime_ns for done in (store_dir / SEGMENT_RELATIONS_DIR).rglob("done")}
+
+
+def test_a_new_snapshot_expands_only_its_new_segments_step_spans(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        materialize(store, names=())
+        first_segments = len(store.segments)
+    before = _segment_relation_folders(store_dir)
+    assert len(before) == first_segments  # one per segment
+    ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        views = {name: _relation_rows(store, name) for name in PER_SEGMENT}
+        materialize(store, names=())
+        after = _segment_relation_folders(store_dir)
+        assert len(after) == len(store.segments) > first_segments
+        assert {folder: after[folder] for folder in before} == before  # the earlier segments' files untouched
+        assert attach(store)
+        for name in PER_SEGMENT:
+            assert _relation_rows(store, name).equals(views[name]), name
+
+
+def test_a_span_stored_twice_is_expanded_once(store_dir: Path) -> None:
+    segment = next(store_dir.glob("spans/**/seg-*.parquet"))
+    shutil.copy(segment, segment.with_name("seg-copy.parquet"))  # every span of that segment stored twice
+    with Store.open(store_dir) as store:
+        assert store.duplicate_rows > 0
+        views = {name: _relation_rows(store, name) for name in PER_SEGMENT}
+        materialize(store, names=())
+        assert attach(store)
+        for name in PER_SEGMENT:  # the whole-snapshot files, from the spans view that keeps one copy
+            assert _relation_rows(store, name).equals(views[name]), name
+        folder = store_dir / RELATIONS_DIR / snapshot_key(store, "relations")
+        assert not (folder / MANIFEST).exists() and (folder / "steps.parquet").is_file()
+
+
+def test_a_compacted_segments_files_are_removed_and_a_missing_one_is_not_read(store_dir: Path) -> None:
+    from infertrace.store.compaction import compact
+
+    ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
+    with Store.open(store_dir) as store:
+        materialize(store, names=())
+        inputs = len(store.segments)
+    compact(store_dir, grace_s=0)
+    with Store.open(store_dir) as store:
+        assert len(store.segments) < inputs
+        materialize(store, names=())
+        segments = {p.relative_to(store_dir).with_suffix("") for p in store.segments}
+        folders = _segment_relation_folders(store_dir)
+        version = next((store_dir / SEGMENT_RELATIONS_DIR).iterdir())
+        assert {folder.relative_to(version) for folder in folders} == segments  # the inputs' files pruned
+        shutil.rmtree(next(iter(folders)))
+    with Store.open(store_dir) as store:
+        assert not attach(store)  # the views expand the spans again rather than read what is not there
+        assert store.sql("SELECT count(*) FROM steps").fetchall()[0][0] > 0
 
 
 def test_a_new_segment_is_a_new_snapshot_whose_results_include_it(store_dir: Path) -> None:
