@@ -9,4 +9,4 @@
 SELECT instance, end_ns, num_decodes, decode_context_tokens, duration_ns
 FROM steps
 WHERE num_prefills = 0 AND pause_ns = 0 AND num_preempted = 0 AND num_decodes > 0 AND run_position = 0
-ORDER BY instance, end_ns
+ORDER BY instance, end_ns, duration_ns, num_decodes, decode_context_tokens

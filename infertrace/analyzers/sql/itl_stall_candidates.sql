@@ -63,4 +63,4 @@ SELECT c.* EXCLUDE (trace_id, span_id, run_position),
        coalesce(list_transform(g.pairs, lambda x: x.itl_ns), []::BIGINT[]) AS victim_itls_ns
 FROM candidate c
 LEFT JOIN grouped g ON g.instance = c.instance AND g.step_index = c.step_index
-ORDER BY c.instance, c.step_index
+ORDER BY c.instance, c.step_index, c.trace_id, c.span_id

@@ -13,7 +13,7 @@
 -- Runs are counted per (request, instance): with disaggregation the first token comes from a prefill worker
 -- and the decode worker's first run has no previous token there.
 WITH runs AS (
-    SELECT request_id, instance, first_step_index, role, tokens, first_step_end_ns,
+    SELECT request_id, instance, first_step_index, role, tokens, first_step_end_ns, trace_id, span_id,
            first_step_index + CASE WHEN role = 'decode' THEN run_steps ELSE 1 END - 1 AS last_step_index,
            CASE WHEN role = 'decode' THEN last_step_end_ns ELSE first_step_end_ns END AS last_step_end_ns
     FROM step_membership
@@ -25,7 +25,9 @@ ordered AS (
            lag(last_step_end_ns) OVER w AS prev_last_step_end_ns,
            coalesce(sum(tokens) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS tokens_before
     FROM runs
-    WINDOW w AS (PARTITION BY request_id, instance ORDER BY first_step_index)
+    -- (the span breaks ties, which only an id two engines or two runs of one share can have: the same output
+    -- for the same store, on any number of threads)
+    WINDOW w AS (PARTITION BY request_id, instance ORDER BY first_step_index, first_step_end_ns, trace_id, span_id)
 )
 SELECT request_id, instance, first_step_index, prev_last_step_index,
        first_step_index - prev_last_step_index AS gap_steps, tokens_before::BIGINT AS tokens_before, tokens,

@@ -11,4 +11,4 @@ SELECT instance, first_step_end_ns AS end_ns, num_decodes, context_tokens AS dec
 FROM ({step_spans})
 WHERE length(durations) > 0 AND num_prefills = 0 AND if(length(durations) = 1, pause_ns, 0) = 0
   AND num_preempted = 0 AND num_decodes > 0
-ORDER BY instance, end_ns
+ORDER BY instance, end_ns, duration_ns, num_decodes, decode_context_tokens

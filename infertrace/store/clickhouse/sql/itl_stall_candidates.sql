@@ -50,4 +50,4 @@ SELECT c.instance AS instance, c.model AS model, c.policy AS policy, c.step_inde
        arrayMap(x -> x.2, g.pairs) AS victim_itls_ns
 FROM candidate c
 LEFT JOIN grouped g ON g.instance = c.instance AND g.step_index = c.step_index
-ORDER BY c.instance, c.step_index
+ORDER BY c.instance, c.step_index, c.trace_id, c.span_id
