@@ -3,7 +3,7 @@ relations of a store's next snapshot (a collector's new segments), this code aga
 
     .venv/bin/python benchmarks/bench_materialize_relations.py F.jsonl.gz --store /tmp/mr-store
     .venv/bin/python benchmarks/bench_materialize_relations.py F.jsonl.gz --store /tmp/mr-store \\
-        --newer G.jsonl.gz [--before DIR] [--rounds 2]
+        --newer G.jsonl.gz [--before DIR] [--rounds 2] [--all]
 
 Ingests the traces into a fresh store (`ingest_paths`), then writes the snapshot's derived relations as Parquet
 (`infertrace.results.relations.materialize_relations`, the first step of `infertrace.results.materialize`), and
@@ -15,6 +15,8 @@ materialised), and each contender, in a fresh process on a fresh copy of the sto
 relations it wrote itself, writes the relations of the new snapshot (timed: that is what a collector's
 materialiser pays for each new burst of segments). Contenders: this checkout, and with `--before DIR` another one
 (e.g. `git archive` of an earlier commit) run on `PYTHONPATH` from its directory; interleaved, `--rounds` times.
+`--all` times the whole materialisation of each snapshot (relations, analyses, report and metrics documents)
+instead of the relations alone: how far a collector's dashboard lags behind its store.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from pathlib import Path
 from infertrace.results.relations import materialize_relations
 from infertrace.store.store import Store
 
-store_dir, hold = Path(sys.argv[1]), Path(sys.argv[2])
+store_dir, hold, everything = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "all"
+if everything:
+    from infertrace.results import materialize as materialize_relations
 newer = sorted(hold.rglob("seg-*.parquet"))
 with Store.open(store_dir) as store:
     first = time.perf_counter(), time.process_time()
@@ -74,7 +78,7 @@ def _timed(step: str, run: Callable[[], object]) -> dict[str, Any]:
             "load_before": load_before, "load_after": os.getloadavg()}
 
 
-def _next_snapshot(base: Path, newer: Path, work: Path, code: Path | None) -> dict[str, Any]:
+def _next_snapshot(base: Path, newer: Path, work: Path, code: Path | None, everything: bool) -> dict[str, Any]:
     """One contender on a fresh copy: `base` (a store without derived data) plus `newer`'s segments."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(base, work / "store")
@@ -82,7 +86,8 @@ def _next_snapshot(base: Path, newer: Path, work: Path, code: Path | None) -> di
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = str(code)
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(work / "store"), str(work / "newer")], check=True,
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(work / "store"), str(work / "newer"),
+                          "all" if everything else "relations"], check=True,
                          capture_output=True, text=True, env=env, cwd=code or ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -112,6 +117,9 @@ def main() -> None:
     parser.add_argument("--newer", type=Path, help="traces ingested after the first snapshot is materialised")
     parser.add_argument("--before", type=Path, help="another checkout, measured on the same copies (with --newer)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--all", action="store_true",
+                        help="with --newer: time the whole materialisation (`infertrace.results.materialize`: the "
+                             "relations, then every analysis and document), not the relations alone")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.store.exists():
@@ -137,7 +145,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(contenders)[round_ % len(contenders):] + list(contenders)[:round_ % len(contenders)]
             for name in order:
-                runs[name].append(_next_snapshot(args.store, held, work / "run", contenders[name]))
+                runs[name].append(_next_snapshot(args.store, held, work / "run", contenders[name], args.all))
                 print(name, json.dumps(runs[name][-1]), flush=True)
         shutil.rmtree(work)
         result["next_snapshot"] = {
