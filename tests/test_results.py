@@ -72,24 +72,42 @@ def _relation_rows(store: Store, name: str) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
-def _segment_relation_folders(store_dir: Path) -> dict[Path, int]:
-    """Each segment's folder of per-segment relations, with when its files were written."""
-    return {done.parent: done.stat().st_mtime_ns for done in (store_dir / SEGMENT_RELATIONS_DIR).rglob("done")}
+def _batches(store_dir: Path) -> dict[Path, tuple[frozenset[str], int]]:
+    """Each batch of per-segment relations: its segments, and when its files were written."""
+    return {done.parent: (frozenset(json.loads((done.parent / MANIFEST).read_text())), done.stat().st_mtime_ns)
+            for done in (store_dir / SEGMENT_RELATIONS_DIR).rglob("done")}
+
+
+def _read_batches(store: Store, store_dir: Path) -> set[Path]:
+    """The batches the snapshot's relations read (its folder's manifest)."""
+    folder = store_dir / RELATIONS_DIR / snapshot_key(store, "relations")
+    listed = json.loads((folder / MANIFEST).read_text())
+    assert set(listed) == set(PER_SEGMENT)
+    return {(store_dir / f).parent for files in listed.values() for f in files}
+
+
+def _segment_names(store: Store, store_dir: Path) -> set[str]:
+    return {p.relative_to(store_dir).as_posix() for p in store.segments}
 
 
 def test_a_new_snapshot_expands_only_its_new_segments_step_spans(store_dir: Path) -> None:
     with Store.open(store_dir) as store:
         materialize(store, names=())
-        first_segments = len(store.segments)
-    before = _segment_relation_folders(store_dir)
-    assert len(before) == first_segments  # one per segment
+        first = _segment_names(store, store_dir)
+    before = _batches(store_dir)
+    partitions = {name.rsplit("/", 1)[0] for name in first}
+    assert len(before) == len(partitions)  # a one-shot ingest: one batch per partition, few files to scan
+    assert frozenset().union(*(names for names, _ in before.values())) == first
     ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
     with Store.open(store_dir) as store:
         views = {name: _relation_rows(store, name) for name in PER_SEGMENT}
         materialize(store, names=())
-        after = _segment_relation_folders(store_dir)
-        assert len(after) == len(store.segments) > first_segments
-        assert {folder: after[folder] for folder in before} == before  # the earlier segments' files untouched
+        after = _batches(store_dir)
+        assert {folder: after[folder] for folder in before} == before  # the earlier batches untouched …
+        read = _read_batches(store, store_dir)
+        assert set(before) <= read  # … and read
+        new = {name for folder in read - set(before) for name in after[folder][0]}
+        assert new == _segment_names(store, store_dir) - first  # only the new segments were expanded
         assert attach(store)
         for name in PER_SEGMENT:
             assert _relation_rows(store, name).equals(views[name]), name
@@ -109,7 +127,7 @@ def test_a_span_stored_twice_is_expanded_once(store_dir: Path) -> None:
         assert not (folder / MANIFEST).exists() and (folder / "steps.parquet").is_file()
 
 
-def test_a_compacted_segments_files_are_removed_and_a_missing_one_is_not_read(store_dir: Path) -> None:
+def test_compaction_makes_new_batches_of_what_it_merged_and_a_missing_file_is_not_read(store_dir: Path) -> None:
     from infertrace.store.compaction import compact
 
     ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])
@@ -119,12 +137,18 @@ def test_a_compacted_segments_files_are_removed_and_a_missing_one_is_not_read(st
     compact(store_dir, grace_s=0)
     with Store.open(store_dir) as store:
         assert len(store.segments) < inputs
+        views = {name: _relation_rows(store, name) for name in PER_SEGMENT}
         materialize(store, names=())
-        segments = {p.relative_to(store_dir).with_suffix("") for p in store.segments}
-        folders = _segment_relation_folders(store_dir)
-        version = next((store_dir / SEGMENT_RELATIONS_DIR).iterdir())
-        assert {folder.relative_to(version) for folder in folders} == segments  # the inputs' files pruned
-        shutil.rmtree(next(iter(folders)))
+        batches = _batches(store_dir)
+        live = _segment_names(store, store_dir)
+        assert all(names <= live for names, _ in batches.values())  # a merged-away segment's batch is removed
+        read = _read_batches(store, store_dir)
+        assert frozenset().union(*(batches[folder][0] for folder in read)) == live  # every segment, once
+        assert sum(len(batches[folder][0]) for folder in read) == len(live)
+        assert attach(store)
+        for name in PER_SEGMENT:
+            assert _relation_rows(store, name).equals(views[name]), name
+        shutil.rmtree(next(iter(read)))
     with Store.open(store_dir) as store:
         assert not attach(store)  # the views expand the spans again rather than read what is not there
         assert store.sql("SELECT count(*) FROM steps").fetchall()[0][0] > 0

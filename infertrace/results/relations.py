@@ -12,13 +12,17 @@ written `token_runs` over the written `steps`, which is cheap for what readers a
 one engine's), and every aggregate over all tokens (the SLO's ITL percentiles, the ITL distribution, token
 counts, the ITL heatmap) reads the runs instead.
 
-`steps` and `step_membership` are functions of each step span alone, so they are written once per segment and
-a snapshot reads the union of its segments' files (listed in the snapshot's `segments.json`):
+`steps` and `step_membership` are functions of each step span alone, so they are written once per batch of
+segments and a snapshot reads the union of its batches' files (listed in the snapshot's `segments.json`):
 
-    DIR/derived/segment_relations/<version>/<segment path>/<relation>.parquet   (<version>: the relations' SQL)
+    DIR/derived/segment_relations/<version>/<batch>/<relation>.parquet    (<version>: the relations' SQL)
+    DIR/derived/segment_relations/<version>/<batch>/segments.json        the batch's segments
 
-A later snapshot (a collector's next segments) expands only its new segments' step spans. When a span is stored
-twice (the `spans` view keeps one copy), the union would count it twice: such a snapshot writes whole-snapshot
+A batch is what one materialisation found new in one partition (a segment of `OWN_BATCH_BYTES` or more is a batch
+of its own); a later snapshot reuses every batch whose segments it all holds and expands only the rest (a
+collector's new segments, and what compaction merged). A one-shot ingest makes one batch per partition: as few
+files as the whole-snapshot form, since every scan of an analysis opens each file again. When a span is stored
+twice (the `spans` view keeps one copy), a union would count it twice: such a snapshot writes whole-snapshot
 files, as every relation has.
 """
 
@@ -29,24 +33,25 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infertrace.results.materialized import KEEP, code_version, is_live, snapshot_key
+from infertrace.results.materialized import KEEP, code_version, is_live, segments_key, snapshot_key
 
 if TYPE_CHECKING:
-    import duckdb
-
     from infertrace.store.store import Store
 
 log = logging.getLogger(__name__)
 
 RELATIONS_DIR = Path("derived") / "relations"
 SEGMENT_RELATIONS_DIR = Path("derived") / "segment_relations"
-# The relations that are functions of each span alone (row expansions of `engine_step` spans): written per segment.
+# The relations that are functions of each span alone (row expansions of `engine_step` spans): written per batch.
 PER_SEGMENT = ("steps", "step_membership")
-MANIFEST = "segments.json"  # in a snapshot's folder: the per-segment files its PER_SEGMENT relations read
+# In a snapshot's folder: the batch files its PER_SEGMENT relations read; in a batch's: its segments.
+MANIFEST = "segments.json"
+# A batch is reused only while the snapshot holds all its segments, and compaction merges small segments: a large
+# one (a merge's output) is a batch of its own, so that merging its small batch-mates does not expand it again.
+OWN_BATCH_BYTES = 16 << 20
 # Parquet 2's encodings (delta for the integer columns, byte-stream-split, …): on the 4-model hour the steps file
 # is a fifth smaller than with Parquet 1's and costs a fifth less CPU to write and to read back.
 WRITE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION v2"
@@ -63,71 +68,103 @@ def _literal(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _segment_folder(store: Store, segment: Path, version: str) -> Path:
-    return store.root / SEGMENT_RELATIONS_DIR / version / segment.relative_to(store.root).with_suffix("")
+def _batches(store: Store, version: str) -> dict[Path, frozenset[str]]:
+    """The batches written with this code version: folder -> its segments (relative paths)."""
+    batches: dict[Path, frozenset[str]] = {}
+    for done in (store.root / SEGMENT_RELATIONS_DIR / version).glob("*/done"):
+        try:
+            batches[done.parent] = frozenset(json.loads((done.parent / MANIFEST).read_text()))
+        except (OSError, ValueError) as e:  # unreadable: not reused (pruned below when its segments are gone)
+            log.warning("cannot read %s: %s", done.parent / MANIFEST, e)
+    return batches
 
 
-def _write_segment_relations(con: duckdb.DuckDBPyConnection, segment: Path, folder: Path) -> None:
-    """Writes the PER_SEGMENT relations of one segment's spans into `folder` (atomically; one another process
-    wrote meanwhile is kept)."""
-    from infertrace.store.store import projection, read_footer, relation_sql
+def _new_batches(segments: list[Path]) -> list[list[Path]]:
+    """The segments a materialisation found without a batch, grouped into new batches: one per partition, a
+    segment of OWN_BATCH_BYTES or more alone."""
+    groups: dict[Path, list[Path]] = {}
+    alone = []
+    for segment in segments:
+        if segment.stat().st_size >= OWN_BATCH_BYTES:
+            alone.append([segment])
+        else:
+            groups.setdefault(segment.parent, []).append(segment)
+    return [*groups.values(), *alone]
 
-    info = read_footer(segment)
-    if isinstance(info, str):  # removed or damaged since the snapshot was taken
-        raise OSError(f"cannot read segment {segment}: {info}")
+
+def _write_batch(store: Store, segments: list[Path], version: str) -> Path:
+    """Writes the PER_SEGMENT relations of these segments' spans as one batch (atomically: a batch another
+    process wrote meanwhile is kept); returns its folder."""
+    from infertrace.store.store import read_footer, relation_sql, segments_sql
+
+    names = sorted(segment.relative_to(store.root).as_posix() for segment in segments)
+    folder = store.root / SEGMENT_RELATIONS_DIR / version / segments_key(names, "relations")
+    if (folder / "done").is_file():
+        return folder
+    footers = []
+    for segment in segments:
+        info = read_footer(segment)
+        if isinstance(info, str):  # removed or damaged since the snapshot was taken
+            raise OSError(f"cannot read segment {segment}: {info}")
+        footers.append((segment, info))
     folder.parent.mkdir(parents=True, exist_ok=True)
     temporary = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    source = f"SELECT {projection(info.schema)} FROM read_parquet({_literal(segment)}, hive_partitioning = false)"
-    for name in PER_SEGMENT:  # the relation's own SQL, its `spans` this segment's
-        con.execute(f"COPY (WITH spans AS ({source}) SELECT * FROM ({relation_sql(name)}\n)) "
-                    f"TO {_literal(temporary / f'{name}.parquet')} ({WRITE_OPTIONS})")
+    source = segments_sql(footers)
+    for name in PER_SEGMENT:  # the relation's own SQL, its `spans` these segments'
+        store.con.execute(f"COPY (WITH spans AS ({source}) SELECT * FROM ({relation_sql(name)}\n)) "
+                          f"TO {_literal(temporary / f'{name}.parquet')} ({WRITE_OPTIONS})")
+    (temporary / MANIFEST).write_text(json.dumps(names))
     (temporary / "done").write_text("")
     try:
         temporary.rename(folder)
     except OSError:  # written meanwhile by another process
         shutil.rmtree(temporary, ignore_errors=True)
+    return folder
 
 
-def _write_segments_relations(store: Store, todo: list[tuple[Path, Path]]) -> None:
-    """`_write_segment_relations` for each (segment, folder), as many at once as the connection has threads: a
-    segment is often too small for one query to keep them busy (a collector writes one per export)."""
-    workers = min(len(todo), int(store.con.execute("SELECT current_setting('threads')").fetchone()[0]))
-
-    def write(item: tuple[Path, Path]) -> None:
-        with store.con.cursor() as con:
-            _write_segment_relations(con, *item)
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        list(pool.map(write, todo))
+def _segment_batches(store: Store, version: str) -> list[Path]:
+    """The batches the snapshot's PER_SEGMENT relations read: every written batch whose segments the snapshot
+    all holds (disjoint ones, the largest first), and new batches of the segments none of them covers."""
+    held = {segment.relative_to(store.root).as_posix(): segment for segment in store.segments}
+    chosen: list[Path] = []
+    covered: set[str] = set()
+    for folder, names in sorted(_batches(store, version).items(), key=lambda b: (-len(b[1]), b[0].name)):
+        if names <= held.keys() and not covered & names:
+            chosen.append(folder)
+            covered |= names
+    todo = [segment for name, segment in sorted(held.items()) if name not in covered]
+    chosen += [_write_batch(store, group, version) for group in _new_batches(todo)]
+    log.info("expanded the step spans of %d of the snapshot's %d segments", len(todo), len(held))
+    return chosen
 
 
 def _prune_segment_relations(store: Store, version: str) -> None:
-    """Removes the per-segment files of other code versions and of segments no longer in the store (compacted
+    """Removes the batches of other code versions and those holding a segment no longer in the store (compacted
     away or removed by retention)."""
     parent = store.root / SEGMENT_RELATIONS_DIR
     for other in parent.iterdir():
         if other.is_dir() and other.name != version:
             shutil.rmtree(other, ignore_errors=True)
-    current = parent / version
-    for done in list(current.rglob("done")):
-        folder = done.parent
-        segment = store.root / folder.relative_to(current).with_suffix(".parquet")
-        if not folder.name.startswith(".") and not segment.exists():
+    for folder, names in _batches(store, version).items():
+        if not all((store.root / name).exists() for name in names):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _union(root: Path, files: list[str]) -> str:
-    listed = ", ".join(_literal(root / f) for f in files)
-    return f"SELECT * FROM read_parquet([{listed}], hive_partitioning = false)"
+def _read_union(store: Store, name: str, files: list[str]) -> None:
+    """Points view `name` at the union of the batches' `files` (relative to the store)."""
+    listed = ", ".join(_literal(store.root / f) for f in files)
+    store.con.execute(f"CREATE OR REPLACE VIEW {name} AS "
+                      f"SELECT * FROM read_parquet([{listed}], hive_partitioning = false)")
 
 
 def materialize_relations(store: Store) -> float:
     """Writes the snapshot's derived relations (all but `tokens`) as Parquet (unless already there); returns
     seconds. Each relation is computed once: those that read it (`token_runs` reads `step_membership`, `requests`
     reads `request_legs` and `component_calls`) read its written file instead of expanding the spans again.
-    `steps` and `step_membership` are written per segment, for the segments that have none yet (see above)."""
+    `steps` and `step_membership` are read from the batches of segments written before, and written for the
+    segments no batch covers (see above)."""
     if not store.segments:
         return 0.0
     parent = store.root / RELATIONS_DIR
@@ -141,12 +178,8 @@ def materialize_relations(store: Store) -> float:
     temporary.mkdir()
     per_segment: dict[str, list[str]] = {}
     version = code_version("relations")
-    if not store.duplicate_rows:  # else the union of the segments' rows would hold a span's rows twice
-        folders = [_segment_folder(store, segment, version) for segment in store.segments]
-        todo = [(segment, folder) for segment, folder in zip(store.segments, folders, strict=True)
-                if not (folder / "done").is_file()]
-        _write_segments_relations(store, todo)
-        log.info("expanded the step spans of %d of the snapshot's %d segments", len(todo), len(folders))
+    if not store.duplicate_rows:  # else the union of the batches' rows would hold a span's rows twice
+        folders = _segment_batches(store, version)
         per_segment = {name: [(f / f"{name}.parquet").relative_to(store.root).as_posix() for f in folders]
                        for name in PER_SEGMENT}
         (temporary / MANIFEST).write_text(json.dumps(per_segment))
@@ -156,7 +189,7 @@ def materialize_relations(store: Store) -> float:
     try:
         for name in _relations():  # in dependency order: each later relation reads the files written before it
             if name in per_segment:
-                store.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_union(store.root, per_segment[name])}")
+                _read_union(store, name, per_segment[name])
                 continue
             path = _literal(temporary / f"{name}.parquet")
             store.con.execute(f"COPY (SELECT * FROM {name}) TO {path} ({WRITE_OPTIONS})")
@@ -198,7 +231,7 @@ def attach(store: Store) -> bool:
             return False
     for name in _relations():
         if name in per_segment:
-            store.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_union(store.root, per_segment[name])}")
+            _read_union(store, name, per_segment[name])
         else:
             path = _literal(folder / f"{name}.parquet")
             store.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path})")

@@ -142,6 +142,19 @@ def projection(schema: pa.Schema) -> str:
     return ", ".join(items)
 
 
+def segments_sql(segments: Sequence[tuple[Path, SegmentInfo]]) -> str:
+    """A SELECT of every row of the given segments (with their footers, `read_footer`) in the store's schema:
+    one scan per segment schema, each mapped by `projection`."""
+    readable: dict[str, list[Path]] = {}
+    schemas: dict[str, pa.Schema] = {}
+    for path, info in segments:
+        readable.setdefault(info.schema_key, []).append(path)
+        schemas[info.schema_key] = info.schema
+    return " UNION ALL ".join(
+        f"SELECT {projection(schemas[key])} FROM read_parquet([{', '.join(sql_string(str(p)) for p in files)}], "
+        f"hive_partitioning = false)" for key, files in readable.items())
+
+
 class Store:
     """Read side of a store directory. Views: `spans_raw` (every stored span row), `spans` (each span once),
     and the derived relations in `RELATIONS`."""
@@ -193,9 +206,8 @@ class Store:
 
     def _load_spans_raw(self) -> None:
         """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
-        readable: dict[str, list[Path]] = {}
-        schemas: dict[str, pa.Schema] = {}
         self.segments, self.skipped, self.notes = [], [], {}
+        readable = []
         for path in self.pinned if self.pinned is not None else list_segments(self.root):
             info = read_footer(path)
             if isinstance(info, str):
@@ -203,17 +215,11 @@ class Store:
                     self.skipped.append((path, info))
                 continue
             self.segments.append(path)
-            readable.setdefault(info.schema_key, []).append(path)
-            schemas[info.schema_key] = info.schema
+            readable.append((path, info))
             merge_counts(self.notes, info.notes)
         con = self.con
-        parts = []
-        for key, paths in readable.items():
-            files = ", ".join(sql_string(str(p)) for p in paths)
-            parts.append(f"SELECT {projection(schemas[key])} FROM read_parquet([{files}], "
-                         f"hive_partitioning = false)")
-        if parts:
-            con.execute("CREATE OR REPLACE VIEW spans_raw AS " + " UNION ALL ".join(parts))
+        if readable:
+            con.execute("CREATE OR REPLACE VIEW spans_raw AS " + segments_sql(readable))
         else:
             empty = pa.table({f.name: pa.array([], type=f.type) for f in SCHEMA})
             con.register("_empty_spans", empty)
