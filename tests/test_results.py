@@ -113,6 +113,21 @@ def test_a_new_snapshot_expands_only_its_new_segments_step_spans(store_dir: Path
             assert _relation_rows(store, name).equals(views[name]), name
 
 
+def test_a_batch_whose_list_of_segments_is_unreadable_is_expanded_again_and_removed(store_dir: Path) -> None:
+    with Store.open(store_dir) as store:
+        materialize(store, names=())
+    damaged = max(_batches(store_dir), key=lambda folder: len(_batches(store_dir)[folder][0]))
+    (damaged / MANIFEST).write_text("{not json")
+    ingest_paths(store_dir, [SAMPLES / "engine_regression" / "traces.jsonl.gz"])  # a new snapshot
+    with Store.open(store_dir) as store:
+        views = {name: _relation_rows(store, name) for name in PER_SEGMENT}
+        materialize(store, names=())
+        assert not damaged.exists() and damaged not in _read_batches(store, store_dir)
+        assert attach(store)
+        for name in PER_SEGMENT:
+            assert _relation_rows(store, name).equals(views[name]), name
+
+
 def test_a_span_stored_twice_is_expanded_once(store_dir: Path) -> None:
     segment = next(store_dir.glob("spans/**/seg-*.parquet"))
     shutil.copy(segment, segment.with_name("seg-copy.parquet"))  # every span of that segment stored twice

@@ -68,14 +68,18 @@ def _literal(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _batches(store: Store, version: str) -> dict[Path, frozenset[str]]:
-    """The batches written with this code version: folder -> its segments (relative paths)."""
-    batches: dict[Path, frozenset[str]] = {}
+def _batches(store: Store, version: str) -> dict[Path, frozenset[str] | None]:
+    """The batches written with this code version: folder -> its segments (relative paths; None when its list
+    cannot be read: such a batch is never read, and removed)."""
+    batches: dict[Path, frozenset[str] | None] = {}
     for done in (store.root / SEGMENT_RELATIONS_DIR / version).glob("*/done"):
+        if done.parent.name.startswith("."):  # another process's batch being written
+            continue
         try:
             batches[done.parent] = frozenset(json.loads((done.parent / MANIFEST).read_text()))
-        except (OSError, ValueError) as e:  # unreadable: not reused (pruned below when its segments are gone)
+        except (OSError, ValueError, TypeError) as e:
             log.warning("cannot read %s: %s", done.parent / MANIFEST, e)
+            batches[done.parent] = None
     return batches
 
 
@@ -130,7 +134,8 @@ def _segment_batches(store: Store, version: str) -> list[Path]:
     held = {segment.relative_to(store.root).as_posix(): segment for segment in store.segments}
     chosen: list[Path] = []
     covered: set[str] = set()
-    for folder, names in sorted(_batches(store, version).items(), key=lambda b: (-len(b[1]), b[0].name)):
+    readable = {folder: names for folder, names in _batches(store, version).items() if names is not None}
+    for folder, names in sorted(readable.items(), key=lambda b: (-len(b[1]), b[0].name)):
         if names <= held.keys() and not covered & names:
             chosen.append(folder)
             covered |= names
@@ -141,14 +146,14 @@ def _segment_batches(store: Store, version: str) -> list[Path]:
 
 
 def _prune_segment_relations(store: Store, version: str) -> None:
-    """Removes the batches of other code versions and those holding a segment no longer in the store (compacted
-    away or removed by retention)."""
+    """Removes the batches of other code versions, those holding a segment no longer in the store (compacted
+    away or removed by retention) and those whose list of segments cannot be read."""
     parent = store.root / SEGMENT_RELATIONS_DIR
     for other in parent.iterdir():
         if other.is_dir() and other.name != version:
             shutil.rmtree(other, ignore_errors=True)
     for folder, names in _batches(store, version).items():
-        if not all((store.root / name).exists() for name in names):
+        if names is None or not all((store.root / name).exists() for name in names):
             shutil.rmtree(folder, ignore_errors=True)
 
 
