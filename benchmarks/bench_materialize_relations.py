@@ -44,16 +44,16 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = """
 import json, os, sys, time
 from pathlib import Path
+from infertrace.results import materialize
 from infertrace.results.relations import materialize_relations
 from infertrace.store.store import Store
 
-store_dir, hold, everything = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "all"
-if everything:
-    from infertrace.results import materialize as materialize_relations
+store_dir, hold = Path(sys.argv[1]), Path(sys.argv[2])
+run = materialize if sys.argv[3] == "all" else materialize_relations
 newer = sorted(hold.rglob("seg-*.parquet"))
 with Store.open(store_dir) as store:
     first = time.perf_counter(), time.process_time()
-    materialize_relations(store)
+    run(store)
     first = time.perf_counter() - first[0], time.process_time() - first[1]
 for path in newer:  # the collector's new segments arrive
     target = store_dir / path.relative_to(hold)
@@ -62,7 +62,7 @@ for path in newer:  # the collector's new segments arrive
 load_before = os.getloadavg()[0]
 t0, c0 = time.perf_counter(), time.process_time()
 with Store.open(store_dir) as store:
-    materialize_relations(store)
+    run(store)
     segments = len(store.segments)
 print(json.dumps({"first_wall_s": first[0], "first_cpu_s": first[1], "wall_s": time.perf_counter() - t0,
                   "cpu_s": time.process_time() - c0, "segments": segments, "new_segments": len(newer),

@@ -51,25 +51,22 @@ def test_every_materialised_result_reads_back_equal_to_the_analyzers_result(stor
     assert not list(store_dir.glob("derived/**/.*tmp*")), "no temporary left behind"
 
 
+def _relation_rows(store: Store, name: str) -> pa.Table:
+    """The relation's rows in one order, whatever order they are read in."""
+    table = store.sql(f"SELECT * FROM {name}").to_arrow_table()
+    keys = [c for c in ("request_id", "instance", "trace_id", "span_id", "step_index", "token_index", "role",
+                        "start_ns") if c in table.column_names]
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
 def test_attached_relations_give_the_same_rows_as_the_views(store_dir: Path) -> None:
     with Store.open(store_dir) as store:
         materialize(store, names=())
     with Store.open(store_dir) as store:
-        views = {n: store.sql(f"SELECT * FROM {n}").to_arrow_table() for n in RELATIONS}
+        views = {name: _relation_rows(store, name) for name in RELATIONS}
         assert attach(store)
         for name in RELATIONS:
-            files = store.sql(f"SELECT * FROM {name}").to_arrow_table()
-            keys = [c for c in ("request_id", "instance", "trace_id", "span_id", "step_index", "token_index",
-                                "role", "start_ns") if c in files.column_names]
-            order = [(k, "ascending") for k in keys]
-            assert files.sort_by(order).equals(views[name].sort_by(order)), name
-
-
-def _relation_rows(store: Store, name: str) -> pa.Table:
-    table = store.sql(f"SELECT * FROM {name}").to_arrow_table()
-    keys = [c for c in ("request_id", "instance", "trace_id", "span_id", "step_index", "role", "start_ns")
-            if c in table.column_names]
-    return table.sort_by([(k, "ascending") for k in keys])
+            assert _relation_rows(store, name).equals(views[name]), name
 
 
 def _batches(store_dir: Path) -> dict[Path, tuple[frozenset[str], int]]:

@@ -83,30 +83,29 @@ def _batches(store: Store, version: str) -> dict[Path, frozenset[str] | None]:
     return batches
 
 
-def _new_batches(segments: list[Path]) -> list[list[Path]]:
-    """The segments a materialisation found without a batch, grouped into new batches: one per partition, a
-    segment of OWN_BATCH_BYTES or more alone."""
-    groups: dict[Path, list[Path]] = {}
+def _new_batches(store: Store, names: list[str]) -> list[list[str]]:
+    """The segments (relative paths) a materialisation found without a batch, grouped into new batches: one per
+    partition, a segment of OWN_BATCH_BYTES or more alone."""
+    groups: dict[str, list[str]] = {}
     alone = []
-    for segment in segments:
-        if segment.stat().st_size >= OWN_BATCH_BYTES:
-            alone.append([segment])
+    for name in names:
+        if (store.root / name).stat().st_size >= OWN_BATCH_BYTES:
+            alone.append([name])
         else:
-            groups.setdefault(segment.parent, []).append(segment)
+            groups.setdefault(name.rsplit("/", 1)[0], []).append(name)
     return [*groups.values(), *alone]
 
 
-def _write_batch(store: Store, segments: list[Path], version: str) -> Path:
-    """Writes the PER_SEGMENT relations of these segments' spans as one batch (atomically: a batch another
-    process wrote meanwhile is kept); returns its folder."""
+def _write_batch(store: Store, names: list[str], version: str) -> Path:
+    """Writes the PER_SEGMENT relations of these segments' spans (relative paths) as one batch (atomically: a
+    batch another process wrote meanwhile is kept); returns its folder."""
     from infertrace.store.store import read_footer, relation_sql, segments_sql
 
-    names = sorted(segment.relative_to(store.root).as_posix() for segment in segments)
     folder = store.root / SEGMENT_RELATIONS_DIR / version / segments_key(names, "relations")
     if (folder / "done").is_file():
         return folder
     footers = []
-    for segment in segments:
+    for segment in (store.root / name for name in names):
         info = read_footer(segment)
         if isinstance(info, str):  # removed or damaged since the snapshot was taken
             raise OSError(f"cannot read segment {segment}: {info}")
@@ -131,16 +130,16 @@ def _write_batch(store: Store, segments: list[Path], version: str) -> Path:
 def _segment_batches(store: Store, version: str) -> list[Path]:
     """The batches the snapshot's PER_SEGMENT relations read: every written batch whose segments the snapshot
     all holds (disjoint ones, the largest first), and new batches of the segments none of them covers."""
-    held = {segment.relative_to(store.root).as_posix(): segment for segment in store.segments}
+    held = store.segment_paths()  # sorted
     chosen: list[Path] = []
     covered: set[str] = set()
     readable = {folder: names for folder, names in _batches(store, version).items() if names is not None}
     for folder, names in sorted(readable.items(), key=lambda b: (-len(b[1]), b[0].name)):
-        if names <= held.keys() and not covered & names:
+        if names.issubset(held) and not covered & names:
             chosen.append(folder)
             covered |= names
-    todo = [segment for name, segment in sorted(held.items()) if name not in covered]
-    chosen += [_write_batch(store, group, version) for group in _new_batches(todo)]
+    todo = [name for name in held if name not in covered]
+    chosen += [_write_batch(store, group, version) for group in _new_batches(store, todo)]
     log.info("expanded the step spans of %d of the snapshot's %d segments", len(todo), len(held))
     return chosen
 
