@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infertrace.results.codec import decode, decode_column, encode
+from infertrace.results.codec import decode, decode_column, encode, encode_column
 
 if TYPE_CHECKING:
     from infertrace.store.store import Store
@@ -161,8 +161,9 @@ def _items_table(items: tuple[Any, ...], item_type: Any) -> pa.Table:
     struct = _arrow_type(item_type)
     if struct is None:  # no Arrow type for some field (e.g. a dict): one JSON text per item
         return pa.table({"json": pa.array([json.dumps(encode(i)) for i in items], pa.string())})
-    rows = [encode(i) for i in items]
-    return pa.Table.from_struct_array(pa.array(rows, type=struct)) if rows else pa.schema(list(struct)).empty_table()
+    if not items:
+        return pa.schema(list(struct)).empty_table()
+    return pa.Table.from_struct_array(encode_column(items, item_type, struct))
 
 
 def _items(table: pa.Table, item_type: Any) -> tuple[Any, ...]:
