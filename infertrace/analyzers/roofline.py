@@ -198,10 +198,12 @@ class RooflineAnalysis:
 
 def _rate(spec: ModelShape, hw: Accelerator, tokens: np.ndarray, microbatch: int, tp: int,
           eff: Efficiency | None, cpu_moe_layers: int = 0, link_bandwidth: float | None = None) -> float:
-    """Predicted prefill tokens/s over the measured steps' token counts."""
-    t = sum(prefill_step_seconds(spec, hw, int(n), microbatch, tp, eff, cpu_moe_layers, link_bandwidth)
-            for n in tokens)
-    return float(tokens.sum() / t)
+    """Predicted prefill tokens/s over the measured steps' token counts (each distinct count predicted once; the
+    steps' times summed in their order, as one prediction per step would)."""
+    counts, step = np.unique(tokens, return_inverse=True)
+    seconds = np.array([prefill_step_seconds(spec, hw, int(n), microbatch, tp, eff, cpu_moe_layers, link_bandwidth)
+                        for n in counts], dtype=np.float64)
+    return float(tokens.sum() / sum(seconds[step].tolist()))
 
 
 def analyze_prefill_roofline(store: Store, models: dict[str, ModelShape] | None = None,
