@@ -245,6 +245,7 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
                                   "GROUP BY instance").fetchall())
             itl_tokens = dict(store.sql("SELECT instance, count(*) FROM tokens WHERE itl_ns IS NOT NULL "
                                         "GROUP BY instance").fetchall())
+            itl_seconds = store.sql("SELECT instance, itl_ns / 1e9 AS s FROM tokens WHERE itl_ns IS NOT NULL").df()
             itl = analyze_itl(store)
             cache = analyze_prefix_cache(store)
         histogram = families["vllm:time_to_first_token_seconds"]
@@ -255,8 +256,13 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
             (inf,) = _samples(histogram, "_bucket", engine=engine, le="+Inf")
             assert inf.value == n
         tokens = families["vllm:inter_token_latency_seconds"]
-        for engine, n in itl_tokens.items():
+        for engine, n in itl_tokens.items():  # every bucket as the engine's tokens, one row each, fill it
             assert _samples(tokens, "_count", engine=engine)[0].value == n
+            seconds = itl_seconds[itl_seconds["instance"] == engine]["s"]
+            assert _samples(tokens, "_sum", engine=engine)[0].value == pytest.approx(seconds.sum(), rel=1e-9)
+            for bucket in _samples(tokens, "_bucket", engine=engine):
+                bound = float(bucket.labels["le"])
+                assert bucket.value == (seconds <= bound).sum(), (engine, bound)
         stalls = families["infertrace:itl_stalls"]
         assert stalls.type == "counter"
         by_tenant: dict[str, float] = defaultdict(float)
