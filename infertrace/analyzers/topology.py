@@ -90,9 +90,9 @@ def topology_from_paths(paths: pd.DataFrame) -> Topology:
     known = paths.dropna(subset=["instance"])
     nodes = []
     for (kind, instance), part in known.groupby(["kind", "instance"], sort=True):
-        names = tuple(sorted({f"{service} {op}" for service, op in zip(part["service"], part["operation"],
-                                                                           strict=True)
-                              if isinstance(service, str) and isinstance(op, str)}))
+        operations = part[["service", "operation"]].dropna().drop_duplicates()
+        names = tuple(sorted({f"{service} {op}" for service, op in zip(operations["service"], operations["operation"],
+                                                                       strict=True)}))
         nodes.append(Node(str(kind), str(instance), tuple(sorted(part["model"].dropna().unique())),
                           tuple(sorted(part["tenant"].dropna().unique())), int(part["trace_id"].nunique()), names))
     counts = known.dropna(subset=["model"]).groupby(["model", "instance"], sort=True)["trace_id"].nunique()
