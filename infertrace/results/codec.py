@@ -163,20 +163,25 @@ def encode_column(values: Sequence[Any], hint: Any, arrow_type: pa.DataType) -> 
     thousands of dataclasses, and encoding each to a dict first costs seconds. `arrow_type` is a struct, list or
     primitive type made from `hint` (`materialized._arrow_type`); Arrow raises on a value it cannot hold."""
     hint = _without_none(hint)
-    nulls = [v is None for v in values]
-    mask = pa.array(nulls, pa.bool_()) if any(nulls) else None
     if pa.types.is_struct(arrow_type):
         hints = _hints(hint)
-        children = [encode_column([None if v is None else getattr(v, f.name) for v in values], hints[f.name],
-                                  arrow_type.field(f.name).type)
+        mask = _nulls(values)
+        children = [encode_column([getattr(v, f.name) for v in values] if mask is None else
+                                  [None if v is None else getattr(v, f.name) for v in values],
+                                  hints[f.name], arrow_type.field(f.name).type)
                     for f in dataclasses.fields(hint)]
         return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
     if pa.types.is_list(arrow_type):
-        offsets, flat = [0], []
-        for v in values:
-            if v is not None:
-                flat.extend(v)
-            offsets.append(len(flat))
+        lengths = [0 if v is None else len(v) for v in values]
+        flat = list(itertools.chain.from_iterable(v for v in values if v is not None))
         items = encode_column(flat, typing.get_args(hint)[0], arrow_type.value_type)
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items, type=arrow_type, mask=mask)
+        offsets = pa.array(itertools.accumulate(lengths, initial=0), pa.int32())
+        return pa.ListArray.from_arrays(offsets, items, type=arrow_type, mask=_nulls(values))
     return pa.array(values, type=arrow_type)
+
+
+def _nulls(values: Sequence[Any]) -> pa.Array | None:
+    """Which values are None, as a mask; None when none is."""
+    if not any(v is None for v in values):
+        return None
+    return pa.array([v is None for v in values], pa.bool_())
