@@ -1,5 +1,5 @@
-"""First render of each dashboard page and `infertrace report`, before and after materialised results, in one
-run; and what materialisation costs next to ingest.
+"""First render of each dashboard page, `infertrace report` and the on-call runbook queries, before and after
+materialised results, in one run; and what materialisation costs next to ingest.
 
     .venv/bin/infertrace simulate --fleet examples/fleets/four_models.toml --duration 3600 --seed 1 --out F.jsonl.gz
     .venv/bin/python benchmarks/bench_first_render.py --traces F.jsonl.gz [--json out.json]
@@ -8,8 +8,10 @@ Steps, each timed: ingest F into a fresh store (`ingest_paths`, what `infertrace
 materialises); every page's first render and
 `report` with `INFERTRACE_RESULTS=live` (the analyzers run, as before materialisation); materialisation of the
 snapshot (derived relations, then every analysis); every page's first render and `report` reading the
-materialised results. Each first render is a fresh process (AppTest, the page opened first, nothing cached),
-so no page profits from another's work; the same process then reruns the page (its results cached, as after a
+materialised results; the same for `infertrace query` on the runbook queries an on-call engineer runs first
+(QUERIES: the slowest request's timeline, waterfall, tokens and colliding prefills; the worst ITL gaps; the slowest
+requests), each the whole command. Each first render is a fresh process (AppTest, the page opened first, nothing
+cached), so no page profits from another's work; the same process then reruns the page (its results cached, as after a
 click). Prints a table and the load average at each step. `--skip-live` leaves out the renders without
 materialised results (to compare two versions of the materialisation side by side: run it with each on
 PYTHONPATH).
@@ -32,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboards" / "app.py"
 PAGES = ("views/fleet.py", "views/itl_spikes.py", "views/incidents.py", "views/prefix_cache.py", "views/runbook.py",
          "views/request.py")
+QUERIES = ("request_timeline", "request_waterfall", "request_tokens", "prefills_colliding_with_request",
+           "worst_itl_gaps", "slowest_requests")  # the first four for the slowest request
 
 
 def render_once(store: Path, page: str, request_id: str | None) -> tuple[float, float, float]:
@@ -153,6 +157,15 @@ def main() -> None:
                 rows.append({"step": f"{phase}: rerun {page}", "seconds": round(rerun, 2), "cpu": "", "load": load})
             load = _load()
             env = {**os.environ, "INFERTRACE_RESULTS": "live" if phase == "before" else ""}
+            for name in QUERIES:
+                load = _load()
+                wanted = ["--param", f"request_id={request_id}"] if name.startswith(("request_", "prefills_")) else []
+                query_s, query_cpu = _timed([*cli, "query", "--store", str(store), name, *wanted, "--format", "csv"],
+                                            env)
+                results[phase][f"query {name}"] = round(query_s, 2)
+                rows.append({"step": f"{phase}: infertrace query {name}", "seconds": round(query_s, 2),
+                             "cpu": round(query_cpu, 2), "load": load})
+            load = _load()
             report_s, report_cpu = _timed([*cli, "report", "--store", str(store), "--fail-on", "never"], env)
             results[phase]["report"] = round(report_s, 2)
             rows.append({"step": f"{phase}: report (the whole command)", "seconds": round(report_s, 2),

@@ -4,12 +4,15 @@ summarise, parameters are bound (never formatted into SQL), and RUNBOOK.md is re
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pandas.testing import assert_frame_equal
 
+from infertrace.results.relations import materialize_relations, open_reader
 from infertrace.runbook import RunbookError, get_query, load_queries, parse_time_ns, run_query
 from infertrace.runbook.catalog import parse_query
 from infertrace.runbook.document import runbook_markdown
@@ -60,6 +63,24 @@ def test_every_query_runs_on_a_real_store_and_most_return_rows(demo: Store) -> N
             empty.append(q.name)
     # the demo fleet is not disaggregated (no KV transfers) and its KV cache never runs out (no preemptions)
     assert set(empty) <= {"kv_transfer_by_link", "kv_transfer_by_size", "pd_ttft_transfer_share", "preemptions"}, empty
+
+
+def test_every_query_answers_the_same_from_a_materialised_store(tmp_path: Path) -> None:
+    """`infertrace query` (and replay, export) open a store with its materialised relations attached: each query
+    then reads the written files, not the spans, and must answer exactly as the views do."""
+    root = tmp_path / "store"
+    shutil.copytree(demo_store().store / "spans", root / "spans")
+    queries = load_queries().values()
+    with Store.open(root) as live:
+        values = _values_for(live)
+        wanted = {q.name: {p.name: values[p.name] for p in q.parameters if p.required} for q in queries}
+        expected = {q.name: run_query(live, q, wanted[q.name]) for q in queries}
+        materialize_relations(live)
+    with open_reader(root) as opened:
+        views = dict(opened.sql("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall())
+        assert all("derived" in views[name] for name in ("requests", "steps", "token_runs")), views
+        for q in queries:
+            assert_frame_equal(run_query(opened, q, wanted[q.name]), expected[q.name], obj=q.name)
 
 
 def test_slowest_requests_returns_exactly_the_top_ttfts_of_the_requests_relation(demo: Store) -> None:

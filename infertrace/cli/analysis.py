@@ -74,12 +74,12 @@ def query(
         return
     if store is None:
         raise fail("--store DIR (or $INFERTRACE_STORE) is required to run a query")
-    from infertrace.store.store import open_store
+    from infertrace.results.relations import open_reader
 
     # On ClickHouse, the query's own window (its since/until parameters) chooses the spans read.
     window = (values.get("since"), values.get("until"))
     try:
-        with open_store(store, *(int(w) if isinstance(w, int) else None for w in window)) as opened, \
+        with open_reader(store, *(int(w) if isinstance(w, int) else None for w in window)) as opened, \
                 err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
             said = answer_notes(opened, q, values, len(frame))

@@ -46,7 +46,7 @@ def export(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from infertrace.store.store import Store
+    from infertrace.results.relations import open_reader
 
     if to is not None:
         if fmt is not None or out is not None or since is not None or until is not None or engine:
@@ -67,7 +67,7 @@ def export(
     columns = (TextColumn(f"exporting {fmt}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     started = time.perf_counter()
     try:
-        with Store.open(store) as opened:
+        with open_reader(store) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
             known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps UNION "

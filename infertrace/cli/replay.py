@@ -19,7 +19,7 @@ from infertrace.replay.capture import Capture, Distribution, ReplayRequest, meas
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
 from infertrace.store.clickhouse.connection import is_clickhouse_url
-from infertrace.store.store import Store, open_store
+from infertrace.store.store import Store
 
 
 def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Distribution:
@@ -148,8 +148,10 @@ def replay(
         raise fail(str(e)) from None
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
         raise fail(f"--since {since} is not before --until {until}")
+    from infertrace.results.relations import open_reader
+
     try:
-        with open_store(store, since_ns, until_ns) as opened:
+        with open_reader(store, since_ns, until_ns) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
             if model is None:

@@ -240,3 +240,16 @@ def attach(store: Store) -> bool:
             path = _literal(folder / f"{name}.parquet")
             store.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path})")
     return True
+
+
+def open_reader(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Store:
+    """`open_store`, with a store directory's materialised relations attached when its snapshot has them: a runbook
+    query, a replay's workload or an export then reads the written files instead of expanding every span again (a
+    store whose snapshot is not materialised, or a ClickHouse one, reads its views as before)."""
+    from infertrace.store.clickhouse.connection import is_clickhouse_url
+    from infertrace.store.store import open_store
+
+    store = open_store(spec, since_ns, until_ns)
+    if not is_clickhouse_url(spec):
+        attach(store)
+    return store
