@@ -122,11 +122,8 @@ def decode_column(array: pa.Array | pa.ChunkedArray, hint: Any) -> list[Any]:
     row `to_pylist` and `decode` take."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    hint = _without_none(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        hint = options[0] if len(options) == 1 else hint
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in _PRIMITIVES or hint is Any:
         return array.to_pylist()
     if array.null_count:  # rare: a missing nested value; row by row keeps it exact
