@@ -18,6 +18,11 @@ import results
 st.set_page_config(page_title="infertrace", layout="wide")
 
 root = results.store_dir()
+try:
+    results.window_s()
+except ValueError as e:
+    st.error(str(e))
+    st.stop()
 if root is not None and root.is_dir():
     st.session_state["store_dir"] = str(root)
     st.session_state["snapshot"] = results.snapshot(root)
@@ -40,6 +45,8 @@ with st.sidebar:
         st.error(f"No store directory: {root or 'give --store DIR'}")
     else:
         st.caption(f"Store `{root}` · {len(st.session_state['snapshot'])} segments")
+        if (window := results.window_note(root, st.session_state["snapshot"])) is not None:
+            st.caption(window)
         if (lag := results.behind(root, st.session_state["snapshot"])) is not None:
             st.info(lag)
         live = st.toggle("Refresh when new traces arrive", value=True)

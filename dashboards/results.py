@@ -24,14 +24,17 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
+from infertrace.cli.conventions import WINDOW_ENV, parse_analysis_window
+from infertrace.report.layout import duration_text
 from infertrace.results import result
-from infertrace.results.live import lag, shown_snapshot
+from infertrace.results.live import covered, lag, shown_snapshot
 from infertrace.results.relations import attach
 from infertrace.store.store import Store
 
@@ -55,14 +58,42 @@ def components_file() -> str | None:
     return None
 
 
+def window_s() -> float | None:
+    """The analysis window in seconds (`--analysis-window DURATION` after `--` on the streamlit command line, else
+    $INFERTRACE_ANALYSIS_WINDOW), or None: the whole store. Raises ValueError for a value that is not a duration."""
+    args = sys.argv[1:]
+    option = "--analysis-window"
+    text = args[args.index(option) + 1] if option in args and args.index(option) + 1 < len(args) else \
+        os.environ.get(WINDOW_ENV) or None
+    return parse_analysis_window(text, option if option in args else WINDOW_ENV)
+
+
 def snapshot(root: Path) -> tuple[str, ...]:
-    """The snapshot the pages show (see above; `infertrace.results.live`)."""
-    return shown_snapshot(root)
+    """The snapshot the pages show (see above; `infertrace.results.live`): of the analysis window, when one is
+    given."""
+    return shown_snapshot(root, window_s())
+
+
+def window_note(root: str | Path, shown: tuple[str, ...]) -> str | None:
+    """What the sidebar says of the analysis window (which segments and times the pages analyse), else None."""
+    window = window_s()
+    if window is None:
+        return None
+    cover = covered(root, shown)
+    times = (f"spans from {_utc(cover.first_ns)} to {_utc(cover.last_ns)}"
+             if cover.first_ns is not None and cover.last_ns is not None else "span times unknown")
+    return (f"Analysing the last {duration_text(window)} of the store's data: {cover.segments} of its "
+            f"{cover.store_segments} segments, {times} (whole segments: the older ones are left out).")
+
+
+def _utc(ns: int) -> str:
+    """Unix nanoseconds as the pages write times: 2026-01-01 12:00:00 UTC."""
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def behind(root: str | Path, shown: tuple[str, ...]) -> str | None:
     """What the sidebar says when the pages show an older snapshot than the store's current one, else None."""
-    found = lag(root, shown)
+    found = lag(root, shown, window_s())
     if found is None:
         return None
     return (f"Showing the analysis of the spans stored until {found.until_utc()}; {found.newer_segments} newer "
@@ -74,7 +105,7 @@ _LOCK = threading.Lock()
 
 @st.cache_resource(max_entries=1, show_spinner=False)
 def _shared_reader(root: str, snapshot: tuple[str, ...]) -> Store:
-    store = Store.open(root, segments=snapshot)
+    store = Store.open(root, segments=snapshot, window_s=window_s())  # the window's next snapshot, if compacted
     attach(store)  # the snapshot's materialised relations, when written
     if (path := components_file()) is not None:  # results are then kept under a key of their own
         from infertrace.sources.components import load_rules, register

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from infertrace.cli.console import check_choice, did_you_mean, err, fail, show
-from infertrace.cli.conventions import parse_when, warn_if_outside
+from infertrace.cli.conventions import parse_analysis_window, parse_when, warn_if_outside
 
 STORE_HELP = ("Store directory, or ClickHouse's otel_traces: clickhouse://USER@HOST:8123/DB (password from "
               "$INFERTRACE_CLICKHOUSE_PASSWORD or the file $INFERTRACE_CLICKHOUSE_PASSWORD_FILE), chdb://PATH")
@@ -105,19 +105,20 @@ def _catalog(queries: dict) -> pd.DataFrame:  # type: ignore[type-arg]
     } for q in queries.values()])
 
 
-def _materialized_report(spec: str) -> dict[str, Any] | None:
-    """The unfiltered report of the store's current snapshot, when materialised (`infertrace.results`)."""
+def _materialized_report(spec: str, window_s: float | None) -> dict[str, Any] | None:
+    """The unfiltered report of the store's current snapshot (of the analysis window, with `window_s`), when
+    materialised (`infertrace.results`)."""
+    from infertrace.results.live import current_segments
     from infertrace.results.materialized import load_report
     from infertrace.store.clickhouse.connection import is_clickhouse_url
-    from infertrace.store.segments import list_segments
 
     root = Path(spec)
     if is_clickhouse_url(spec) or not root.is_dir():
         return None
-    return load_report(root, [p.name for p in list_segments(root)])
+    return load_report(root, [Path(s).name for s in current_segments(root, window_s)])
 
 
-def _newest_materialized_report(spec: str) -> dict[str, Any] | None:
+def _newest_materialized_report(spec: str, window_s: float | None) -> dict[str, Any] | None:
     """`report --materialized`: the report of the store's newest materialised snapshot, saying on stderr how far
     behind the store it is; None (the current snapshot is then computed) when none was materialised."""
     from infertrace.results.live import lag
@@ -134,7 +135,7 @@ def _newest_materialized_report(spec: str) -> dict[str, Any] | None:
         err.print("No materialised snapshot in this store yet: analysing its current one.", markup=False,
                   highlight=False, soft_wrap=True)
         return None
-    behind = lag(root, record.segments)
+    behind = lag(root, record.segments, window_s)
     if behind is not None:
         err.print(f"Reporting on the spans stored until {behind.until_utc()}: {behind.newer_segments} newer "
                   "segment(s) are not in this report (being analysed; without --materialized the report includes "
@@ -187,6 +188,9 @@ def report(
         "--materialized",
         help="At once, from the newest materialised snapshot, while a collector's newest segments are still being "
              "analysed (says how far behind it is); unfiltered reports only")] = False,
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Analyse only the segments holding the store's last DURATION of spans, e.g. 6h, as `collect "
+             "--analysis-window` materialises them (docs/results.md)")] = None,
 ) -> None:
     """The anomaly report over a store: SLO summary, incidents with ranked causes, ITL spike culprits,
     recommendations. Exit 0: nothing at or above --fail-on; 1: findings at or above it; 2: usage or I/O error.
@@ -194,6 +198,7 @@ def report(
     Example:
       infertrace report --store traces/ --since -15m
       infertrace report --store /var/lib/infertrace --materialized
+      infertrace report --store /var/lib/infertrace --analysis-window 6h
       infertrace report --store traces/ --model llama-3-8b --format markdown --out report.md
       infertrace report --store traces/ --slo ttft_p99_ms=800 --fail-on warning
       INFERTRACE_CLICKHOUSE_PASSWORD_FILE=~/.ch infertrace report --store clickhouse://oncall@ch1:8123/otel --since -1h
@@ -213,6 +218,7 @@ def report(
         targets = with_targets([parse_target(t) for t in slo or ()])
         since_ns = parse_when(since) if since is not None else None
         until_ns = parse_when(until) if until is not None else None
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
     except ValueError as e:
         raise fail(str(e)) from None
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
@@ -227,14 +233,14 @@ def report(
     if materialized and (options != ReportOptions() or rules):
         raise fail("--materialized reports the whole store as materialised: it takes no --since, --until, --model, "
                    "--tenant, --slo, --section or --components")
-    doc = (_newest_materialized_report(store) if materialized else
-           _materialized_report(store) if options == ReportOptions() and not rules else None)
+    doc = (_newest_materialized_report(store, window_s) if materialized else
+           _materialized_report(store, window_s) if options == ReportOptions() and not rules else None)
     if doc is None:
         from infertrace.results.materialized import save_report
         from infertrace.store.store import Store, open_store
 
         try:
-            with open_store(store, since_ns, until_ns) as opened:
+            with open_store(store, since_ns, until_ns, window_s) as opened:
                 if not opened.segments:
                     raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
                 if (problem := check_selection(opened, options)) is not None:

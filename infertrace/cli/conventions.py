@@ -23,12 +23,14 @@ from typer.core import TyperGroup
 from infertrace.cli.console import err
 
 STORE_ENV = "INFERTRACE_STORE"
+WINDOW_ENV = "INFERTRACE_ANALYSIS_WINDOW"
 HELP_OPTION_NAMES = ["-h", "--help"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class Group(TyperGroup):
-    """The `infertrace` group. Every option named `--store` reads $INFERTRACE_STORE when not given; help texts
+    """The `infertrace` group. Every option named `--store` reads $INFERTRACE_STORE when not given, and every
+    `--analysis-window` $INFERTRACE_ANALYSIS_WINDOW (the dashboard's pages read it too); help texts
     are plain text (a `[default: …]` written in one is shown, not taken for markup); flags show no `<bool>`
     and repeatable options their element type."""
 
@@ -66,8 +68,8 @@ def _apply_conventions(command: Any) -> None:
         param._conventions_applied = True
         if getattr(param, "help", None):
             param.help = escape(param.help)
-        if param.param_type_name == "option" and param.name == "store":
-            param.envvar = STORE_ENV
+        if param.param_type_name == "option" and param.name in ("store", "analysis_window"):
+            param.envvar = STORE_ENV if param.name == "store" else WINDOW_ENV
             param.show_envvar = True
         if param.metavar is None:
             if getattr(param, "is_flag", False):
@@ -213,3 +215,14 @@ def parse_window(since: str | None, until: str | None) -> tuple[int | None, int 
         raise ValueError(f"--since {since} is not before --until {until}")
     return since_ns, until_ns
 
+
+
+def parse_analysis_window(text: str | None, option: str) -> float | None:
+    """An analysis window (`collect --analysis-window 6h`, `dashboard --window 6h`) as seconds; None when not
+    given. Raises ValueError naming the option and the text."""
+    if text is None:
+        return None
+    ns = parse_duration_ns(text)
+    if not ns:
+        raise ValueError(f"{option} {text!r} is not a positive duration like 30m, 6h, 1h30m or 2d")
+    return ns / 1e9

@@ -61,8 +61,9 @@ class Helpers:
             self.materializer.stop()
 
 
-def start_helpers(root: Path, metrics: str | None, materialize: bool) -> Helpers:
-    """Starts what `collect --metrics HOST:PORT` and `--materialize` ask for; fails (exit 2) on a bad address."""
+def start_helpers(root: Path, metrics: str | None, materialize: bool, window_s: float | None = None) -> Helpers:
+    """Starts what `collect --metrics HOST:PORT` and `--materialize` ask for (over the analysis window, with
+    `window_s`); fails (exit 2) on a bad address."""
     helpers = Helpers()
     if metrics is not None:
         from infertrace.export.metrics import serve
@@ -70,7 +71,7 @@ def start_helpers(root: Path, metrics: str | None, materialize: bool) -> Helpers
 
         try:
             host, port = parse_listen(metrics)
-            helpers.metrics_server, _ = serve(root, host, port)
+            helpers.metrics_server, _ = serve(root, host, port, window_s)
         except (OSError, ValueError) as e:
             raise fail(f"--metrics {metrics}: {e}") from None
         bound = helpers.metrics_server.server_address
@@ -78,5 +79,5 @@ def start_helpers(root: Path, metrics: str | None, materialize: bool) -> Helpers
     if materialize:
         from infertrace.results.background import Materializer
 
-        helpers.materializer = Materializer(root).start()
+        helpers.materializer = Materializer(root, window_s=window_s).start()
     return helpers

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import check_choice, err, fail
-from infertrace.cli.conventions import parse_when
+from infertrace.cli.conventions import parse_analysis_window, parse_when
 
 EXPORT_FORMATS = ("perfetto", "otlp")
 
@@ -123,6 +123,8 @@ def serve_metrics(
     store: Annotated[Path, typer.Option(help="Store directory")],
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve /metrics on (port 0: any free port)")] = (
         "127.0.0.1:9464"),
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Analyse only the segments holding the store's last DURATION of spans, e.g. 6h (docs/results.md)")] = None,
 ) -> None:
     """Serve the store's derived metrics for Prometheus at /metrics: TTFT, ITL, E2E and phase histograms,
     token, prefix-cache, preemption and outcome counters under vLLM's names, ITL stalls by culprit tenant and
@@ -138,8 +140,12 @@ def serve_metrics(
     if not store.is_dir():
         raise fail(f"--store {store}: {not_a_store(store)}")
     try:
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
+    except ValueError as e:
+        raise fail(str(e)) from None
+    try:
         host, port = parse_listen(listen)
-        server, thread = serve(store, host, port)
+        server, thread = serve(store, host, port, window_s)
     except (OSError, ValueError) as e:
         raise fail(f"--listen {listen}: {e}") from None
     bound_host, bound_port = server.server_address[:2]

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import check_choice, err, fail
+from infertrace.cli.conventions import parse_analysis_window
 
 
 def dashboard(
@@ -22,6 +23,8 @@ def dashboard(
     until: Annotated[str | None, typer.Option(help="ClickHouse: window end (exclusive), same forms")] = None,
     snapshot: Annotated[Path | None, typer.Option(
         help="ClickHouse: the local store directory the window is read into (as `ingest --from`)")] = None,
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Analyse only the segments holding the store's last DURATION of spans, e.g. 6h (docs/results.md)")] = None,
 ) -> None:
     """Serve the Streamlit dashboard on a store (fleet overview, ITL spikes, incidents, prefix cache, runbook,
     request waterfall). On ClickHouse, the window's traces are first read into a local store (`--snapshot`),
@@ -31,6 +34,7 @@ def dashboard(
     Example:
       infertrace dashboard --store traces/ --port 8501
       infertrace dashboard --store traces/ --components components.toml
+      infertrace dashboard --store traces/ --analysis-window 6h
       infertrace dashboard --store clickhouse://oncall@ch1:8123/otel --since -1h --snapshot incident/
     """
     import os
@@ -50,6 +54,10 @@ def dashboard(
         raise fail("--since, --until and --snapshot choose a window of a ClickHouse --store; a store directory is "
                    "served whole")
     root = Path(store)
+    try:
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
+    except ValueError as e:
+        raise fail(str(e)) from None
 
     app_path = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
     if not app_path.is_file():
@@ -65,6 +73,8 @@ def dashboard(
         except ValueError as e:
             raise fail(str(e)) from None
         extra = ["--components", str(components.resolve())]
+    if window_s is not None:
+        extra += ["--analysis-window", f"{window_s!r}s"]
     command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
                "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
                "--", "--store", str(root.resolve()), *extra]

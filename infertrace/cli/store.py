@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import err, fail
+from infertrace.cli.conventions import parse_analysis_window
 from infertrace.cli.derived import materialize_store, start_helpers
 
 TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
@@ -264,6 +265,9 @@ def collect(
     materialize: Annotated[bool, typer.Option(
         help="Compute each new snapshot's analyses once its segments settle, or after 60 s of steady "
              "arrivals (docs/results.md)")] = True,
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Analyse only the segments holding the store's last DURATION of spans, e.g. 6h (--materialize, "
+             "--metrics): each snapshot then costs what the window holds, not what --retain keeps")] = None,
     resource: Annotated[list[str] | None, typer.Option(help=RESOURCE_HELP)] = None,
 ) -> None:
     """Receive OTLP traces over HTTP (POST /v1/traces: protobuf or JSON; gzip, deflate, zstd), Zipkin's v2 JSON (POST
@@ -289,6 +293,7 @@ def collect(
         host, port = parse_listen(listen)
         grpc_at = parse_listen(grpc, "--grpc", 4317) if grpc else None
         retain_s = parse_duration(retain) if retain else None
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
         tls = (str(tls_cert), str(tls_key)) if tls_cert and tls_key else None
         collector = Collector(store, host, port, token=secret, max_body_bytes=max_body_bytes, queue_size=queue_size,
                               writers=writers,
@@ -312,7 +317,7 @@ def collect(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     collector.start()
-    helpers = start_helpers(store, metrics, materialize)
+    helpers = start_helpers(store, metrics, materialize, window_s)
     try:
         stop.wait()
     finally:

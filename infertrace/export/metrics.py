@@ -245,10 +245,12 @@ class StoreMetrics:
     newest materialised snapshot while the current one is materialised in the background (a scrape must answer
     within Prometheus' timeout, 10 s by default, and computing the analyses of a busy hour takes longer). The
     metrics are recomputed only when that snapshot changes, from its materialised relations and results; two
-    gauges say how current they are."""
+    gauges say how current they are. With `window_s`, the snapshots are those of that analysis window
+    (`store.window_segments`): every figure covers the window's segments, and falls as old ones leave it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, window_s: float | None = None) -> None:
         self.root = root
+        self.window_s = window_s
         self._lock = threading.Lock()
         self._snapshot: tuple[str, ...] | None = None
         self._families: list[Metric] = []
@@ -261,12 +263,12 @@ class StoreMetrics:
         from infertrace.store.store import Store
 
         with self._lock:
-            snapshot = shown_snapshot(self.root)
+            snapshot = shown_snapshot(self.root, self.window_s)
             if snapshot != self._snapshot:
                 started = time.perf_counter()
                 text = load_metrics(self.root, (Path(s).name for s in snapshot))
                 if text is None:  # no materialised snapshot yet: computed here, and kept for the next reader
-                    with Store.open(self.root, segments=snapshot) as store:
+                    with Store.open(self.root, segments=snapshot, window_s=self.window_s) as store:
                         attach(store)
                         text = exposition_text(store, result(store, "itl"), result(store, "prefix_cache"))
                         try:
@@ -276,7 +278,7 @@ class StoreMetrics:
                 self._families = list(text_string_to_metric_families(text))
                 self._snapshot = snapshot
                 log.info("metrics recomputed for %d segments in %.2f s", len(snapshot), time.perf_counter() - started)
-            behind = lag(self.root, snapshot)
+            behind = lag(self.root, snapshot, self.window_s)
             pending = GaugeMetricFamily("infertrace:segments_pending", "Segments stored since the snapshot these "
                                         "metrics come from (being analysed; 0: the metrics are current).")
             pending.add_metric([], float(behind.newer_segments if behind is not None else 0))
@@ -318,11 +320,13 @@ def exposition(root: Path) -> bytes:
     return generate_latest(registry)
 
 
-def serve(root: Path, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Serves GET /metrics for the store on host:port (port 0: any free port) in a background thread."""
+def serve(root: Path, host: str, port: int, window_s: float | None = None) -> tuple[ThreadingHTTPServer,
+                                                                                  threading.Thread]:
+    """Serves GET /metrics for the store (its analysis window, with `window_s`) on host:port (port 0: any free
+    port) in a background thread."""
     from prometheus_client import start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreMetrics(root))  # type: ignore[arg-type]
+    registry.register(StoreMetrics(root, window_s))  # type: ignore[arg-type]
     server, thread = start_http_server(port, addr=host, registry=registry)
     return server, thread

@@ -5,7 +5,8 @@ the new snapshot's results.
 
 The analyses run in a child process at a lower CPU priority (`nice` 10), not in the collector: a long
 materialisation must never take the interpreter or the CPU from the write path, whose answers exporters are
-waiting for. `python -m infertrace.results.background DIR` is that child: it materialises DIR's snapshot once.
+waiting for. `python -m infertrace.results.background DIR [WINDOW_S]` is that child: it materialises DIR's
+snapshot once (with WINDOW_S, the snapshot of that analysis window: `store.window_segments`).
 One materialisation runs per store at a time (a lock file under `derived/`): a child that finds another at work
 (the collector's, or the dashboard's for the snapshot it is behind on) exits with `BUSY` and is tried again later.
 """
@@ -23,8 +24,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infertrace.store.segments import list_segments
-
 log = logging.getLogger(__name__)
 
 NICENESS = 10
@@ -33,11 +32,14 @@ LOG = Path("derived") / "materialize.log"  # what background materialisations a 
 BUSY = 75  # the child's exit status when another materialisation of the store holds the lock (EX_TEMPFAIL)
 
 
-def spawn(root: Path, log_file: Path | None = None) -> subprocess.Popen[bytes]:
-    """Starts a child process that materialises the store's current snapshot (see `main`). Its standard error
-    goes to a pipe for the caller to read (`communicate`), or, for a caller that does not wait for it, appended
-    to `log_file` (a pipe nobody reads would stop the child once full)."""
+def spawn(root: Path, log_file: Path | None = None, window_s: float | None = None) -> subprocess.Popen[bytes]:
+    """Starts a child process that materialises the store's current snapshot (of the analysis window, with
+    `window_s`; see `main`). Its standard error goes to a pipe for the caller to read (`communicate`), or, for a
+    caller that does not wait for it, appended to `log_file` (a pipe nobody reads would stop the child once
+    full)."""
     command = [sys.executable, "-m", "infertrace.results.background", str(root)]
+    if window_s is not None:
+        command.append(repr(float(window_s)))
     if log_file is None:
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -74,11 +76,14 @@ def busy(root: Path) -> bool:
 
 
 class Materializer:
-    """Watches a store directory and materialises its snapshot `settle_s` after the last change of its segment
-    list, or `max_wait_s` after the first change not yet materialised, whichever comes first."""
+    """Watches a store directory and materialises its snapshot (of the analysis window, with `window_s`)
+    `settle_s` after the last change of its segment list, or `max_wait_s` after the first change not yet
+    materialised, whichever comes first."""
 
-    def __init__(self, root: Path, settle_s: float = 5.0, poll_s: float = 1.0, max_wait_s: float = 60.0) -> None:
+    def __init__(self, root: Path, settle_s: float = 5.0, poll_s: float = 1.0, max_wait_s: float = 60.0,
+                 window_s: float | None = None) -> None:
         self.root = Path(root)
+        self.window_s = window_s
         self.settle_s = settle_s
         self.poll_s = poll_s
         self.max_wait_s = max_wait_s
@@ -100,11 +105,13 @@ class Materializer:
         self._thread.join(timeout_s)
 
     def _snapshot(self) -> tuple[str, ...]:
-        return tuple(p.name for p in list_segments(self.root)) if self.root.is_dir() else ()
+        from infertrace.results.live import current_segments
+
+        return current_segments(self.root, self.window_s) if self.root.is_dir() else ()
 
     def _materialize(self) -> int:
         """One child process over the current snapshot; its exit status (0: done, `BUSY`: another was at it)."""
-        self._child = spawn(self.root)
+        self._child = spawn(self.root, window_s=self.window_s)
         _, stderr = self._child.communicate()
         code, self._child = self._child.returncode, None
         if code not in (0, BUSY) and not self._stop.is_set():
@@ -137,7 +144,7 @@ class Materializer:
             done, pending_since = current, None  # a failed snapshot is not retried: the next one is
 
 
-def main(root: str) -> None:
+def main(root: str, window_s: float | None = None) -> None:
     from infertrace.results.materialized import materialize
     from infertrace.store.store import Store
 
@@ -145,9 +152,9 @@ def main(root: str) -> None:
     with materialising(Path(root), wait=False) as held:
         if not held:
             sys.exit(BUSY)
-        with Store.open(root) as store:
+        with Store.open(root, window_s=window_s) as store:
             materialize(store)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None)

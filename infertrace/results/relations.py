@@ -20,10 +20,13 @@ segments and a snapshot reads the union of its batches' files (listed in the sna
 
 A batch is what one materialisation found new in one partition (a segment of `OWN_BATCH_BYTES` or more is a batch
 of its own); a later snapshot reuses every batch whose segments it all holds and expands only the rest (a
-collector's new segments, and what compaction merged). A one-shot ingest makes one batch per partition: as few
-files as the whole-snapshot form, since every scan of an analysis opens each file again. When a span is stored
-twice (the `spans` view keeps one copy), a union would count it twice: such a snapshot writes whole-snapshot
-files, as every relation has.
+collector's new segments, what compaction merged, and the rest of a batch an analysis window has partly left: cut
+finer, per stretch of the window, such batches cost as much in files opened by every scan as they saved in
+re-expansion; BENCHMARKS.md, "An analysis window"). A one-shot ingest makes one batch per partition: as few files
+as the whole-snapshot form, since every scan of an analysis opens each file again. When a span is stored twice
+(the `spans` view keeps one copy), a union would count it twice: such a snapshot writes whole-snapshot files, as
+every relation has. A batch holding a segment the snapshot does not (a window has left it) is removed once no kept
+snapshot's relations read it.
 """
 
 from __future__ import annotations
@@ -146,14 +149,30 @@ def _segment_batches(store: Store, version: str) -> list[Path]:
 
 def _prune_segment_relations(store: Store, version: str) -> None:
     """Removes the batches of other code versions, those holding a segment no longer in the store (compacted
-    away or removed by retention) and those whose list of segments cannot be read."""
+    away or removed by retention), those whose list of segments cannot be read, and those holding a segment this
+    snapshot does not (an analysis window has left it) that no kept snapshot's relations read."""
     parent = store.root / SEGMENT_RELATIONS_DIR
     for other in parent.iterdir():
         if other.is_dir() and other.name != version:
             shutil.rmtree(other, ignore_errors=True)
+    held = set(store.segment_paths())
+    read = _read_batches(store)
     for folder, names in _batches(store, version).items():
-        if names is None or not all((store.root / name).exists() for name in names):
+        if names is None or not all((store.root / name).exists() for name in names) or \
+                (not names <= held and folder.name not in read):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_batches(store: Store) -> set[str]:
+    """The batch folders' names that the kept snapshots' relations read (their manifests)."""
+    read: set[str] = set()
+    for manifest in (store.root / RELATIONS_DIR).glob(f"*/{MANIFEST}"):
+        try:
+            listed = json.loads(manifest.read_text())
+            read |= {Path(f).parent.name for files in listed.values() for f in files}
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            log.warning("cannot read %s: %s", manifest, e)
+    return read
 
 
 def _read_union(store: Store, name: str, files: list[str]) -> None:

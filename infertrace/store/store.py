@@ -89,12 +89,16 @@ def duckdb_type(t: pa.DataType) -> str:
 
 @dataclass(frozen=True)
 class SegmentInfo:
-    """What a segment's footer says (read once per file and cached): its schema, rows and notes."""
+    """What a segment's footer says (read once per file and cached): its schema, rows and notes, and the times
+    its spans cover (the least `start_ns` and the greatest `end_ns`, from the column statistics; None when the
+    footer has none, or for a segment without rows)."""
 
     schema_key: str
     schema: pa.Schema
     rows: int
     notes: dict[str, dict[str, int]] = field(default_factory=dict)
+    first_start_ns: int | None = None
+    last_end_ns: int | None = None
 
 
 _FOOTERS: dict[tuple[str, int, int], SegmentInfo | str] = {}
@@ -117,7 +121,8 @@ def read_footer(path: Path) -> SegmentInfo | str:
         schema = metadata.schema.to_arrow_schema().remove_metadata()
         notes = json.loads((metadata.metadata or {}).get(NOTES_KEY, b"{}"))
         info: SegmentInfo | str = SegmentInfo(schema.to_string(show_schema_metadata=False), schema,
-                                              metadata.num_rows, notes if isinstance(notes, dict) else {})
+                                              metadata.num_rows, notes if isinstance(notes, dict) else {},
+                                              _bound(metadata, "start_ns", False), _bound(metadata, "end_ns", True))
     except (OSError, pa.ArrowException, ValueError) as e:
         info = f"not a readable Parquet file: {e}"
     with _FOOTERS_LOCK:
@@ -125,6 +130,39 @@ def read_footer(path: Path) -> SegmentInfo | str:
             _FOOTERS.clear()
         _FOOTERS[key] = info
     return info
+
+
+def _bound(metadata: pq.FileMetaData, column: str, greatest: bool) -> int | None:
+    """The least (or `greatest`) value of an integer column over the row groups' statistics; None when the column
+    or any row group's statistics are missing."""
+    names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
+    if column not in names or not metadata.num_row_groups:
+        return None
+    index, values = names.index(column), []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        values.append(int(stats.max if greatest else stats.min))
+    return max(values) if greatest else min(values)
+
+
+def window_segments(root: str | Path, window_s: float) -> tuple[str, ...]:
+    """An analysis window's segments: those holding spans that end within `window_s` seconds of the newest span
+    end the store holds (from each segment's footer statistics: no span is read), as paths relative to the store.
+    A segment whose footer cannot be read or gives no times is kept (nothing says it is outside the window; a
+    reader reports an unreadable one). Taken or left whole, the segments cover at least the window."""
+    if window_s <= 0:
+        raise ValueError(f"an analysis window must be positive, got {window_s} s")
+    root = Path(root)
+    ends: dict[Path, int | None] = {}
+    for path in list_segments(root):
+        info = read_footer(path)
+        ends[path] = None if isinstance(info, str) else info.last_end_ns
+    newest = max((end for end in ends.values() if end is not None), default=None)
+    since = None if newest is None else newest - int(window_s * 1e9)
+    return tuple(sorted(path.relative_to(root).as_posix() for path, end in ends.items()
+                        if since is None or end is None or end >= since))
 
 
 def projection(schema: pa.Schema) -> str:
@@ -159,11 +197,14 @@ class Store:
     """Read side of a store directory. Views: `spans_raw` (every stored span row), `spans` (each span once),
     and the derived relations in `RELATIONS`."""
 
-    def __init__(self, root: Path, con: duckdb.DuckDBPyConnection, pinned: Sequence[Path] | None = None) -> None:
+    def __init__(self, root: Path, con: duckdb.DuckDBPyConnection, pinned: Sequence[Path] | None = None,
+                 window_s: float | None = None) -> None:
         self.root = root
         self.con = con
         # The segments of an earlier snapshot to read instead of the store's current ones (`open(segments=…)`)
         self.pinned: list[Path] | None = list(pinned) if pinned is not None else None
+        # An analysis window: each snapshot is the segments holding the store's last `window_s` s of spans
+        self.window_s = window_s
         self.segments: list[Path] = []
         self.skipped: list[tuple[Path, str]] = []  # segments left out of the snapshot, with the reason
         self.notes: dict[str, dict[str, int]] = {}  # what was converted, truncated or dropped, per key
@@ -172,12 +213,17 @@ class Store:
         self.refresh()
 
     @classmethod
-    def open(cls, root: str | Path, threads: int | None = None, segments: Sequence[str] | None = None) -> Store:
+    def open(cls, root: str | Path, threads: int | None = None, segments: Sequence[str] | None = None,
+             window_s: float | None = None) -> Store:
         """Opens a store directory for reading. Raises FileNotFoundError when it does not exist.
 
         `segments` (paths relative to the directory, as `segment_paths` gives them) reads an earlier snapshot
         instead of the current one: what a materialised result was computed from. While compaction's grace
-        period keeps them, those files are read; once one is gone the store reads its current segments."""
+        period keeps them, those files are read; once one is gone the store reads its current segments.
+        `window_s` (an analysis window) makes every snapshot the segments holding the store's last `window_s`
+        seconds of spans (`window_segments`)."""
+        if window_s is not None and window_s <= 0:
+            raise ValueError(f"an analysis window must be positive, got {window_s} s")
         path = Path(root)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: {not_a_store(path)}")
@@ -185,7 +231,7 @@ class Store:
         con.execute("SET enable_progress_bar = false")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
-        return cls(path, con, None if segments is None else [path / s for s in segments])
+        return cls(path, con, None if segments is None else [path / s for s in segments], window_s)
 
     def refresh(self) -> None:
         """Takes a new snapshot: the segments written since are included from now on (a store opened on given
@@ -208,7 +254,9 @@ class Store:
         """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
         self.segments, self.skipped, self.notes = [], [], {}
         readable = []
-        for path in self.pinned if self.pinned is not None else list_segments(self.root):
+        current = list_segments(self.root) if self.window_s is None else \
+            [self.root / s for s in window_segments(self.root, self.window_s)]
+        for path in self.pinned if self.pinned is not None else current:
             info = read_footer(path)
             if isinstance(info, str):
                 if path.exists():  # a segment removed since the listing (compaction) is not a problem
@@ -308,14 +356,19 @@ class Store:
         self.close()
 
 
-def open_store(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Store:
-    """The store a `--store` value names: a store directory (the whole store; the window is applied by each
-    analysis), or a ClickHouse URL (`clickhouse://USER@HOST:8123/DB`, `chdb://PATH`: the window's traces, chosen
-    in ClickHouse). Raises FileNotFoundError for a missing directory, ValueError for a bad URL."""
+def open_store(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None,
+               window_s: float | None = None) -> Store:
+    """The store a `--store` value names: a store directory (the whole store, or the segments of an analysis
+    window, `window_s`; the since/until window is applied by each analysis), or a ClickHouse URL
+    (`clickhouse://USER@HOST:8123/DB`, `chdb://PATH`: the window's traces, chosen in ClickHouse). Raises
+    FileNotFoundError for a missing directory, ValueError for a bad URL or an analysis window on ClickHouse."""
     from infertrace.store.clickhouse.connection import is_clickhouse_url
 
     if is_clickhouse_url(spec):
         from infertrace.store.clickhouse.store import ClickHouseStore
 
+        if window_s is not None:
+            raise ValueError("an analysis window chooses a store directory's segments; on ClickHouse give "
+                             "--since/--until")
         return ClickHouseStore.open(str(spec), since_ns, until_ns)
-    return Store.open(spec)
+    return Store.open(spec, window_s=window_s)

@@ -1,0 +1,275 @@
+"""An analysis window (`collect --analysis-window`, `dashboard --analysis-window`, `serve-metrics
+--analysis-window`): a long-kept store's snapshots are only the segments holding its last DURATION of spans, so
+each materialisation costs what the window holds. A store of two incidents two hours apart, with real ingest and a
+real child process materialising it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import typer
+
+from infertrace.analyzers.itl import analyze_itl
+from infertrace.analyzers.slo import slo_summary
+from infertrace.results.background import Materializer, spawn
+from infertrace.results.live import covered, current_segments, lag, shown_snapshot
+from infertrace.results.materialized import is_materialised, latest, load, load_report
+from infertrace.store.ingest import ingest_paths
+from infertrace.store.store import Store, window_segments
+from tests.incident_stores import SAMPLES
+
+ROOT = Path(__file__).resolve().parents[1]
+HOUR_NS = 3600 * 10**9
+
+
+def _shifted(source: Path, out: Path, shift_ns: int) -> Path:
+    """The sample's OTLP lines with every time `shift_ns` later and other trace ids (another incident, later)."""
+
+    def shift(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: (str(int(v) + shift_ns) if k.endswith("TimeUnixNano") else
+                        "f" + v[1:] if k == "traceId" else shift(v)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shift(v) for v in value]
+        return value
+
+    with gzip.open(source, "rt") as lines, open(out, "w") as shifted:
+        for line in lines:
+            shifted.write(json.dumps(shift(json.loads(line))) + "\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_incidents(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a store holding prefill_storm and, two hours later, cache_busting; a store holding the later one alone)."""
+    work = tmp_path_factory.mktemp("window")
+    later = _shifted(SAMPLES / "cache_busting" / "traces.jsonl.gz", work / "later.jsonl", 2 * HOUR_NS)
+    both, alone = work / "both", work / "alone"
+    ingest_paths(both, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    ingest_paths(both, [later])
+    ingest_paths(alone, [later])
+    return both, alone
+
+
+def _names(snapshot: tuple[str, ...]) -> list[str]:
+    return sorted(Path(s).name for s in snapshot)
+
+
+def test_the_window_is_the_segments_holding_the_last_duration_of_spans(two_incidents: tuple[Path, Path]) -> None:
+    both, alone = two_incidents
+    everything = current_segments(both)
+    hour = window_segments(both, 3600)
+    assert _names(hour) == _names(current_segments(alone)) and len(hour) < len(everything)
+    assert current_segments(both, 3600) == hour
+    assert window_segments(both, 3 * 3600) == everything  # both incidents lie within three hours of the newest span
+    cover = covered(both, hour)
+    assert (cover.segments, cover.store_segments) == (len(hour), len(everything))
+    assert cover.first_ns is not None and cover.first_ns >= 1767225600 * 10**9 + 2 * HOUR_NS
+    with pytest.raises(ValueError, match="must be positive"):
+        window_segments(both, 0)
+
+
+def test_the_dashboards_sidebar_says_what_the_window_covers(two_incidents: tuple[Path, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    both, _ = two_incidents
+    monkeypatch.syspath_prepend(str(ROOT / "dashboards"))
+    import results  # the module the dashboard's pages import
+
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(both)])
+    assert results.window_s() is None and results.window_note(both, current_segments(both)) is None
+    monkeypatch.setenv(results.WINDOW_ENV, "1h")
+    hour = results.snapshot(both)
+    assert hour == window_segments(both, 3600)
+    note = results.window_note(both, hour)
+    assert note is not None and note.startswith(
+        f"Analysing the last 1 h of the store's data: {len(hour)} of its {len(current_segments(both))} segments, "
+        "spans from 2026-01-01 02:00:")
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(both), "--analysis-window", "90m"])  # before the env
+    assert results.window_s() == 5400
+    monkeypatch.setenv(results.WINDOW_ENV, "soon")
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(both)])
+    with pytest.raises(ValueError, match=f"{results.WINDOW_ENV} 'soon' is not a positive duration"):
+        results.window_s()
+
+
+def test_a_segment_whose_footer_gives_no_times_stays_in_the_window(tmp_path: Path,
+                                                                   two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, _ = two_incidents
+    store = tmp_path / "store"
+    shutil.copytree(both, store)
+    older = sorted(set(current_segments(store)) - set(window_segments(store, 3600)))[0]
+    (store / older).write_bytes(b"not parquet")  # damaged: nothing says where its spans lie
+    assert older in window_segments(store, 3600)
+
+
+def test_a_windowed_materialisation_gives_the_results_of_the_window_alone(tmp_path: Path,
+                                                                          two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, alone = two_incidents
+    store_dir = tmp_path / "store"
+    shutil.copytree(both, store_dir)
+    child = spawn(store_dir, window_s=3600)  # what `collect --analysis-window 1h` runs for each snapshot
+    _, stderr = child.communicate(timeout=600)
+    assert child.returncode == 0, stderr.decode()
+    window = window_segments(store_dir, 3600)
+    assert is_materialised(store_dir, (Path(s).name for s in window))
+    assert not is_materialised(store_dir, (Path(s).name for s in current_segments(store_dir)))
+    recorded = latest(store_dir)
+    assert recorded is not None and recorded.segments == window
+    with Store.open(store_dir, segments=window) as windowed, Store.open(alone) as only:
+        assert load(windowed, "itl") == analyze_itl(only)
+        assert load(windowed, "slo") == slo_summary(only)
+    report = load_report(store_dir, (Path(s).name for s in window))
+    with Store.open(alone) as only:
+        spans = only.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    assert report is not None and report["store"]["spans"] == spans
+    # The report says it covers a window, and how much of the store it left out: never read as "nothing there".
+    left_out = len(current_segments(store_dir)) - len(window)
+    assert (report["store"]["analysis_window_s"], report["store"]["segments_left_out"]) == (3600, left_out)
+    from infertrace.report import render
+
+    schema = json.loads((ROOT / "infertrace" / "report" / "schema.json").read_text())
+    jsonschema.validate(json.loads(render(report, "json")), schema, cls=jsonschema.Draft202012Validator)
+    assert (f"(an analysis window: the segments holding the store's last 1 h of spans; {left_out} older segments "
+            "left out)") in " ".join(render(report, "markdown").split())
+    # A reader of the window shows it, and is not behind; one of the whole store is not told that the older
+    # segments the window left out are newer ones being analysed.
+    assert shown_snapshot(store_dir, 3600) == window and lag(store_dir, window, 3600) is None
+    assert lag(store_dir, window) is None
+
+
+def test_the_collectors_materialiser_materialises_the_windows_snapshot(tmp_path: Path,
+                                                                        two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, _ = two_incidents
+    store_dir = tmp_path / "store"
+    shutil.copytree(both, store_dir)
+    materializer = Materializer(store_dir, settle_s=0.2, poll_s=0.1, window_s=3600)
+    assert materializer._snapshot() == window_segments(store_dir, 3600)  # the snapshot it watches
+    # It starts from the snapshot it sees; a new segment (later spans) makes a new window, which it materialises.
+    materializer.start()
+    try:
+        later = _shifted(SAMPLES / "host_pauses" / "traces.jsonl.gz", tmp_path / "latest.jsonl", 2 * HOUR_NS + 600)
+        ingest_paths(store_dir, [later])
+        window = window_segments(store_dir, 3600)
+        deadline = time.monotonic() + 600
+        while not is_materialised(store_dir, (Path(s).name for s in window)):
+            assert time.monotonic() < deadline, "the window's snapshot was never materialised"
+            time.sleep(0.5)
+    finally:
+        materializer.stop()
+    assert not is_materialised(store_dir, (Path(s).name for s in current_segments(store_dir)))
+
+
+@pytest.mark.parametrize("command", [["collect", "--listen", "127.0.0.1:0"], ["dashboard"], ["serve-metrics"],
+                                     ["report"]])
+def test_an_analysis_window_that_is_not_a_duration_is_a_usage_error(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "store").mkdir()
+    run = subprocess.run([sys.executable, "-m", "infertrace", *command, "--store", str(tmp_path / "store"),
+                          "--analysis-window", "soon"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert "--analysis-window 'soon' is not a positive duration" in run.stderr
+
+
+def test_every_analysis_window_option_reads_the_environment(tmp_path: Path) -> None:
+    import os
+
+    from infertrace.cli import app
+    from infertrace.cli.conventions import WINDOW_ENV
+
+    group = typer.main.get_command(app)
+    options = {name: param for name, command in group.commands.items()  # type: ignore[attr-defined]
+               for param in command.params if param.name == "analysis_window"}
+    assert set(options) == {"collect", "dashboard", "serve-metrics", "report"}
+    assert all(param.envvar == WINDOW_ENV for param in options.values())
+    (tmp_path / "store").mkdir()
+    run = subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(tmp_path / "store")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, WINDOW_ENV: "soon"})
+    assert run.returncode == 2 and "--analysis-window 'soon' is not a positive duration" in run.stderr
+
+
+
+def test_report_of_an_analysis_window_says_so_and_is_kept_for_the_next_report(
+        tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, _ = two_incidents
+    store_dir = tmp_path / "store"
+    shutil.copytree(both, store_dir)
+
+    def report(*extra: str) -> dict[str, Any]:
+        run = subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(store_dir), "--format",
+                              "json", "--fail-on", "never", *extra], capture_output=True, text=True, cwd=ROOT,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr
+        return dict(json.loads(run.stdout))
+
+    windowed = report("--analysis-window", "1h")
+    window = window_segments(store_dir, 3600)
+    assert windowed["store"]["segments"] == len(window)
+    assert windowed["store"]["segments_left_out"] == len(current_segments(store_dir)) - len(window) > 0
+    assert load_report(store_dir, (Path(s).name for s in window)) == windowed  # kept: the next one reads it
+    whole = report()
+    assert "analysis_window_s" not in whole["store"] and whole["store"]["segments"] == len(current_segments(store_dir))
+
+
+def test_a_sliding_window_leaves_no_step_batches_behind_that_no_kept_snapshot_reads(
+        tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    from infertrace.results.relations import MANIFEST, RELATIONS_DIR, SEGMENT_RELATIONS_DIR, materialize_relations
+
+    both, _ = two_incidents
+    store_dir = tmp_path / "store"
+    shutil.copytree(both, store_dir)
+    samples = ["host_pauses", "engine_regression", "rate_limiter_flapping", "prefill_storm"]
+    for i, name in enumerate(samples):  # every two hours a new incident: the 1 h window slides past the last one
+        with Store.open(store_dir, window_s=3600) as store:
+            materialize_relations(store)
+        later = _shifted(SAMPLES / name / "traces.jsonl.gz", tmp_path / f"{name}.jsonl", (4 + 2 * i) * HOUR_NS)
+        ingest_paths(store_dir, [later])
+    with Store.open(store_dir, window_s=3600) as store:
+        materialize_relations(store)
+        held = set(store.segment_paths())
+    read = {Path(f).parent.name for manifest in (store_dir / RELATIONS_DIR).glob(f"*/{MANIFEST}")
+            for files in json.loads(manifest.read_text()).values() for f in files}
+    batches = {done.parent for done in (store_dir / SEGMENT_RELATIONS_DIR).glob("*/*/done")}
+    assert len(batches) >= 2
+    for batch in batches:  # each is read by a kept snapshot, or holds only segments of the current one
+        assert batch.name in read or set(json.loads((batch / MANIFEST).read_text())) <= held
+
+
+def test_the_dashboard_with_an_analysis_window_shows_the_window_and_says_what_it_covers(
+        two_incidents: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    both, alone = two_incidents
+    monkeypatch.setenv("INFERTRACE_STORE", str(both))
+    monkeypatch.setenv("INFERTRACE_ANALYSIS_WINDOW", "1h")
+    at = AppTest.from_file(str(ROOT / "dashboards" / "app.py"), default_timeout=300)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["snapshot"] == window_segments(both, 3600)
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    assert f"Analysing the last 1 h of the store's data: {len(window_segments(both, 3600))} of its " in captions
+    table = next(d.value for d in at.dataframe if "ttft p99 ms" in d.value.columns)
+    with Store.open(alone) as only:  # the later incident's requests, none of the earlier one's
+        assert list(table["requests"]) == [m.gateway_requests for m in slo_summary(only).models]
+    monkeypatch.setenv("INFERTRACE_ANALYSIS_WINDOW", "soon")
+    bad = AppTest.from_file(str(ROOT / "dashboards" / "app.py"), default_timeout=300)
+    bad.run()
+    assert [e.value for e in bad.error] == ["INFERTRACE_ANALYSIS_WINDOW 'soon' is not a positive duration like 30m, "
+                                            "6h, 1h30m or 2d"]
