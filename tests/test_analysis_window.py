@@ -75,6 +75,14 @@ def test_the_window_is_the_segments_holding_the_last_duration_of_spans(two_incid
     assert cover.first_ns is not None and cover.first_ns >= 1767225600 * 10**9 + 2 * HOUR_NS
     with pytest.raises(ValueError, match="must be positive"):
         window_segments(both, 0)
+    # `store check` says which times the store holds, to choose a window by
+    from infertrace.store.health import check
+
+    health, whole = check(both, full=False), covered(both, everything)
+    with Store.open(both) as store:
+        first, last = store.sql("SELECT min(start_ns), max(end_ns) FROM spans_raw").fetchall()[0]
+    assert (health.first_ns, health.last_ns) == (whole.first_ns, whole.last_ns) == (first, last)
+    assert health.lines()[0].endswith(", spans from 2026-01-01 00:00:00 UTC to 2026-01-01 02:02:59 UTC.")
 
 
 def test_the_dashboards_sidebar_says_what_the_window_covers(two_incidents: tuple[Path, Path],

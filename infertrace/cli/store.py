@@ -380,7 +380,8 @@ def check_command(
                           "orphan_sidecars": [str(p) for p in health.orphan_sidecars],
                           "superseded": health.superseded, "quarantined": health.quarantined,
                           "reasons": health.reasons, "notes": health.notes, "duplicate_rows": health.duplicate_rows,
-                          "conflicting_spans": health.conflicting_spans}, indent=1))
+                          "conflicting_spans": health.conflicting_spans, "first_span_ns": health.first_ns,
+                          "last_span_ns": health.last_ns}, indent=1))
     else:
         print("\n".join(health.lines()))
     if not health.healthy:

@@ -14,6 +14,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,13 +54,17 @@ class Health:
     notes: dict[str, dict[str, int]] = field(default_factory=dict)
     duplicate_rows: int = 0
     conflicting_spans: int = 0
+    first_ns: int | None = None  # the earliest span start and the latest span end (from the footers)
+    last_ns: int | None = None
 
     @property
     def healthy(self) -> bool:
         return not self.corrupt
 
     def lines(self) -> list[str]:
-        out = [f"{self.segments} segments, {self.rows} span rows, {self.bytes / 1e6:.1f} MB."]
+        times = (f", spans from {_utc(self.first_ns)} to {_utc(self.last_ns)}"
+                 if self.first_ns is not None and self.last_ns is not None else "")
+        out = [f"{self.segments} segments, {self.rows} span rows, {self.bytes / 1e6:.1f} MB{times}."]
         for path, reason in self.corrupt:
             out.append(f"UNREADABLE {path}: {reason} (readers skip it; `infertrace store repair` sets it aside)")
         if self.temporaries:
@@ -81,6 +86,10 @@ class Health:
                        f"{self.conflicting_spans} span ids carry different content (all copies kept in spans_raw).")
         out.append("OK" if self.healthy else "PROBLEMS FOUND")
         return out
+
+
+def _utc(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _read_whole(path: Path) -> str | None:
@@ -110,6 +119,9 @@ def check(root: str | Path, full: bool = True) -> Health:
             health.segments += 1
             health.rows += info.rows
             health.bytes += path.stat().st_size
+            firsts = [t for t in (health.first_ns, info.first_start_ns) if t is not None]
+            lasts = [t for t in (health.last_ns, info.last_end_ns) if t is not None]
+            health.first_ns, health.last_ns = min(firsts, default=None), max(lasts, default=None)
     health.temporaries = list(temporaries(root))
     reasons: Counter[str] = Counter()
     for q in sorted((root / QUARANTINE_DIR).glob("q-*.jsonl")):
