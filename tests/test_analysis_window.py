@@ -155,6 +155,13 @@ def test_a_windowed_materialisation_gives_the_results_of_the_window_alone(tmp_pa
     # segments the window left out are newer ones being analysed.
     assert shown_snapshot(store_dir, 3600) == window and lag(store_dir, window, 3600) is None
     assert lag(store_dir, window) is None
+    # `report` without the window analyses the whole store, and first says how to read the collector's at once
+    run = subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(store_dir), "--format", "json",
+                          "--fail-on", "never"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "Its collector analyses the last 1 h of it (--analysis-window): `--analysis-window 1h` reads that" \
+        in " ".join(run.stderr.split())
+    assert "analysis_window_s" not in json.loads(run.stdout)["store"]
 
 
 def test_the_collectors_materialiser_materialises_the_windows_snapshot(tmp_path: Path,
@@ -281,3 +288,10 @@ def test_the_dashboard_with_an_analysis_window_shows_the_window_and_says_what_it
     bad.run()
     assert [e.value for e in bad.error] == ["INFERTRACE_ANALYSIS_WINDOW 'soon' is not a positive duration like 30m, "
                                             "6h, 1h30m or 2d"]
+
+
+@pytest.mark.parametrize("seconds", [3600, 5400, 2 * 86400, 45, 0.5, 90.25, 6 * 3600.0])
+def test_a_window_handed_on_as_an_option_reads_back_the_same(seconds: float) -> None:
+    from infertrace.cli.conventions import duration_option, parse_analysis_window
+
+    assert parse_analysis_window(duration_option(seconds), "--analysis-window") == seconds

@@ -143,6 +143,24 @@ def _newest_materialized_report(spec: str, window_s: float | None) -> dict[str, 
     return doc
 
 
+def _collectors_window(spec: str) -> str | None:
+    """When the store's newest materialised snapshot is an analysis window's (a collector run with
+    `--analysis-window`) and the whole store is about to be analysed instead: how to read that one at once."""
+    from infertrace.cli.conventions import duration_option
+    from infertrace.report.layout import duration_text
+    from infertrace.results.materialized import latest, load_report
+
+    root = Path(spec)
+    record = latest(root) if root.is_dir() else None
+    doc = load_report(root, [Path(s).name for s in record.segments]) if record is not None else None
+    window = doc["store"].get("analysis_window_s") if doc is not None else None
+    if window is None:
+        return None
+    return (f"Analysing the whole store. Its collector analyses the last {duration_text(window)} of it "
+            f"(--analysis-window): `--analysis-window {duration_option(window)}` reads that "
+            "analysis, and `--materialized` the newest one, at once.")
+
+
 def materialized_results(store: Store, options: ReportOptions) -> dict[str, Any]:
     """The analyses the report needs, from the store's materialised results (computed and kept when
     missing): whole-store analyses always, the SLO summary only for an unfiltered report."""
@@ -239,6 +257,8 @@ def report(
         from infertrace.results.materialized import save_report
         from infertrace.store.store import Store, open_store
 
+        if window_s is None and (hint := _collectors_window(store)) is not None:
+            err.print(hint, markup=False, highlight=False, soft_wrap=True)
         try:
             with open_store(store, since_ns, until_ns, window_s) as opened:
                 if not opened.segments:

@@ -217,6 +217,14 @@ def parse_window(since: str | None, until: str | None) -> tuple[int | None, int 
 
 
 
+def duration_option(seconds: float) -> str:
+    """A duration as an option takes it (what `parse_duration_ns` reads back): 6h, 90m, 2d, 45s, 0.5s."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{seconds!r}s"
+
+
 def parse_analysis_window(text: str | None, option: str) -> float | None:
     """An analysis window (`collect --analysis-window 6h`, `dashboard --window 6h`) as seconds; None when not
     given. Raises ValueError naming the option and the text."""

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from infertrace.cli.console import check_choice, err, fail
-from infertrace.cli.conventions import parse_analysis_window
+from infertrace.cli.conventions import duration_option, parse_analysis_window
 
 
 def dashboard(
@@ -74,7 +74,7 @@ def dashboard(
             raise fail(str(e)) from None
         extra = ["--components", str(components.resolve())]
     if window_s is not None:
-        extra += ["--analysis-window", f"{window_s!r}s"]
+        extra += ["--analysis-window", duration_option(window_s)]
     command = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
                "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
                "--", "--store", str(root.resolve()), *extra]
