@@ -108,6 +108,27 @@ def test_the_dashboards_sidebar_says_what_the_window_covers(two_incidents: tuple
         results.window_s()
 
 
+def test_a_span_from_a_clock_running_years_ahead_does_not_move_the_window_past_every_other_span(
+        tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, _ = two_incidents
+    store = tmp_path / "store"
+    shutil.copytree(both, store)
+    before = window_segments(store, 3600)
+    year_2100 = 4102444800 * 10**9
+    span = {"traceId": "e" * 32, "spanId": "e" * 16, "name": "llm_request", "kind": 2,
+            "startTimeUnixNano": str(year_2100), "endTimeUnixNano": str(year_2100 + 10**9)}
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "skewed"}}]}
+    line = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "x"}, "spans": [span]}]}]}
+    (tmp_path / "skewed.jsonl").write_text(json.dumps(line) + "\n")
+    ingest_paths(store, [tmp_path / "skewed.jsonl"])
+    skewed = sorted(set(current_segments(store)) - set(current_segments(both)))
+    assert len(skewed) == 1
+    # its end counts as when its segment was written (now), which lies after every other span of this store
+    assert window_segments(store, 3600) == tuple(sorted((*before, *skewed)))
+
+
 def test_a_segment_whose_footer_gives_no_times_stays_in_the_window(tmp_path: Path,
                                                                    two_incidents: tuple[Path, Path]) -> None:
     import shutil

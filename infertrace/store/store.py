@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -147,18 +148,38 @@ def _bound(metadata: pq.FileMetaData, column: str, greatest: bool) -> int | None
     return max(values) if greatest else min(values)
 
 
+# How far ahead of the writer's clock a span's end may be before `window_segments` reads it as the writer's time.
+CLOCK_AHEAD_S = 300.0
+
+
 def window_segments(root: str | Path, window_s: float) -> tuple[str, ...]:
     """An analysis window's segments: those holding spans that end within `window_s` seconds of the newest span
     end the store holds (from each segment's footer statistics: no span is read), as paths relative to the store.
     A segment whose footer cannot be read or gives no times is kept (nothing says it is outside the window; a
-    reader reports an unreadable one). Taken or left whole, the segments cover at least the window."""
+    reader reports an unreadable one). Taken or left whole, the segments cover at least the window.
+
+    A span is exported after it ends, so no span ends after the segment holding it was written, nor after now: a
+    later time is a clock running ahead (a host set to next year; `CLOCK_AHEAD_S` allowed for hosts' clocks), which
+    must not move the window past every other span. So the newest end is found with each segment's end taken at
+    most as its write time, and without the segments whose spans all start after now (a span is stored in the
+    partition of its start's date, so a span years ahead is in a segment of its own); those segments are in the
+    window, as nothing says they are not."""
     if window_s <= 0:
         raise ValueError(f"an analysis window must be positive, got {window_s} s")
     root = Path(root)
-    ends: dict[Path, int | None] = {}
+    ahead_ns = int(CLOCK_AHEAD_S * 1e9)
+    future = time.time_ns() + ahead_ns
+    ends: dict[Path, int | None] = {}  # None: kept, and not the newest
     for path in list_segments(root):
         info = read_footer(path)
-        ends[path] = None if isinstance(info, str) else info.last_end_ns
+        if isinstance(info, str) or info.last_end_ns is None or (info.first_start_ns or 0) > future:
+            ends[path] = None
+            continue
+        try:
+            written = path.stat().st_mtime_ns + ahead_ns
+        except OSError:  # removed since the listing (compaction): not in the window
+            continue
+        ends[path] = min(info.last_end_ns, written)
     newest = max((end for end in ends.values() if end is not None), default=None)
     since = None if newest is None else newest - int(window_s * 1e9)
     return tuple(sorted(path.relative_to(root).as_posix() for path, end in ends.items()
