@@ -43,6 +43,10 @@ def dashboard(
     from infertrace.store import not_a_store
     from infertrace.store.clickhouse.connection import is_clickhouse_url
 
+    try:
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
+    except ValueError as e:
+        raise fail(str(e)) from None
     if is_clickhouse_url(store):
         from infertrace.cli.store import ingest_from_clickhouse
 
@@ -52,12 +56,8 @@ def dashboard(
         store = str(snapshot)
     elif since is not None or until is not None or snapshot is not None:
         raise fail("--since, --until and --snapshot choose a window of a ClickHouse --store; a store directory is "
-                   "served whole")
+                   "served whole, or its last DURATION of spans with --analysis-window DURATION")
     root = Path(store)
-    try:
-        window_s = parse_analysis_window(analysis_window, "--analysis-window")
-    except ValueError as e:
-        raise fail(str(e)) from None
 
     app_path = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
     if not app_path.is_file():
