@@ -316,3 +316,21 @@ def test_a_window_handed_on_as_an_option_reads_back_the_same(seconds: float) -> 
     from infertrace.cli.conventions import duration_option, parse_analysis_window
 
     assert parse_analysis_window(duration_option(seconds), "--analysis-window") == seconds
+
+
+@pytest.mark.parametrize(("options", "told"), [([], True), (["--retain", "7d"], True), (["--retain", "12h"], False),
+                                               (["--analysis-window", "6h"], False), (["--no-materialize"], False)])
+def test_a_collector_that_keeps_days_without_a_window_is_told_what_its_snapshots_cost(
+        tmp_path: Path, options: list[str], told: bool) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "infertrace", "collect", "--store", str(tmp_path / "store"),
+                                "--listen", "127.0.0.1:0", "--compact-interval", "0", *options], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and "listening on" in process.stdout.readline()
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    said = " ".join(stderr.split())
+    assert ("note: each new snapshot's analyses cover every segment the store keeps" in said) == told, stderr
+    if told:
+        assert "--analysis-window 6h bounds them to the last 6 h of spans" in said

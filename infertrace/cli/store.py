@@ -23,6 +23,8 @@ from infertrace.cli.conventions import parse_analysis_window
 from infertrace.cli.derived import materialize_store, start_helpers
 
 TOKEN_ENV = "INFERTRACE_COLLECT_TOKEN"
+# A collector keeping more than this (or everything) without an analysis window is told what its snapshots cost.
+LONG_RETENTION_S = 86400.0
 RESOURCE_HELP = ("KEY=VALUE: keep only the spans whose resource has this attribute (repeatable: all must match), "
                  "e.g. deployment.environment.name=production for one environment of a collector's output")
 
@@ -311,6 +313,11 @@ def collect(
     elif exposed and tls is None:
         err.print("[yellow]warning:[/yellow] the bearer token crosses the network in clear text without "
                   "--tls-cert/--tls-key", soft_wrap=True, highlight=False)
+    if materialize and window_s is None and (retain_s is None or retain_s > LONG_RETENTION_S):
+        kept = f"up to {retain} with --retain {retain}" if retain else "everything, without --retain"
+        err.print(f"note: each new snapshot's analyses cover every segment the store keeps ({kept}), so they take "
+                  "longer as it fills; --analysis-window 6h bounds them to the last 6 h of spans (docs/results.md)",
+                  soft_wrap=True, highlight=False, markup=False)
     where = collector.http.url + (f" and OTLP/gRPC on {collector.grpc_address}" if collector.grpc else "")
     print(f"infertrace collect: listening on {where}, store {store}", flush=True)
     stop = threading.Event()

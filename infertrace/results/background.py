@@ -135,7 +135,10 @@ class Materializer:
                 pending_since = now
             if now < retry_at or (now - changed_at < self.settle_s and now - pending_since < self.max_wait_s):
                 continue
+            started = time.monotonic()
             code = self._materialize()
+            if code == 0:
+                log.info("materialised a snapshot of %d segments in %.1f s", len(current), time.monotonic() - started)
             if code == BUSY:  # another process is materialising: try again once it may be done
                 retry_at = time.monotonic() + self.settle_s
                 continue
