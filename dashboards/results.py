@@ -32,11 +32,10 @@ import pandas as pd
 import streamlit as st
 
 from infertrace.cli.conventions import WINDOW_ENV, parse_analysis_window
-from infertrace.report.layout import duration_text
 from infertrace.results import result
 from infertrace.results.live import covered, lag, shown_snapshot
 from infertrace.results.relations import attach
-from infertrace.store.store import Store
+from infertrace.store.store import Store, duration_text
 
 STORE_ENV = "INFERTRACE_STORE"
 

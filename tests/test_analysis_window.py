@@ -228,7 +228,7 @@ def test_every_analysis_window_option_reads_the_environment(tmp_path: Path) -> N
     group = typer.main.get_command(app)
     options = {name: param for name, command in group.commands.items()  # type: ignore[attr-defined]
                for param in command.params if param.name == "analysis_window"}
-    assert set(options) == {"collect", "dashboard", "serve-metrics", "report"}
+    assert set(options) == {"collect", "dashboard", "serve-metrics", "report", "query"}
     assert all(param.envvar == WINDOW_ENV for param in options.values())
     (tmp_path / "store").mkdir()
     run = subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(tmp_path / "store")],
@@ -334,3 +334,36 @@ def test_a_collector_that_keeps_days_without_a_window_is_told_what_its_snapshots
     assert ("note: each new snapshot's analyses cover every segment the store keeps" in said) == told, stderr
     if told:
         assert "--analysis-window 6h bounds them to the last 6 h of spans" in said
+
+
+def test_a_runbook_query_of_an_analysis_window_reads_its_materialised_relations_and_says_what_it_left_out(
+        tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
+    import shutil
+
+    both, alone = two_incidents
+    store_dir = tmp_path / "store"
+    shutil.copytree(both, store_dir)
+    child = spawn(store_dir, window_s=3600)  # the collector's materialisation of the window
+    assert child.wait(timeout=600) == 0
+
+    def query(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace", "query", "slowest_requests", "--store",
+                               str(store_dir), "--param", "top=1000", "--format", "json", *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+    windowed, whole = query("--analysis-window", "1h"), query()
+    assert windowed.returncode == whole.returncode == 0, windowed.stderr + whole.stderr
+    with Store.open(alone) as only:
+        later = {r for (r,) in only.sql("SELECT request_id FROM requests").fetchall()}
+    assert {r["request_id"] for r in json.loads(windowed.stdout)} <= later
+    assert {r["request_id"] for r in json.loads(whole.stdout)} - later  # the earlier incident's too
+    left_out = len(current_segments(store_dir)) - len(window_segments(store_dir, 3600))
+    assert (f"note: queried an analysis window, the segments holding the store's last 1 h of spans: {left_out} "
+            "older segments left out, so nothing before it is in this answer") in " ".join(windowed.stderr.split())
+    assert "analysis window" not in whole.stderr
+    from infertrace.results.relations import open_reader
+
+    with open_reader(store_dir, window_s=3600) as reader:  # the window's written relations, not the span views
+        (definition,), = reader.con.execute(
+            "SELECT sql FROM duckdb_views() WHERE view_name = 'requests' AND NOT internal").fetchall()
+    assert "read_parquet" in definition and "derived/relations" in definition

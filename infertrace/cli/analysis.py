@@ -36,6 +36,9 @@ def query(
     fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json")] = "table",
     list_: Annotated[bool, typer.Option("--list", help="List the runbook queries and exit")] = False,
     show_sql: Annotated[bool, typer.Option("--sql", help="Print the query's SQL instead of running it")] = False,
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Query only the segments holding the store's last DURATION of spans, e.g. 6h, reading the relations "
+             "`collect --analysis-window` materialised for them (docs/results.md)")] = None,
 ) -> None:
     """Run a named runbook query (RUNBOOK.md) on a store; parameters are bound, never formatted into SQL.
 
@@ -43,6 +46,7 @@ def query(
       infertrace query --list
       infertrace query --store traces/ worst_itl_gaps --param top=5
       infertrace query --store traces/ slowest_requests --param since=-15m --format csv
+      infertrace query --store traces/ worst_itl_gaps --analysis-window 6h
     """
     from infertrace.runbook import RunbookError, answer_notes, load_queries, run_query
     from infertrace.runbook.runner import FORMATS, format_frame, frame_table
@@ -74,12 +78,16 @@ def query(
         return
     if store is None:
         raise fail("--store DIR (or $INFERTRACE_STORE) is required to run a query")
+    try:
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
+    except ValueError as e:
+        raise fail(str(e)) from None
     from infertrace.results.relations import open_reader
 
     # On ClickHouse, the query's own window (its since/until parameters) chooses the spans read.
     window = (values.get("since"), values.get("until"))
     try:
-        with open_reader(store, *(int(w) if isinstance(w, int) else None for w in window)) as opened, \
+        with open_reader(store, *(int(w) if isinstance(w, int) else None for w in window), window_s) as opened, \
                 err.status(f"Running {name} …"):
             frame = run_query(opened, q, values)
             said = answer_notes(opened, q, values, len(frame))
@@ -147,8 +155,8 @@ def _collectors_window(spec: str) -> str | None:
     """When the store's newest materialised snapshot is an analysis window's (a collector run with
     `--analysis-window`) and the whole store is about to be analysed instead: how to read that one at once."""
     from infertrace.cli.conventions import duration_option
-    from infertrace.report.layout import duration_text
     from infertrace.results.materialized import latest, load_report
+    from infertrace.store.store import duration_text
 
     root = Path(spec)
     record = latest(root) if root.is_dir() else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infertrace.report.recommendations import unevaluated
+from infertrace.store.store import window_phrase
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,6 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def duration_text(seconds: float) -> str:
-    """A duration as people write it: 6 h, 90 min, 2 d, 45 s."""
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)} {unit}"
-    return f"{seconds:g} s"
-
-
 def _selection(doc: dict[str, Any]) -> str:
     sel = doc["selection"]
     parts = [f"{k} {v}" for k, v in sel.items() if v is not None]
@@ -70,9 +63,8 @@ def _selection(doc: dict[str, Any]) -> str:
     scope = f"store of {store['spans']} spans in {store['segments']} segments, {store['first_span']} to " \
             f"{store['last_span']}"
     if store.get("analysis_window_s") is not None:
-        scope += (f" (an analysis window: the segments holding the store's last "
-                  f"{duration_text(store['analysis_window_s'])} of spans; {store['segments_left_out']} older "
-                  "segments left out)")
+        scope += (f" (an analysis window: {window_phrase(store['analysis_window_s'])}; "
+                  f"{store['segments_left_out']} older segments left out)")
     return f"{scope}; selection: {', '.join(parts) if parts else 'everything'}."
 
 

@@ -261,14 +261,16 @@ def attach(store: Store) -> bool:
     return True
 
 
-def open_reader(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Store:
-    """`open_store`, with a store directory's materialised relations attached when its snapshot has them: a runbook
-    query, a replay's workload or an export then reads the written files instead of expanding every span again (a
-    store whose snapshot is not materialised, or a ClickHouse one, reads its views as before)."""
+def open_reader(spec: str | Path, since_ns: int | None = None, until_ns: int | None = None,
+                window_s: float | None = None) -> Store:
+    """`open_store`, with a store directory's materialised relations attached when its snapshot (of the analysis
+    window, with `window_s`) has them: a runbook query, a replay's workload or an export then reads the written
+    files instead of expanding every span again (a store whose snapshot is not materialised, or a ClickHouse one,
+    reads its views as before)."""
     from infertrace.store.clickhouse.connection import is_clickhouse_url
     from infertrace.store.store import open_store
 
-    store = open_store(spec, since_ns, until_ns)
+    store = open_store(spec, since_ns, until_ns, window_s)
     if not is_clickhouse_url(spec):
         attach(store)
     return store

@@ -16,6 +16,7 @@ Each query is plain SQL over the store's relations (`requests`, `steps`, `step_m
 
     infertrace query --list
     infertrace query --store DIR NAME --param key=value [--param …] [--format table|markdown|csv|json]
+                     [--analysis-window 6h]   # only the segments holding the last 6 h of spans
 
 or from the dashboard's Runbook page. Parameters are bound by DuckDB, never formatted into the SQL. Times
 (`time`) are ISO 8601 (UTC unless an offset is given), epoch seconds or epoch nanoseconds; `text[]` is

@@ -89,6 +89,7 @@ def notes(store: Store, query: Query, bound: Mapping[str, Any], rows: int) -> li
     """What the answer (`rows` rows of `query` run with `bound`, its parameters as `Query.bind` gives them) could
     not draw on in this store, and with no rows why not, as far as the store can tell; [] when nothing is amiss."""
     read = relations_read(query.sql)
+    window = _window(store)
     empty = [r for r in read if not _has_rows(store, r)]
     said: list[str] = []  # with no rows: the likelier causes first (a mistyped name, a window off the data)
     inputs: list[str] = []
@@ -103,7 +104,7 @@ def notes(store: Store, query: Query, bound: Mapping[str, Any], rows: int) -> li
                       + (f", so the answer draws nothing from {'it' if len(empty) == 1 else 'them'}" if rows else "")
                       + f": {fillers}." + _engine_sources(store))
     if rows:
-        return inputs
+        return [*window, *inputs]
     for name, (sql, what) in NAMED.items():
         value = bound.get(name)
         if value is None:
@@ -130,7 +131,21 @@ def notes(store: Store, query: Query, bound: Mapping[str, Any], rows: int) -> li
     if not said:
         said.append(f"{_join(list(read))} {'holds' if len(read) == 1 else 'hold'} rows in this store and the "
                     "parameters name what it holds, but nothing matched the query's conditions")
-    return said
+    return [*said, *window]
+
+
+def _window(store: Store) -> list[str]:
+    """What an analysis window left out of the store the query read (`Store.open(window_s=…)`), else []."""
+    window_s = getattr(store, "window_s", None)
+    if window_s is None:
+        return []
+    from infertrace.store.segments import list_segments
+    from infertrace.store.store import window_phrase
+
+    listed = {p.relative_to(store.root).as_posix() for p in list_segments(store.root)}
+    left_out = len(listed - set(store.segment_paths()))
+    return [f"queried an analysis window, {window_phrase(window_s)}: {left_out} older segments left out, so "
+            "nothing before it is in this answer"]
 
 
 def _has_rows(store: Store, relation: str, condition: str = "true") -> bool:

@@ -186,6 +186,19 @@ def window_segments(root: str | Path, window_s: float) -> tuple[str, ...]:
                         if since is None or end is None or end >= since))
 
 
+def window_phrase(window_s: float) -> str:
+    """How every output names an analysis window: "the segments holding the store's last 6 h of spans"."""
+    return f"the segments holding the store's last {duration_text(window_s)} of spans"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as people write it: 6 h, 90 min, 2 d, 45 s."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    return f"{seconds:g} s"
+
+
 def projection(schema: pa.Schema) -> str:
     """SELECT list that maps a segment schema onto the store's schema: a column missing from older segments
     reads as NULL, one whose type changed is cast; columns the schema no longer has are left out."""
