@@ -35,7 +35,7 @@ def _shifted(source: Path, out: Path, shift_ns: int) -> Path:
 
     def shift(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: (str(int(v) + shift_ns) if k.endswith("TimeUnixNano") else
+            return {k: (str(int(v) + shift_ns) if k.endswith("UnixNano") else
                         "f" + v[1:] if k == "traceId" else shift(v)) for k, v in value.items()}
         if isinstance(value, list):
             return [shift(v) for v in value]

@@ -324,6 +324,28 @@ def test_the_open_dashboard_refreshes_when_new_segments_arrive(dashboard_url: st
     browser.screenshot(ARTIFACTS / "10-fleet-after-new-segments.png")
 
 
+def test_a_dashboard_with_an_analysis_window_says_what_it_analyses(tmp_path: Path, browser: DevTools) -> None:
+    from tests.test_analysis_window import HOUR_NS, _shifted
+
+    store = tmp_path / "store"  # an incident, and another two hours later
+    ingest_paths(store, [SAMPLES / "prefill_storm" / "traces.jsonl.gz"])
+    ingest_paths(store, [_shifted(SAMPLES / "cache_busting" / "traces.jsonl.gz", tmp_path / "later.jsonl",
+                                  2 * HOUR_NS)])
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "infertrace.cli", "dashboard", "--store", str(store), "--port", str(port),
+         "--analysis-window", "1h"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90)
+        text = _open_page(browser, f"http://127.0.0.1:{port}/", r"Analysing the last 1 h[\s\S]*Drill down")
+        browser.wait_until_idle()
+        browser.screenshot(ARTIFACTS / "11-fleet-analysis-window.png")
+    finally:
+        _stop(process)
+    assert re.search(r"Analysing the last 1 h of the store's data: \d+ of its \d+ segments, spans from "
+                     r"2026-01-01 02:00:\d\d UTC", text), text[:2000]
+
+
 def _channel(colour: str, i: int) -> int:
     """Channel i of a colour key from `chart_colours` (`r,g,b` in 4-bit steps)."""
     return int(colour.split(",")[i])
