@@ -228,7 +228,7 @@ def test_every_analysis_window_option_reads_the_environment(tmp_path: Path) -> N
     group = typer.main.get_command(app)
     options = {name: param for name, command in group.commands.items()  # type: ignore[attr-defined]
                for param in command.params if param.name == "analysis_window"}
-    assert set(options) == {"collect", "dashboard", "serve-metrics", "report", "query"}
+    assert set(options) == {"collect", "dashboard", "serve-metrics", "report", "query", "export"}
     assert all(param.envvar == WINDOW_ENV for param in options.values())
     (tmp_path / "store").mkdir()
     run = subprocess.run([sys.executable, "-m", "infertrace", "report", "--store", str(tmp_path / "store")],
@@ -367,3 +367,30 @@ def test_a_runbook_query_of_an_analysis_window_reads_its_materialised_relations_
         (definition,), = reader.con.execute(
             "SELECT sql FROM duckdb_views() WHERE view_name = 'requests' AND NOT internal").fetchall()
     assert "read_parquet" in definition and "derived/relations" in definition
+
+
+def test_an_export_of_an_analysis_window_writes_the_windows_spans_and_says_what_it_left_out(
+        tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
+    both, alone = two_incidents
+
+    def export(fmt: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infertrace", "export", "--store", str(both), "--format", fmt,
+                               "--out", str(out), "--no-progress", *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+    windowed = export("otlp", tmp_path / "window.jsonl", "--analysis-window", "1h")
+    assert windowed.returncode == 0, windowed.stderr
+    left_out = len(current_segments(both)) - len(window_segments(both, 3600))
+    assert (f"(an analysis window: the segments holding the store's last 1 h of spans; {left_out} older segments "
+            "left out)") in " ".join(windowed.stderr.split())
+    exported = tmp_path / "exported"
+    ingest_paths(exported, [tmp_path / "window.jsonl"])
+    with Store.open(exported) as got, Store.open(alone) as only:
+        query = "SELECT trace_id, span_id FROM spans ORDER BY ALL"
+        assert got.sql(query).fetchall() == only.sql(query).fetchall()  # the later incident's spans, all of them
+    perfetto = export("perfetto", tmp_path / "window.pftrace", "--analysis-window", "1h")
+    assert perfetto.returncode == 0 and "(an analysis window:" in perfetto.stderr, perfetto.stderr
+    bad = subprocess.run([sys.executable, "-m", "infertrace", "export", "--store", str(both), "--to",
+                          "chdb:///nowhere", "--analysis-window", "1h"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert bad.returncode == 2 and "--analysis-window with it" in " ".join(bad.stderr.split())

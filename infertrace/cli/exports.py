@@ -31,6 +31,9 @@ def export(
     engine: Annotated[list[str] | None, typer.Option(
         help="perfetto: only this engine instance (repeatable); default: all")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    analysis_window: Annotated[str | None, typer.Option(
+        help="Export only the segments holding the store's last DURATION of spans, e.g. 6h, with the analyses "
+             "`collect --analysis-window` materialised for them (docs/results.md)")] = None,
 ) -> None:
     """Export a store's traces for other tools. `perfetto`: one process per engine with its steps, load counters
     and request lanes (queue, prefill chunks, decode), each ITL stall as flows from the culprit prefill chunk to
@@ -42,16 +45,21 @@ def export(
       infertrace export --store traces/ --format perfetto --since -10m --out incident.pftrace
       infertrace export --store traces/ --format perfetto --engine llama-3-8b-0 --out llama.pftrace
       infertrace export --store traces/ --format otlp --out spans.jsonl.gz
+      infertrace export --store traces/ --format perfetto --analysis-window 1h --out last-hour.pftrace
       INFERTRACE_CLICKHOUSE_PASSWORD_FILE=~/.ch infertrace export --store traces/ --to clickhouse://ops@ch1:8123/otel
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infertrace.results.relations import open_reader
 
+    try:
+        window_s = parse_analysis_window(analysis_window, "--analysis-window")
+    except ValueError as e:
+        raise fail(str(e)) from None
     if to is not None:
-        if fmt is not None or out is not None or since is not None or until is not None or engine:
+        if fmt is not None or out is not None or since is not None or until is not None or engine or window_s:
             raise fail("--to writes every span of the store to ClickHouse: give no --format, --out, --since, "
-                       "--until or --engine with it")
+                       "--until, --engine or --analysis-window with it")
         _export_to_clickhouse(store, to)
         return
     if fmt is None or out is None:
@@ -67,9 +75,17 @@ def export(
     columns = (TextColumn(f"exporting {fmt}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     started = time.perf_counter()
     try:
-        with open_reader(store) as opened:
+        with open_reader(store, window_s=window_s) as opened:
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
+            if window_s is not None:
+                from infertrace.store.segments import list_segments
+                from infertrace.store.store import window_phrase
+
+                left_out = len(list_segments(opened.root)) - len(opened.segments)
+                covered = f" (an analysis window: {window_phrase(window_s)}; {left_out} older segments left out)"
+            else:
+                covered = ""
             known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps UNION "
                                               "SELECT DISTINCT instance FROM request_legs").fetchall()}
             for name in engine or ():
@@ -82,8 +98,12 @@ def export(
                 task = bar.add_task(fmt, total=None)
                 if fmt == "perfetto":
                     from infertrace.export.perfetto import write_perfetto
+                    from infertrace.results import result
+                    from infertrace.store.clickhouse.connection import is_clickhouse_url
 
-                    summary = write_perfetto(opened, out, since_ns, until_ns, engine or None,
+                    # a store directory's materialised ITL analysis (the window's, with one), else computed here
+                    itl = None if is_clickhouse_url(str(store)) else result(opened, "itl")
+                    summary = write_perfetto(opened, out, since_ns, until_ns, engine or None, itl=itl,
                                              on_progress=lambda done: bar.update(task, completed=done))
                     said = summary.sentence()
                 else:
@@ -95,7 +115,8 @@ def export(
         raise fail(f"--store {store}: {e}") from None
     except OSError as e:
         raise fail(f"--out {out}: {e}") from None
-    err.print(f"Wrote {out} in {time.perf_counter() - started:.1f} s: {said}", markup=False, highlight=False)
+    err.print(f"Wrote {out} in {time.perf_counter() - started:.1f} s: {said}{covered}", markup=False,
+              highlight=False, soft_wrap=True)
 
 
 def _export_to_clickhouse(store: Path, to: str) -> None:
