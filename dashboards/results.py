@@ -24,7 +24,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from infertrace.cli.conventions import WINDOW_ENV, parse_analysis_window
 from infertrace.results import result
 from infertrace.results.live import covered, lag, shown_snapshot
 from infertrace.results.relations import attach
-from infertrace.store.store import Store, duration_text
+from infertrace.store.store import Store, duration_text, utc_text
 
 STORE_ENV = "INFERTRACE_STORE"
 
@@ -79,15 +78,10 @@ def window_note(root: str | Path, shown: tuple[str, ...]) -> str | None:
     if window is None:
         return None
     cover = covered(root, shown)
-    times = (f"spans from {_utc(cover.first_ns)} to {_utc(cover.last_ns)}"
+    times = (f"spans from {utc_text(cover.first_ns)} to {utc_text(cover.last_ns)}"
              if cover.first_ns is not None and cover.last_ns is not None else "span times unknown")
     return (f"Analysing the last {duration_text(window)} of the store's data: {cover.segments} of its "
             f"{cover.store_segments} segments, {times} (whole segments: the older ones are left out).")
-
-
-def _utc(ns: int) -> str:
-    """Unix nanoseconds as the pages write times: 2026-01-01 12:00:00 UTC."""
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def behind(root: str | Path, shown: tuple[str, ...]) -> str | None:

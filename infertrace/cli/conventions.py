@@ -216,7 +216,6 @@ def parse_window(since: str | None, until: str | None) -> tuple[int | None, int 
     return since_ns, until_ns
 
 
-
 def duration_option(seconds: float) -> str:
     """A duration as an option takes it (what `parse_duration_ns` reads back): 6h, 90m, 2d, 45s, 0.5s."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -226,7 +225,7 @@ def duration_option(seconds: float) -> str:
 
 
 def parse_analysis_window(text: str | None, option: str) -> float | None:
-    """An analysis window (`collect --analysis-window 6h`, `dashboard --window 6h`) as seconds; None when not
+    """An analysis window (`collect --analysis-window 6h`, `dashboard --analysis-window 6h`) as seconds; None when not
     given. Raises ValueError naming the option and the text."""
     if text is None:
         return None

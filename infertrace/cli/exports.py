@@ -79,11 +79,10 @@ def export(
             if not opened.segments:
                 raise fail(f"--store {store}: the store holds no spans (ingest traces first)")
             if window_s is not None:
-                from infertrace.store.segments import list_segments
                 from infertrace.store.store import window_phrase
 
-                left_out = len(list_segments(opened.root)) - len(opened.segments)
-                covered = f" (an analysis window: {window_phrase(window_s)}; {left_out} older segments left out)"
+                covered = (f" (an analysis window: {window_phrase(window_s)}; {opened.segments_left_out()} older "
+                           "segments left out)")
             else:
                 covered = ""
             known = {r[0] for r in opened.sql("SELECT DISTINCT instance FROM steps UNION "

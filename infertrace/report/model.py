@@ -604,11 +604,8 @@ def build_report(store: Store, options: ReportOptions | None = None, *, rca: Rca
         "sections": sections,
     }
     if (window_s := getattr(store, "window_s", None)) is not None:  # what an analysis window left out
-        from infertrace.store.segments import list_segments
-
-        listed = {p.relative_to(store.root).as_posix() for p in list_segments(store.root)}
         doc["store"]["analysis_window_s"] = window_s
-        doc["store"]["segments_left_out"] = len(listed - set(store.segment_paths()))
+        doc["store"]["segments_left_out"] = store.segments_left_out()
     doc["findings"] = findings(doc)
     doc["severity"] = max((f["severity"] for f in doc["findings"]), key=SEVERITIES.index, default="ok")
     from infertrace.replay.saved import load_whatifs

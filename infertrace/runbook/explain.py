@@ -139,13 +139,10 @@ def _window(store: Store) -> list[str]:
     window_s = getattr(store, "window_s", None)
     if window_s is None:
         return []
-    from infertrace.store.segments import list_segments
     from infertrace.store.store import window_phrase
 
-    listed = {p.relative_to(store.root).as_posix() for p in list_segments(store.root)}
-    left_out = len(listed - set(store.segment_paths()))
-    return [f"queried an analysis window, {window_phrase(window_s)}: {left_out} older segments left out, so "
-            "nothing before it is in this answer"]
+    return [f"queried an analysis window, {window_phrase(window_s)}: {store.segments_left_out()} older segments "
+            "left out, so nothing before it is in this answer"]
 
 
 def _has_rows(store: Store, relation: str, condition: str = "true") -> bool:

@@ -14,7 +14,6 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,7 +35,7 @@ from infertrace.store.segments import (
     write_atomically,
     write_parquet,
 )
-from infertrace.store.store import Store, read_footer
+from infertrace.store.store import Store, read_footer, utc_text
 from infertrace.store.values import describe
 
 
@@ -62,7 +61,7 @@ class Health:
         return not self.corrupt
 
     def lines(self) -> list[str]:
-        times = (f", spans from {_utc(self.first_ns)} to {_utc(self.last_ns)}"
+        times = (f", spans from {utc_text(self.first_ns)} to {utc_text(self.last_ns)}"
                  if self.first_ns is not None and self.last_ns is not None else "")
         out = [f"{self.segments} segments, {self.rows} span rows, {self.bytes / 1e6:.1f} MB{times}."]
         for path, reason in self.corrupt:
@@ -86,10 +85,6 @@ class Health:
                        f"{self.conflicting_spans} span ids carry different content (all copies kept in spans_raw).")
         out.append("OK" if self.healthy else "PROBLEMS FOUND")
         return out
-
-
-def _utc(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _read_whole(path: Path) -> str | None:

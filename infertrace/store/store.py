@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
@@ -191,6 +192,11 @@ def window_phrase(window_s: float) -> str:
     return f"the segments holding the store's last {duration_text(window_s)} of spans"
 
 
+def utc_text(ns: int) -> str:
+    """Unix nanoseconds as outputs write a time to the second: 2026-01-01 12:00:00 UTC."""
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def duration_text(seconds: float) -> str:
     """A duration as people write it: 6 h, 90 min, 2 d, 45 s."""
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
@@ -280,6 +286,11 @@ class Store:
         stored until then."""
         return max((p.stat().st_mtime for p in self.segments if p.exists()), default=0.0)
 
+    def segments_left_out(self) -> int:
+        """How many of the store's current segments this snapshot does not hold (an analysis window's older ones)."""
+        held = set(self.segment_paths())
+        return sum(1 for p in list_segments(self.root) if p.relative_to(self.root).as_posix() not in held)
+
     def segment_paths(self) -> tuple[str, ...]:
         """The snapshot's segments as paths relative to the store directory (for `open(segments=…)`)."""
         return tuple(sorted(p.relative_to(self.root).as_posix() for p in self.segments))
@@ -288,9 +299,13 @@ class Store:
         """Defines `spans_raw` over the store's readable segments (and lists them, skipped ones, notes)."""
         self.segments, self.skipped, self.notes = [], [], {}
         readable = []
-        current = list_segments(self.root) if self.window_s is None else \
-            [self.root / s for s in window_segments(self.root, self.window_s)]
-        for path in self.pinned if self.pinned is not None else current:
+        if self.pinned is not None:
+            listed = self.pinned
+        elif self.window_s is not None:
+            listed = [self.root / s for s in window_segments(self.root, self.window_s)]
+        else:
+            listed = list_segments(self.root)
+        for path in listed:
             info = read_footer(path)
             if isinstance(info, str):
                 if path.exists():  # a segment removed since the listing (compaction) is not a problem
