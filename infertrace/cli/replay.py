@@ -26,7 +26,11 @@ def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deploym
     """Replays the requests on the deployment (reference_engine.api.replay); what they saw."""
     from reference_engine.api import replay as engine_replay
 
-    run = engine_replay(list(requests), deployment, seed)
+    return run_distribution(engine_replay(list(requests), deployment, seed))
+
+
+def run_distribution(run: Any) -> Distribution:
+    """What the requests of a replay (reference_engine.replay.ReplayRun) saw."""
     return Distribution.from_arrays(run.ttft_ns, run.itl_percentile_ns, run.e2e_ns, run.output_tokens,
                                     run.last_finish_ns - run.first_arrival_ns,
                                     (run.kv_mean, run.kv_peak) if run.steps else None, run.preemptions, run.rejected)

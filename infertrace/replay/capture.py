@@ -254,7 +254,7 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
 
     ttft = np.array([r["core_ttft_ns" if core else "ttft_ns"] for r in served], dtype=np.int64)
     e2e = np.array([r["core_e2e_ns" if core else "e2e_ns"] for r in served], dtype=np.int64)
-    itl = np.array([v for (v,) in store.sql(query_text("capture_itl"), params).fetchall()], dtype=np.int64)
+    itl = store.sql(query_text("capture_itl"), params).fetchnumpy()["itl_ns"].astype(np.int64)
     has_steps = any(e["step_spans"] for e in engines)
     if not has_steps:
         notes.append("no engine step spans: the captured KV use cannot be compared with the replay's" if len(itl) else
@@ -263,7 +263,8 @@ def read_capture(store: Store, model: str, since_ns: int | None = None, until_ns
     first = min(r["arrival_ns"] for r in records)
     last = max(r["arrival_ns"] + (r["e2e_ns"] or 0) for r in records)
     kv_params = {**params, "since_ns": first, "until_ns": last + 1}
-    kv = np.array([v for (v,) in store.sql(query_text("capture_kv"), kv_params).fetchall()], dtype=np.float64)
+    kv = np.ma.filled(np.ma.asarray(store.sql(query_text("capture_kv"), kv_params).fetchnumpy()["used_fraction"],
+                                    dtype=np.float64), np.nan)
     output = sum(r["output_tokens"] or 0 for r in served)
     kv_use = (float(kv.mean()), float(kv.max())) if has_steps and len(kv) else None
     observed = Distribution.from_arrays(ttft, itl, e2e, output, last - first, kv_use,
