@@ -62,14 +62,17 @@ class _Slices:
             if not packet.HasField("track_event"):
                 continue
             event = packet.track_event
-            if event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            if event.type in (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_INSTANT):
                 parent = open_[event.track_uuid][-1] if open_[event.track_uuid] else None
                 entry = {"name": event.name, "track": event.track_uuid, "start": packet.timestamp, "parent": parent,
                          "args": {a.name: a.string_value or a.int_value or a.double_value for a in
                                   event.debug_annotations},
                          "flows_out": list(event.flow_ids), "flows_in": list(event.terminating_flow_ids)}
-                open_[event.track_uuid].append(entry)
                 self.slices.append(entry)
+                if event.type == TrackEvent.TYPE_INSTANT:
+                    entry["end"] = packet.timestamp
+                else:
+                    open_[event.track_uuid].append(entry)
             elif event.type == TrackEvent.TYPE_SLICE_END:
                 entry = open_[event.track_uuid].pop()
                 entry["end"] = packet.timestamp
@@ -109,8 +112,12 @@ def test_perfetto_export_draws_each_stall_as_flows_from_the_ground_truth_culprit
     flows = {f for s in culprit_chunks for f in s["flows_out"]}
     victims = {parsed.request_of(s) for s in parsed.slices if set(s["flows_in"]) & flows}
     assert victims == set(truth["victims"])
-    assert all(s["name"] == "stalled" and s["parent"]["name"] == "decode"
+    assert all(s["name"] == "token" and s["parent"]["name"] == "stalled" and s["parent"]["parent"]["name"] == "decode"
                for s in parsed.slices if set(s["flows_in"]) & flows)
+    # every flow ends after it starts: the trace processor (and the UI) drops one whose end event has its start's
+    # timestamp and comes first in the trace, as a victim's stalled slice, which starts with the culprit's step, would
+    starts = {f: s["start"] for s in parsed.slices for f in s["flows_out"]}
+    assert all(s["start"] > starts[f] for s in parsed.slices for f in s["flows_in"])
 
 
 def _profile_store(tmp_path: Path, telemetry: str | None) -> Path:
@@ -139,9 +146,12 @@ def test_perfetto_export_of_sglangs_spans_draws_the_request_only_stall_windows_a
               for f in s["flows_out"]}
     assert all(parsed.request_of(s["parent"]) == parsed.request_of(s) and s["parent"]["name"] == "prefill"
                for s in parsed.slices if s["name"] == "culprit prefill")
-    drawn = {(source[f], parsed.request_of(s)) for s in parsed.slices if s["name"] == "stalled"
+    drawn = {(source[f], parsed.request_of(s)) for s in parsed.slices if s["name"] == "token"
              for f in s["flows_in"]}
     assert all(s["parent"]["name"] == "decode" for s in parsed.slices if s["name"] == "stalled")
+    assert all(s["parent"]["name"] == "stalled" for s in parsed.slices if s["flows_in"])
+    starts = {f: s["start"] for s in parsed.slices for f in s["flows_out"]}
+    assert all(s["start"] > starts[f] for s in parsed.slices for f in s["flows_in"])
     expected = {(c.request_id, v) for s in attribution.stalls for c in s.culprits for v in s.victims}
     assert drawn == expected and len(drawn) == summary.flows > 0
     # the same simulation with this project's step spans: every culprit named with confidence is a prefill that
@@ -181,11 +191,39 @@ def test_the_trace_processor_finds_the_worst_stall_and_its_culprit(storm: Any, t
             JOIN ancestor_slice(chunk.id) AS culprit_request ON culprit_request.depth = 0
             JOIN ancestor_slice(stalled.id) AS victim_request ON victim_request.depth = 0
             WHERE chunk.name = 'culprit chunk' AND chunk.ts + chunk.dur = {int(truth["end_ns"])}
+              AND stalled.name = 'token'
         """).as_pandas_dataframe()
     finally:
         tp.close()
     assert set(rows["culprit"]) & {c["request"] for c in truth["culprits"]}
     assert set(rows["victim"]) == set(truth["victims"])
+
+
+@pytest.mark.skipif(TRACE_PROCESSOR_SHELL is None, reason="no trace_processor_shell here (the perfetto package "
+                    "downloads one on first use; set PERFETTO_TRACE_PROCESSOR_SHELL to a binary)")
+def test_the_trace_processor_links_each_request_only_stall_window_to_its_culprits(tmp_path: Path) -> None:
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    with Store.open(_profile_store(tmp_path, "sglang")) as store:
+        summary = write_perfetto(store, tmp_path / "sglang.pftrace")
+        attribution = attribute_store_requests(store)
+    tp = TraceProcessor(trace=str(tmp_path / "sglang.pftrace"),
+                        config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR_SHELL))
+    try:
+        rows = tp.query("""
+            SELECT culprit_request.name AS culprit, victim_request.name AS victim
+            FROM flow
+            JOIN slice AS culprit ON flow.slice_out = culprit.id
+            JOIN slice AS token ON flow.slice_in = token.id
+            JOIN ancestor_slice(culprit.id) AS culprit_request ON culprit_request.depth = 0
+            JOIN ancestor_slice(token.id) AS victim_request ON victim_request.depth = 0
+            WHERE culprit.name = 'culprit prefill' AND token.name = 'token'
+        """).as_pandas_dataframe()
+    finally:
+        tp.close()
+    expected = {(c.request_id, v) for s in attribution.stalls for c in s.culprits for v in s.victims}
+    assert len(rows) == summary.flows > 0
+    assert set(zip(rows["culprit"], rows["victim"], strict=True)) == expected
 
 
 @pytest.mark.parametrize("name", ["spans.jsonl.gz", "spans.jsonl.zst"])

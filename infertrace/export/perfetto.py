@@ -7,14 +7,15 @@ the trace processor). Per engine instance, one process with:
 - request lanes: each engine request an async slice (requests that do not overlap share a lane) with its
   phases `queue`, `prefill` (its `chunk` slices inside, one per step that computed part of the prompt) and
   `decode`; a victim of an ITL stall has a `stalled` slice inside its decode phase;
-- flows: from the culprit prefill chunk of each stall (`infertrace.analyzers.itl`) to each victim's `stalled`
-  slice, so that selecting a culprit's chunk in the UI shows the requests it stalled.
+- flows: from the culprit prefill chunk of each stall (`infertrace.analyzers.itl`) to the `token` instant at the
+  end of each victim's `stalled` slice (the token the stall delayed), so that selecting a culprit's chunk in the UI
+  shows the requests it stalled.
 
 An engine that exports no step spans but times each token (SGLang, TGI; or a streaming client's token times) has
 no steps track; its stalls are the request-only method's windows (`infertrace.analyzers.itl_requests`): a `stalled`
-slice over each victim's window and a flow from each culprit's `culprit prefill` slice (the part of its prefill in
-the window), the culprit's confidence as an argument. Where neither is in the store (vLLM's spans), no stall is
-drawn and the summary says why.
+slice over each victim's window (its `token` instant at the end) and a flow from each culprit's `culprit prefill`
+slice (the part of its prefill in the window), the culprit's confidence as an argument. Where neither is in the
+store (vLLM's spans), no stall is drawn and the summary says why.
 
 Timestamps are nanoseconds since the Unix epoch, UTC (a clock snapshot maps the trace clock to wall time).
 """
@@ -131,6 +132,11 @@ class _Writer:
                 annotation.double_value = value
             else:
                 annotation.string_value = str(value)
+        self._write(TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQUENCE, track_event=event))
+
+    def instant(self, track: int, ts: int, name: str, flows_in: Iterable[int] = ()) -> None:
+        event = TrackEvent(type=TrackEvent.TYPE_INSTANT, track_uuid=track, name=name,
+                           terminating_flow_ids=list(flows_in))
         self._write(TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQUENCE, track_event=event))
 
     def end(self, track: int, ts: int) -> None:
@@ -295,7 +301,8 @@ def _stall_children(stalls: list[Stall], chunks: Any, present: set[str]) -> tupl
 def _request_stall_children(stalls: list[RequestStall], requests: Any,
                             present: set[str]) -> tuple[dict[str, list[_Child]], int]:
     """Each request's slices for the request-only stall windows: the part of each culprit's prefill inside the
-    window (its whole prefill where the clocks put it just outside), with a flow to each victim's `stalled` slice."""
+    window (its whole prefill where the clocks put it just outside), with a flow to the token ending each victim's
+    `stalled` slice."""
     children: dict[str, list[_Child]] = defaultdict(list)
     prefill = {r: (lo, hi) for r, s, f in zip(requests["request_id"], requests["scheduled_ns"],
                                               requests["first_token_ns"], strict=True)
@@ -354,8 +361,12 @@ def _write_requests(writer: _Writer, process: int, requests: Any, children: dict
             for child in inside:
                 middle = (child.start_ns + child.end_ns) // 2
                 if start <= middle < end or (middle == end and name == phases[-1][0]):
-                    writer.begin(track, max(child.start_ns, start), child.name, child.args, child.flows_out,
-                                 child.flows_in)
+                    writer.begin(track, max(child.start_ns, start), child.name, child.args, child.flows_out)
+                    if child.flows_in:
+                        # The flows end at the token the stall delayed, not at the stalled slice's start: a victim's
+                        # wait starts with the culprit's step, and the trace processor (and the UI) drops a flow
+                        # whose end event has its start's timestamp but comes first in the trace.
+                        writer.instant(track, min(child.end_ns, end), "token", child.flows_in)
                     writer.end(track, min(child.end_ns, end))
             writer.end(track, end)
         writer.end(track, finish)
