@@ -201,12 +201,16 @@ def calibration_report(csv: Path | None, model: str, hardware: str, *, backend: 
 
 
 def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, hardware: str,
-                    tensor_parallel: int = 1, prefill_microbatch: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+                    tensor_parallel: int = 1, prefill_microbatch: int = 0,
+                    estimated: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Fit the cost model to an engine's measured steps ((chunks, decodes, decode context, sampled, ns) each, as
     `infertrace.replay.capture.measured_steps` reads them from the store); returns (CostParams fields, median
-    relative error per phase and overall)."""
+    relative error per phase and overall). `estimated`: the steps' shapes are partly estimated (vLLM's iteration
+    log counts a step's tokens, not its decodes' context): a maximum a posteriori fit toward the roofline's
+    datasheet values, as a fit to request timings is."""
     from dataclasses import asdict
 
+    from reference_engine.compute.calibration import datasheet_prior
     from reference_engine.compute.real_executor import MeasuredStep
     from reference_engine.compute.step_fit import fit_steps
     from reference_engine.engine.hardware import hardware as hardware_spec
@@ -214,7 +218,8 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
 
     measured = [MeasuredStep(tuple(tuple(c) for c in chunks), decodes, ctx, sampled, ns)
                 for chunks, decodes, ctx, sampled, ns in steps]
-    result = fit_steps(measured, model_spec(model), hardware_spec(hardware), tensor_parallel, prefill_microbatch)
+    result = fit_steps(measured, model_spec(model), hardware_spec(hardware), tensor_parallel, prefill_microbatch,
+                       prior=datasheet_prior() if estimated else None)
     errors = {e.phase: e.median_error for e in result.phases}
     errors["all"] = result.median_error
     return asdict(result.params), errors
@@ -222,7 +227,8 @@ def fit_cost_params(steps: list[tuple[Any, int, int, int, int]], model: str, har
 
 def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
                                   measured: dict[str, tuple[int | None, int | None]], seed: int = 0,
-                                  infer_prefixes: bool = True
+                                  infer_prefixes: bool = True, fitted: dict[str, float] | None = None,
+                                  known: dict[str, tuple[str, int]] | None = None, resolved: Any = ()
                                   ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple[str, int]],
                                              tuple[int, int, float]]:
     """Fit the cost model to per-request timings alone (`measured`: request id -> (prefill ns, decode ns), e.g. vLLM's
@@ -232,12 +238,24 @@ def fit_cost_params_from_requests(requests: list[Any], deployment: Any,
     their whole prompt, (linear-layer passes of the capture compute-bound under the fit, the most tokens of one
     pass, the compute efficiency under which its most demanding pass would have been compute-bound)). Parameters
     the timings leave unconstrained take the roofline's datasheet values (a MAP prior). `infer_prefixes=False` where
-    the spans report cached tokens: no hit is inferred from a prefill's time."""
+    the spans report cached tokens: no hit is inferred from a prefill's time. `fitted`: CostParams already fitted
+    to the engine's own steps (`fit_cost_params` on vLLM's iteration log): kept, the prefixes inferred with them.
+    `known`: prefixes measured otherwise (`measured_prefixes`), kept and returned with the inferred ones;
+    `resolved`: the requests whose hit, or its absence, was measured so (none is inferred for them)."""
     from reference_engine.compute.request_fit import fit_request_times
 
-    fit = fit_request_times(requests, deployment, measured, seed=seed, infer_prefixes=infer_prefixes)
+    fit = fit_request_times(requests, deployment, measured, seed=seed, infer_prefixes=infer_prefixes, fitted=fitted,
+                            known=known, resolved=frozenset(resolved))
     return fit.cost, fit.median_error, fit.phases, fit.prefixes, (fit.compute_bound_passes, fit.largest_pass_tokens,
                                                                    fit.compute_floor)
+
+
+def measured_prefixes(requests: list[Any], computed: dict[str, int]) -> dict[str, tuple[str, int]]:
+    """Request id -> (shared prefix id, tokens): the prefix-cache hits that the prompt tokens each request's engine
+    computed show (`reference_engine.compute.request_fit.measured_prefixes`)."""
+    from reference_engine.compute.request_fit import measured_prefixes as from_computed
+
+    return from_computed(requests, computed)
 
 
 BUNDLED_TABLES = {"lmdeploy-a100": "lmdeploy_a100_fp16.json", "splitwise-a100": "splitwise_a100_llama2_70b.json",

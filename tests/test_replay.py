@@ -258,6 +258,53 @@ def test_a_vllm_capture_without_step_spans_is_calibrated_on_request_timings_and_
         assert row["actual"]["itl_p99_ms"] is not None and row["predicted"]["itl_p99_ms"] is not None
 
 
+@pytest.mark.slow
+def test_a_vllm_iteration_log_gives_the_fit_the_steps_the_engines_own_step_spans_show(tmp_path: Path) -> None:
+    """vLLM's iteration log, placed on the spans' clock, gives the fit every step of the engine: the same steps,
+    prefill tokens, decodes and sampled tokens as the step spans of the same run exported as this project's
+    telemetry, the decodes' summed context (estimated from the request spans) and the step times (the scheduler's
+    time, which the log leaves out, read back) within 1%; the replay calibrates on them and says so."""
+    from infertrace.cli.replay import calibrate_from_capture
+    from infertrace.evaluation import open_ingested_store
+    from infertrace.evaluation.whatif import evaluate_scenario
+    from infertrace.replay.capture import measured_iterations, measured_steps
+    from reference_engine.scenarios.whatif import whatif_scenarios, write_whatif_scenario
+
+    s = whatif_scenarios(2, 1, 45.0, True)[0]
+    write_whatif_scenario(s, tmp_path / "vllm", "vllm-v1", iteration_logs=True)
+    write_whatif_scenario(s, tmp_path / "native", "infertrace")
+    vllm, native = tmp_path / "vllm" / s["name"] / "capture", tmp_path / "native" / s["name"] / "capture"
+    with open_ingested_store(vllm / "store", vllm / "traces.jsonl.gz",
+                             logs=sorted((vllm / "iteration_logs").glob("*.log"))) as store:
+        found = measured_iterations(store, s["model"], limit=10**9)
+        logged, unplaced = found.steps, found.unplaced
+    with open_ingested_store(native / "store", native / "traces.jsonl.gz") as store:
+        steps = measured_steps(store, s["model"], limit=10**9)
+        cached = dict(store.sql("SELECT request_id, coalesce(cached_tokens, 0) FROM requests").fetchall())
+        prompt = dict(store.sql("SELECT request_id, input_tokens FROM requests").fetchall())
+    assert unplaced == 0 and len(logged) == len(steps) > 1000
+    # the prompt tokens the log shows each request's steps computing: its prompt less its prefix-cache hit, which
+    # this project's spans of the same run report
+    assert len(found.computed) >= 0.9 * len(prompt)
+    exact = sum(prompt[rid] - n == cached[rid] for rid, n in found.computed.items())
+    assert exact >= 0.98 * len(found.computed) and any(cached[rid] for rid in found.computed)
+
+    def counts(xs: list) -> tuple[int, int, int]:
+        return sum(n for chunks, *_ in xs for n, _ in chunks), sum(x[1] for x in xs), sum(x[3] for x in xs)
+
+    assert counts(logged) == counts(steps)
+    for column in (2, 4):  # the decodes' summed context, the step's time
+        logged_total, true_total = sum(x[column] for x in logged), sum(x[column] for x in steps)
+        assert abs(logged_total / true_total - 1) < 0.01, (column, logged_total, true_total)
+    # what each chunk's prompt had computed or cached before it (attention's reach): known where a step was one
+    # request's, so short of the truth by what steps shared by several requests leave out
+    before = [sum(b for chunks, *_ in xs for _, b in chunks) for xs in (logged, steps)]
+    assert 0.9 * before[1] <= before[0] <= before[1], before
+    row = evaluate_scenario(tmp_path / "vllm" / s["name"], replay_distribution, calibrate_from_capture)
+    assert row["calibration"].startswith(f"cost model fitted to {len(logged)} steps of vLLM's iteration log")
+    assert row["baseline_ok"], row["baseline_error"]
+
+
 def test_a_tp_or_hardware_variant_of_a_capture_calibrated_on_request_timings_says_it_is_not_trustworthy() -> None:
     """Request sums show a step's fixed time (overhead plus weight reads) only as a total, and one degree shows no
     all-reduce: the replay says so for such a variant instead of printing a confident number."""

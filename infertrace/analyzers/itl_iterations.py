@@ -227,21 +227,33 @@ def _decode_levels(log: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return levels.index.to_numpy(dtype=np.float64), levels.to_numpy(dtype=np.float64)
 
 
-def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
-                         params: IterationParams | None = None) -> IterationAttribution:
-    """`iterations`: the `iteration_log` relation; `requests`: request_id, instance, tenant, scheduled_ns,
-    first_token_ns, finish_ns, input_tokens, cached_tokens."""
+@dataclass(frozen=True)
+class PlacedLog:
+    """One engine core's log and where its iterations end on the spans' clock."""
+
+    placement: LogPlacement
+    log: pd.DataFrame  # its lines, in order
+    requests: pd.DataFrame  # its instance's requests with a first token
+    ends: np.ndarray  # each iteration's end on the spans' clock
+    half: np.ndarray  # half the width of each end's bounds on the log's clock
+    overhead_ns: float  # the scheduler's time per iteration, which the elapsed times leave out
+    anchors: dict[int, list[int]]  # iteration -> the rows of `requests` whose first token it produced
+
+
+def place_logs(iterations: pd.DataFrame, requests: pd.DataFrame, params: IterationParams | None = None
+               ) -> tuple[list[PlacedLog], list[LogPlacement], list[str]]:
+    """Each log of `iterations` (the `iteration_log` relation) placed on the spans' clock by `requests`
+    (request_id, instance, tenant, scheduled_ns, first_token_ns, finish_ns, input_tokens, cached_tokens, and any
+    other column, kept): the logs placed, every log's placement (those that could not be placed too), and notes
+    on those that could not."""
     p = params or IterationParams()
     notes: list[str] = []
-    if iterations.empty:
-        return IterationAttribution(p, (), (), 0, ("no iteration log lines",))
     timed = requests.dropna(subset=["instance", "first_token_ns"])
     instances = sorted(set(timed["instance"].astype(str)))
     year = datetime.fromtimestamp(int(timed["first_token_ns"].median()) // 10**9, UTC).year if len(timed) else \
         datetime.now(UTC).year
-    stalls: list[IterationStall] = []
+    placed_logs: list[PlacedLog] = []
     logs: list[LogPlacement] = []
-    unexplained = 0
     for name, log in iterations.groupby("log", sort=True):
         log = log.sort_values("line", kind="stable").reset_index(drop=True)
         name = str(name)
@@ -276,7 +288,24 @@ def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
         more = timed_anchors(placed, elapsed, prefill_rows, first, scheduled, p.match_window_ns)
         kept = consistent_anchors(elapsed, {**more, **exact}, overhead, idle, slack)
         placed = place_ends(log, lo + offset, hi + offset, kept, overhead, idle, slack)
-        found, without_culprit = _log_stalls(name, instance, log, placed, half, mine, anchors, overhead, p)
+        placed_logs.append(PlacedLog(logs[-1], log, mine, placed, half, overhead, anchors))
+    return placed_logs, logs, notes
+
+
+def attribute_iterations(iterations: pd.DataFrame, requests: pd.DataFrame,
+                         params: IterationParams | None = None) -> IterationAttribution:
+    """`iterations`: the `iteration_log` relation; `requests`: request_id, instance, tenant, scheduled_ns,
+    first_token_ns, finish_ns, input_tokens, cached_tokens."""
+    p = params or IterationParams()
+    if iterations.empty:
+        return IterationAttribution(p, (), (), 0, ("no iteration log lines",))
+    placed_logs, logs, notes = place_logs(iterations, requests, p)
+    stalls: list[IterationStall] = []
+    unexplained = 0
+    for placed in placed_logs:
+        found, without_culprit = _log_stalls(placed.placement.log, str(placed.placement.instance), placed.log,
+                                             placed.ends, placed.half, placed.requests, placed.anchors,
+                                             placed.overhead_ns, p)
         stalls += found
         unexplained += without_culprit
     stalls.sort(key=lambda s: (s.instance, s.end_ns))

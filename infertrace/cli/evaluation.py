@@ -110,6 +110,10 @@ def scenarios_whatif(
     telemetry: Annotated[str, typer.Option(
         help="Whose telemetry the captures export: infertrace (step spans) or a real engine's, e.g. vllm-v1 (request "
              "spans only; replays calibrate on request timings)")] = "infertrace",
+    iteration_logs: Annotated[bool, typer.Option(
+        help="With --telemetry vllm-v1: also write vLLM's iteration log per engine of the capture "
+             "(capture/iteration_logs/, each named after its engine's service.instance.id), which replays "
+             "calibrate on")] = False,
 ) -> None:
     """What-if validation scenarios: one model's traffic (with a prefill storm) served under config A
     (capture/) and, on the same requests, under config B, A with one knob changed (actual/): chunk budget,
@@ -128,7 +132,7 @@ def scenarios_whatif(
         raise fail(f"--out {out} exists and is not a directory")
     with err.status(f"Simulating {count} scenarios, twice each …"):
         try:
-            names = generate_whatif(seed, count, duration, out, jobs, hidden_cost, telemetry)
+            names = generate_whatif(seed, count, duration, out, jobs, hidden_cost, telemetry, iteration_logs)
         except ValueError as e:
             raise fail(str(e)) from None
     err.print(f"{len(names)} what-if scenarios ({', '.join(WHATIF_KNOBS)}) written to {out}")

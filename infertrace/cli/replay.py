@@ -15,11 +15,22 @@ import typer
 from infertrace.cli.analysis import STORE_HELP
 from infertrace.cli.console import err, fail
 from infertrace.evaluation import Evaluator
-from infertrace.replay.capture import Capture, Distribution, ReplayRequest, measured_phase_times, measured_steps
+from infertrace.replay.capture import (
+    Capture,
+    Distribution,
+    LoggedSteps,
+    ReplayRequest,
+    measured_iterations,
+    measured_phase_times,
+    measured_steps,
+)
 from infertrace.replay.compare import Variant, WhatIf
 from infertrace.replay.deployment import KNOBS, Deployment
 from infertrace.store.clickhouse.connection import is_clickhouse_url
 from infertrace.store.store import Store
+
+# Fewer steps of an iteration log than this are not fitted (the request timings are).
+MIN_LOGGED_STEPS = 50
 
 
 def replay_distribution(requests: tuple[ReplayRequest, ...], deployment: Deployment, seed: int = 0) -> Distribution:
@@ -45,10 +56,13 @@ def run_variant(name: str, requests: tuple[ReplayRequest, ...], deployment: Depl
 
 
 def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str]:
-    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans),
-    or, where the store holds no step span (vLLM's, SGLang's request spans), to each request's measured prefill and
-    decode times (prefix-cache hits inferred from them only where the spans report no cached tokens); and a
-    sentence with the fit's error. Raises ValueError when the store holds too few of either."""
+    """The capture with its deployment's cost model fitted to the engines' own measured steps (their step spans;
+    without them, vLLM's iteration log where the store holds one, placed on the spans' clock), or, where the store
+    holds neither (vLLM's, SGLang's request spans alone), to each request's measured prefill and decode times; where
+    the spans report no cached tokens, prefix-cache hits are taken from the prompt tokens the iteration log shows
+    each request's steps computing, else inferred from the requests' prefill times under the fit; and a sentence
+    with the fit's error (without step spans, the replay's against the measured requests).
+    Raises ValueError when the store holds too few of either."""
     from reference_engine.api import fit_cost_params, fit_cost_params_from_requests
 
     d = capture.deployment
@@ -58,19 +72,27 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
         what = f"{len(steps)} measured steps"
     else:
         measured = measured_phase_times(store, capture.model, capture.since_ns, capture.until_ns)
-        cost, errors, phases, prefixes, passes = fit_cost_params_from_requests(
-            list(capture.requests), d, measured, infer_prefixes=not capture.cached_tokens_reported)
+        logged = measured_iterations(store, capture.model, capture.since_ns, capture.until_ns)
+        if len(logged.steps) >= MIN_LOGGED_STEPS:
+            capture, cost, errors, passes, what = _fit_logged(capture, logged, measured)
+        else:
+            cost, errors, phases, prefixes, passes = fit_cost_params_from_requests(
+                list(capture.requests), d, measured, infer_prefixes=not capture.cached_tokens_reported)
+            what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
+                    "steps rebuilt by replaying the capture)")
+            if prefixes:
+                groups = len({prefix for prefix, _ in prefixes.values()})
+                what += (f"; {len(prefixes)} requests are replayed sharing {groups} prefixes inferred from prefills "
+                         "faster than their whole prompt, each with the earlier request that computed it where there "
+                         "is one (the spans carry no cached-token count)")
+                capture = _with_prefixes(capture, prefixes)
+            if logged.steps:
+                what += (f"; the iteration log's {len(logged.steps)} placed steps are too few to fit "
+                         f"(< {MIN_LOGGED_STEPS})")
+        if logged.unplaced:
+            what += (f"; {logged.unplaced} iteration log(s) of its engines could not be placed on the spans' clock "
+                     "and are not used")
         capture = replace(capture, linear_passes=passes)
-        what = (f"{phases} measured request phases (no step spans: each request's prefill and decode time, its "
-                "steps rebuilt by replaying the capture)")
-        if prefixes:
-            groups = len({prefix for prefix, _ in prefixes.values()})
-            what += (f"; {len(prefixes)} requests are replayed sharing {groups} prefixes inferred from prefills faster "
-                     "than their whole prompt, each with the earlier request that computed it where there is one (the "
-                     "spans carry no cached-token count)")
-            capture = replace(capture, requests=tuple(
-                replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
-                if r.request_id in prefixes else r for r in capture.requests))
         if passes[0] == 0:
             what += (f"; no pass was compute-bound (at most {passes[1]} tokens): the times bound the compute "
                      f"efficiency from below only (≥ {passes[2]:.2f}), the datasheet's prior sets it")
@@ -78,6 +100,43 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
                 + ", ".join(f"{phase} {e:.1%}" for phase, e in errors.items()))
     calibrated = replace(capture, deployment=replace(d, cost=cost), notes=(*capture.notes, sentence))
     return calibrated, sentence
+
+
+def _with_prefixes(capture: Capture, prefixes: dict[str, tuple[str, int]]) -> Capture:
+    return replace(capture, requests=tuple(
+        replace(r, shared_prefix_id=prefixes[r.request_id][0], shared_prefix_tokens=prefixes[r.request_id][1])
+        if r.request_id in prefixes else r for r in capture.requests))
+
+
+def _fit_logged(capture: Capture, logged: LoggedSteps, measured: dict[str, tuple[int | None, int | None]]
+                ) -> tuple[Capture, dict[str, float], dict[str, float], tuple[int, int, float], str]:
+    """The cost model fitted to the steps of vLLM's iteration log, the prefix-cache hits its prompt steps measured
+    (unless the spans report cached tokens), and the replay's error against the requests' measured times under
+    them: (capture with those hits, cost, errors, linear passes, what the sentence says)."""
+    from reference_engine.api import fit_cost_params, fit_cost_params_from_requests, measured_prefixes
+
+    d = capture.deployment
+    cost, log_errors = fit_cost_params(logged.steps, d.model, d.hardware, d.tensor_parallel, d.prefill_microbatch,
+                                       estimated=True)
+    what = (f"{len(logged.steps)} steps of vLLM's iteration log (no step spans: the log placed on the spans' clock, "
+            "each step's decode context and prompt chunks estimated from the request spans; median error "
+            + ", ".join(f"{phase} {e:.1%}" for phase, e in log_errors.items()) + ")")
+    reported = capture.cached_tokens_reported
+    known = {} if reported else measured_prefixes(list(capture.requests), logged.computed)
+    _, errors, phases, prefixes, passes = fit_cost_params_from_requests(list(capture.requests), d, measured,
+                                                                        infer_prefixes=not reported, fitted=cost,
+                                                                        known=known, resolved=logged.computed)
+    if prefixes:
+        capture = _with_prefixes(capture, prefixes)
+        inferred = len(prefixes) - len(known)
+        what += (f"; {len(prefixes)} requests are replayed sharing {len({p for p, _ in prefixes.values()})} prefixes, "
+                 "the requests that computed them included (the spans carry no cached-token count): "
+                 f"{len(known)} as the prompt tokens the log shows their steps computing measured them (of the "
+                 f"{len(logged.computed)} requests it shows prefilled in steps of their own), {inferred} inferred "
+                 "from prefills faster than their whole prompt")
+    what += (f"; checked against {phases} measured request phases (each request's prefill and decode time, its "
+             "steps rebuilt by replaying the capture)")
+    return capture, cost, errors, passes, what
 
 
 def what_if(capture: Capture, variants: list[tuple[str, Deployment]], calibrated: bool, seed: int = 0) -> WhatIf:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from infertrace.evaluation import ScenarioPool, open_ingested_store
@@ -52,9 +53,11 @@ def whatif_dirs(bank: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.glob(f"*/{WHATIF_FILE}"))
 
 
-def _store(run_dir: Path) -> Store:
-    """`<run>/store`, ingesting `<run>/traces.jsonl.gz` the first time."""
-    return open_ingested_store(run_dir / "store", run_dir / "traces.jsonl.gz")
+def _store(run_dir: Path, iteration_logs: Path | None = None) -> Store:
+    """`<run>/store`, ingesting `<run>/traces.jsonl.gz` (and the vLLM iteration logs in `iteration_logs`) the first
+    time."""
+    logs = sorted(iteration_logs.glob("*.log")) if iteration_logs is not None else []
+    return open_ingested_store(run_dir / "store", run_dir / "traces.jsonl.gz", logs=logs)
 
 
 def _errors(predicted: Distribution, observed: Distribution) -> dict[str, float | None]:
@@ -80,7 +83,8 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
     telemetry = spec["capture"].get("telemetry", "infertrace")
     calibration = None
     uncalibrated = None
-    with _store(scenario / "capture") as a_store:
+    logs = spec["capture"].get("iteration_logs")
+    with _store(scenario / "capture", scenario / logs if logs else None) as a_store:
         capture: Capture = read_capture(a_store, model)
         if capture.config_source == "flags" and spec["capture"].get("captured"):
             captured = [parse_setting(s) for s in spec["capture"]["captured"]]
@@ -118,7 +122,22 @@ def evaluate_scenario(scenario: Path, replay: Replayer, calibrate: Calibrator | 
             "bracketed": {m: _between(getattr(actual, m), getattr(predicted, m), getattr(at_floor, m),
                                       p50 if "p50" in m else p99) for m in METRICS} if at_floor is not None else None,
             "calibrated": calibration is not None,
-            "calibration": calibration, "uncalibrated_baseline_error": uncalibrated, "notes": list(capture.notes)}
+            "calibration": calibration, "uncalibrated_baseline_error": uncalibrated,
+            "cost_error": _cost_error(capture.deployment.cost, spec.get("hidden_cost")) if calibration else None,
+            "notes": list(capture.notes)}
+
+
+# The cost parameters every engine of a hidden-cost scenario draws (the rest keep their defaults).
+FITTED_PARAMETERS = ("compute_efficiency", "memory_efficiency", "attention_efficiency", "step_overhead_s")
+
+
+def _cost_error(fitted: dict[str, float], hidden: dict[str, float | None] | None) -> dict[str, float] | None:
+    """Each drawn parameter's relative error, the calibrated one against the engines' hidden one: how well the
+    calibration recovered the engine, apart from what the replay makes of it."""
+    if not hidden:
+        return None
+    return {k: fitted[k] / hidden[k] - 1 for k in FITTED_PARAMETERS  # type: ignore[operator]
+            if hidden.get(k) and fitted.get(k) is not None}
 
 
 def _between(value: float | None, one: float | None, other: float | None, tolerance: float) -> bool | None:
@@ -159,12 +178,22 @@ def evaluate_whatif(bank: Path, replay: Replayer, calibrate: Calibrator | None =
             # of those past the capture's compute evidence: the actual run between the floor's and the fit's replay
             "compute_bracketed": [sum(all(v is not False for v in r["bracketed"].values()) for r in rows
                                       if r.get("bracketed")), sum(bool(r.get("bracketed")) for r in rows)],
+            "median_cost_error": _median_cost_error(rows),
             "worst_baseline_error": {m: worst("baseline_error", m) for m in METRICS},
             "worst_prediction_error": {m: worst("prediction_error", m) for m in METRICS},
             "criteria": {**(rows[0]["tolerance"] if all(r["tolerance"] == rows[0]["tolerance"] for r in rows)
                             else {"baseline": BASELINE_TOLERANCE, "p50": P50_TOLERANCE, "p99": P99_TOLERANCE}),
                          "floor_ms": FLOOR_MS},
             "per_knob": knobs, "per_scenario": rows}
+
+
+def _median_cost_error(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Per drawn parameter, the median |relative error| of the calibrated value over the scenarios."""
+    errors = [r["cost_error"] for r in rows if r.get("cost_error")]
+    if not errors:
+        return None
+    return {k: float(median(abs(e[k]) for e in errors if k in e)) for k in FITTED_PARAMETERS
+            if any(k in e for e in errors)}
 
 
 def _pct(v: float | None) -> str:
@@ -190,6 +219,9 @@ def render_whatif(section: dict[str, Any]) -> str:
              "  per knob: " + ", ".join(f"{k} {v['prediction_ok']}/{v['scenarios']}"
                                         + (f" ({v['flagged']} flagged not trustworthy)" if v.get("flagged") else "")
                                         for k, v in sorted(section["per_knob"].items()))]
+    if section.get("median_cost_error"):
+        lines.append("  calibrated against the engines' hidden costs, median |error|: " + ", ".join(
+            f"{k} {v:.1%}" for k, v in section["median_cost_error"].items()))
     inside, past = section.get("compute_bracketed") or (0, 0)
     if past:
         lines.append(f"  past the capture's compute evidence: {past} variant(s), the actual run within the bracket "

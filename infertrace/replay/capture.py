@@ -352,6 +352,108 @@ def measured_steps(store: Store, model: str, since_ns: int | None = None, until_
     return steps
 
 
+@dataclass(frozen=True)
+class LoggedSteps:
+    """What vLLM's iteration logs of a model's engines measured (`measured_iterations`)."""
+
+    steps: list[MeasuredStep]
+    unplaced: int  # logs of the model's engines that could not be placed on the spans' clock
+    # request id -> the prompt tokens its engine computed, for the requests whose every prefill step the log
+    # attributes to them alone (a step of one context request) and whose first token ended one of them
+    computed: dict[str, int] = field(default_factory=dict)
+
+
+def measured_iterations(store: Store, model: str, since_ns: int | None = None, until_ns: int | None = None,
+                        limit: int = 20_000) -> LoggedSteps:
+    """The model's engine steps as vLLM's iteration log measured them (`--enable-logging-iteration-details`: one
+    line per step), at most `limit` spread evenly over the window; how many logs of the model's engines could not
+    be placed on the spans' clock; and the prompt tokens each request's steps computed where the log tells them
+    apart. A line counts a step's context (prefill) requests and tokens and its generation requests, and times the
+    step without the scheduler's own time: each log is placed on the spans' clock (`itl_iterations.place_logs`,
+    which also reads that scheduler time, added back), and what the line does not say is estimated from the request
+    spans at the step's end: the summed context of its decodes (each decoding request's prompt and the tokens it had
+    by then, its output spread evenly from its first token to its finish, times the line's count), and, for a step
+    of one context request, whose prompt it computed (the request whose prefill holds the step, first token nearest
+    its end) and what that prompt had before (its earlier chunks, and its prefix-cache hit where the log tells its
+    request apart: its prompt less every token its steps computed). Several context requests share the tokens
+    evenly, nothing before. Steps ending outside [since, until) are left out."""
+    from infertrace.analyzers.itl_iterations import place_logs
+
+    iterations = store.sql("SELECT * FROM iteration_log").df()
+    if iterations.empty:
+        return LoggedSteps([], 0)
+    requests = store.sql(query_text("capture_iteration_requests")).df()
+    instances = set(requests.loc[requests["model"] == model, "instance"].astype(str))
+    placed, placements, _ = place_logs(iterations, requests)
+    unplaced = sum(1 for p in placements if p.offset_ns is None and (p.instance is None or p.instance in instances))
+    lo, hi = (since_ns if since_ns is not None else _ALL_TIME[0]), (until_ns if until_ns is not None else _ALL_TIME[1])
+    tol, edge = 3_000_000, 1_000_000  # a placed end's tolerance; the spans' first tokens are late by the API server
+    steps: list[MeasuredStep] = []
+    computed: dict[str, int] = {}  # tokens of a request's prompt the log's steps computed
+    shared: set[str] = set()  # requests with a prompt step of several context requests: theirs are not known
+    completed: set[str] = set()  # requests whose first token ended a step with context tokens
+    owner: dict[str, str] = {}  # the log whose steps computed a request's prompt
+    lone: list[tuple[int, str]] = []  # (index in `steps`, request) of the steps of one context request
+    prompts: dict[str, int] = {}
+    for log in placed:
+        if log.placement.instance not in instances:
+            continue
+        r = log.requests
+        first = r["first_token_ns"].to_numpy(dtype=np.int64)
+        finish = r["finish_ns"].fillna(r["first_token_ns"]).to_numpy(dtype=np.int64)
+        sched = r["scheduled_ns"].fillna(r["first_token_ns"]).to_numpy(dtype=np.int64)
+        prompt = r["input_tokens"].fillna(1).to_numpy(dtype=np.float64)
+        output = r["output_tokens"].fillna(1).clip(lower=1).to_numpy(dtype=np.float64)
+        typical = float(np.mean(prompt + output / 2)) if len(r) else 0.0
+        ids = r["request_id"].astype(str).to_numpy()
+        prompts.update(zip(ids.tolist(), prompt.astype(np.int64).tolist(), strict=True))
+        overhead = round(log.overhead_ns)
+        for i, row in enumerate(log.log.itertuples(index=False)):
+            if row.dummy or not (row.context_tokens or row.generation_requests):
+                continue
+            end = int(log.ends[i])
+            wall = int(row.elapsed_ns) + overhead
+            decodes = int(row.generation_requests)
+            ctx = 0
+            if decodes:
+                decoding = (first < end - edge) & (finish >= end - edge)
+                if decoding.any():
+                    share = np.clip((end - first[decoding]) / np.maximum(finish[decoding] - first[decoding], 1), 0, 1)
+                    mean = float(np.mean(prompt[decoding] + 1 + (output[decoding] - 1) * share))
+                else:
+                    mean = typical
+                ctx = round(mean * decodes)
+            n, tokens = int(row.context_requests), int(row.context_tokens)
+            held = np.flatnonzero((sched <= end - wall + tol) & (first >= end - tol))
+            held = held[np.argsort(np.abs(first[held] - end), kind="stable")]
+            if n == 1 and len(held):
+                rid = str(ids[held[0]])
+                chunks: tuple[tuple[int, int], ...] = ((tokens, computed.get(rid, 0)),)
+                computed[rid] = computed.get(rid, 0) + tokens
+                if owner.setdefault(rid, log.placement.log) != log.placement.log:
+                    shared.add(rid)  # prefilled on two engines (a disaggregated decode worker recomputes a token)
+            elif n:
+                chunks = tuple((tokens // n + (k < tokens % n), 0) for k in range(n))
+                shared.update(str(j) for j in ids[held[:n]])
+            else:
+                chunks = ()
+            if n:
+                completed.update(str(j) for j in ids[held[np.abs(first[held] - end) <= tol]])
+            sampled = decodes + min(n, int((np.abs(first[held] - end) <= tol).sum()))
+            if lo <= end < hi and wall > 0:
+                if n == 1 and len(held):
+                    lone.append((len(steps), rid))
+                steps.append((chunks, decodes, ctx, sampled, wall))
+    known = {rid: n for rid, n in computed.items() if rid in completed and rid not in shared}
+    for index, rid in lone:  # a known request's chunks attend to its cached prefix too
+        if (cached := prompts.get(rid, 0) - known.get(rid, prompts.get(rid, 0))) > 0:
+            ((tokens, before),), *rest = steps[index]
+            steps[index] = (((tokens, before + cached),), *rest)  # type: ignore[assignment]
+    if len(steps) > limit:
+        steps = [steps[i] for i in np.linspace(0, len(steps) - 1, limit).astype(int)]
+    return LoggedSteps(steps, unplaced, known)
+
+
 def measured_phase_times(store: Store, model: str, since_ns: int | None = None,
                          until_ns: int | None = None) -> dict[str, tuple[int | None, int | None]]:
     """Each request's measured (prefill ns, decode ns), from request-level telemetry (None: not measured)."""

@@ -47,7 +47,7 @@ FILLED_BY: dict[str, str] = {
                         "beside the engine (auth, rate limiter, router, queue) and KV transfers, in the requests' "
                         "traces"),
     "client_tokens": "a streaming client's token times (`infertrace ingest --client-tokens`)",
-    "iteration_log": "vLLM's iteration log (`infertrace ingest --iteration-log`)",
+    "iteration_log": "vLLM's iteration log (`infertrace ingest` of its log files)",
 }
 # Parameters that name something the store holds: where to look for it, and what to call it.
 NAMED: dict[str, tuple[str, str]] = {

@@ -36,7 +36,7 @@ other steps than it was measured in; 023's baseline missed TTFT p99 by 24% for o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -203,18 +203,21 @@ def _shared(requests: Sequence[CapturedRequest], hits: dict[str, tuple[str, int]
     return out
 
 
-def _with_sources(requests: Sequence[CapturedRequest],
-                  hits: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+def _with_sources(requests: Sequence[CapturedRequest], hits: dict[str, tuple[str, int]],
+                  sourced: frozenset[str] = frozenset()) -> dict[str, tuple[str, int]]:
     """The inferred hits, and for each shared prefix the request that computed it: some earlier request put it in
     the cache, else the first hit of it could not have hit, but it is not in the telemetry. Taken as the tenant's
     latest earlier request that showed no hit and whose prompt holds the prefix (no system prompt, no shared prefix of
-    its own); without one, the prefix's first hit stays a miss in the replay."""
+    its own); without one, the prefix's first hit stays a miss in the replay. `sourced`: prefixes whose source is
+    among `hits` already."""
     out = dict(hits)
     first: dict[str, CapturedRequest] = {}
     for r in sorted((r for r in requests if r.request_id in hits), key=lambda r: (r.arrival_ns, r.request_id)):
         first.setdefault(hits[r.request_id][0], r)
     ordered = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
     for prefix, hit in first.items():
+        if prefix in sourced:
+            continue
         tokens = hits[hit.request_id][1]
         source = next((r for r in reversed(ordered) if r.arrival_ns < hit.arrival_ns and r.tenant == hit.tenant
                        and r.request_id not in out and not r.system_prompt_id and not r.shared_prefix_id
@@ -222,6 +225,37 @@ def _with_sources(requests: Sequence[CapturedRequest],
         if source is not None:
             out[source.request_id] = (prefix, tokens)
     return out
+
+
+def _combined(requests: Sequence[CapturedRequest], hits: dict[str, tuple[str, int]],
+              known: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The `known` prefixes (measured, their sources included) and the inferred `hits` of the other requests, kept
+    as `_shared` keeps them with the known lengths as evidence too (a lone inferred length snaps to a known one of
+    its tenant within reach and shares its prefix), the kept inferred ones given their sources."""
+    kept = {rid: p for rid, p in _shared(requests, {**known, **hits}).items() if rid not in known}
+    return _with_sources(requests, {**known, **kept}, frozenset(p for p, _ in known.values()))
+
+
+def _applied(requests: Sequence[CapturedRequest], prefixes: dict[str, tuple[str, int]]) -> list[CapturedRequest]:
+    return [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
+                    shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
+            for r in requests]
+
+
+def measured_prefixes(requests: Sequence[CapturedRequest], computed: Mapping[str, int]) -> dict[str, tuple[str, int]]:
+    """Request id -> (shared prefix id, tokens) from how many of each request's prompt tokens its engine computed
+    (`computed`: vLLM's iteration log counts each step's prompt tokens, and a prompt whose steps were its own gives
+    them per request): the rest of its prompt was a prefix-cache hit, of exactly that length, shared with the
+    tenant's requests that hit as much; and, for each such prefix, the request that computed it
+    (`_with_sources`). No length is inferred or rounded: the log measured it."""
+    hits: dict[str, tuple[str, int]] = {}
+    for r in requests:
+        if r.request_id not in computed or r.system_prompt_id or r.shared_prefix_id:
+            continue
+        cached = r.input_tokens - computed[r.request_id]
+        if BLOCK <= cached <= r.input_tokens - r.assistant_prefill_tokens - 1:
+            hits[r.request_id] = (f"logged-prefix-{r.tenant}-{cached}", cached)
+    return _with_sources(requests, hits)
 
 
 def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, int, float]:
@@ -247,29 +281,37 @@ def linear_passes(recorder: StepRecorder, model: StepCostModel) -> tuple[int, in
 
 def fit_request_times(requests: Sequence[CapturedRequest], deployment: Deployment,
                       measured: Mapping[str, tuple[int | None, int | None]], iterations: int = 3,
-                      seed: int = 0, infer_prefixes: bool = True) -> RequestFit:
+                      seed: int = 0, infer_prefixes: bool = True,
+                      fitted: dict[str, float] | None = None,
+                      known: Mapping[str, tuple[str, int]] | None = None,
+                      resolved: Collection[str] = ()) -> RequestFit:
     """CostParams for `deployment` from each request's measured (prefill ns, decode ns) (None: not measured), and
     the shared prefixes the measured prefills show. `infer_prefixes=False` where the spans report each request's
     cached tokens (SGLang's, this project's): the requests' prefixes are then already what the engine reported, and
-    a prefill measured faster than replayed is not taken for a hit it did not report. Raises ValueError when too few
-    requests were measured."""
-    cost = dict(deployment.cost)
-    prefixes: dict[str, tuple[str, int]] = {}
-    hits: dict[str, tuple[str, int]] = {}  # the measured hits (`prefixes` adds the requests that computed them)
-    current = list(requests)
+    a prefill measured faster than replayed is not taken for a hit it did not report. `fitted`: CostParams already
+    fitted to the engine's own steps (vLLM's iteration log): kept, and only the prefixes are inferred with them (the
+    errors are still the last replay's against the measured requests). `known`: prefixes measured otherwise (the
+    iteration log's, `measured_prefixes`), kept; `resolved`: the requests whose hit or its absence was measured so
+    (none is inferred for them). Raises ValueError when too few requests were measured."""
+    cost = dict(fitted if fitted is not None else deployment.cost)
+    known = dict(known or {})
+    prefixes: dict[str, tuple[str, int]] = dict(known)
+    hits: dict[str, tuple[str, int]] = {}  # the inferred hits (`prefixes` adds the requests that computed them)
+    current = _applied(requests, prefixes)
     for iteration in range(iterations):
-        recorder, _ = _replayed(current, deployment, cost, seed)
-        cost = _fit(recorder, measured, deployment, hits_unknown=infer_prefixes and iteration == 0)
+        if fitted is None:
+            recorder, _ = _replayed(current, deployment, cost, seed)
+            cost = _fit(recorder, measured, deployment, hits_unknown=infer_prefixes and iteration == 0)
         if infer_prefixes and iteration < iterations - 1:
             # the hits, from the prefills replayed under this fit with the hits inferred so far: a request batched
             # with another's prefill shares its step, so its own hit shows only once the step's other members are
             # replayed with theirs (a request replayed alone where it was measured sharing a step looks slower)
             recorder, seconds = _replayed(current, deployment, cost, seed)
-            hits.update(_inferred_prefixes(current, recorder, seconds, _cost_model(deployment, cost), measured))
-            prefixes = _with_sources(requests, _shared(requests, hits))
-            current = [replace(r, shared_prefix_id=prefixes[r.request_id][0],  # type: ignore[type-var]
-                               shared_prefix_tokens=prefixes[r.request_id][1]) if r.request_id in prefixes else r
-                       for r in requests]
+            hits.update((rid, hit) for rid, hit in _inferred_prefixes(current, recorder, seconds,
+                                                                       _cost_model(deployment, cost), measured).items()
+                        if rid not in resolved)
+            prefixes = _combined(requests, hits, known)
+            current = _applied(requests, prefixes)
     recorder, seconds = _replayed(current, deployment, cost, seed)
     runs, measured_s, phases = _runs(recorder, measured)
     compute_bound, largest, floor = linear_passes(recorder, _cost_model(deployment, cost))

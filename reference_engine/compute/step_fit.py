@@ -102,23 +102,25 @@ class RunDesign(StepDesign):
 
 
 def fit_rows(rows: Sequence[StepRow], hw: HardwareSpec, microbatch: int = 0,
-             eager_prefill: bool = False) -> tuple[CostParams, float]:
+             eager_prefill: bool = False,
+             prior: dict[str, tuple[float, float]] | None = None) -> tuple[CostParams, float]:
     """The CostParams minimising the relative error over measured steps (of any models and degrees), prefill and
     decode steps weighted equally; and the fit's cost. `eager_prefill`: the engine ran steps with a prefill without
-    CUDA graphs (their launch cost is fitted)."""
+    CUDA graphs (their launch cost is fitted). `prior`: a maximum a posteriori fit (`calibration.fit_design`)."""
     design = StepDesign(rows, hw, microbatch, eager_prefill)
     if len(rows) < len(design.names):
         raise ValueError(f"need at least {len(design.names)} measured steps to fit {len(design.names)} parameters, "
                          f"got {len(rows)}")
     measured = np.array([s.duration_ns / 1e9 for s, _, _ in rows])
-    return fit_design(design, measured, np.array([phase_of(s) for s, _, _ in rows]), hw)
+    return fit_design(design, measured, np.array([phase_of(s) for s, _, _ in rows]), hw, prior=prior)
 
 
 def fit_steps(steps: Sequence[MeasuredStep], spec: ModelSpec, hw: HardwareSpec, tensor_parallel: int = 1,
-              microbatch: int = 0) -> Calibration:
+              microbatch: int = 0, prior: dict[str, tuple[float, float]] | None = None) -> Calibration:
     """Fit `CostParams` to one engine's measured steps (`tensor_parallel` devices, prefills split into
-    `microbatch`-token micro-batches, 0: none); the error through the simulator's cost model."""
-    params, _ = fit_rows([(s, spec, tensor_parallel) for s in steps], hw, microbatch)
+    `microbatch`-token micro-batches, 0: none); the error through the simulator's cost model. `prior`: a maximum a
+    posteriori fit, for steps whose shapes are estimates or that leave parameters unconstrained."""
+    params, _ = fit_rows([(s, spec, tensor_parallel) for s in steps], hw, microbatch, prior=prior)
     runs = [MeasuredRun((s,), s.duration_ns, tensor_parallel, True, phase_of(s)) for s in steps]
     phases, median = evaluate(runs, spec, hw, params, microbatch)
     return Calibration(spec.name, hw.name, params, phases, median)

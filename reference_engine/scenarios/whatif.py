@@ -37,6 +37,7 @@ from reference_engine.fleet.config import (
 )
 from reference_engine.fleet.fleet import Fleet
 from reference_engine.fleet.workload import fleet_requests
+from reference_engine.scenarios.bank import ITERATION_LOGS_DIR
 from reference_engine.telemetry.otlp import OtlpJsonLinesWriter
 from reference_engine.telemetry.profiles import TelemetrySpec
 from reference_engine.workload import DEFAULT_EPOCH_NS, SyntheticWorkload
@@ -175,28 +176,34 @@ def _without_cost(fleet: FleetSpec) -> FleetSpec:
                                        for m in fleet.models))
 
 
-def _run(fleet: FleetSpec, duration_s: float, seed: int, path: Path, telemetry: str = "infertrace") -> dict[str, Any]:
+def _run(fleet: FleetSpec, duration_s: float, seed: int, path: Path, telemetry: str = "infertrace",
+         iteration_logs: Path | None = None) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     requests = fleet_requests(fleet, duration_s, seed, DEFAULT_EPOCH_NS)
     writer = OtlpJsonLinesWriter(path)
+    # an operator who keeps each engine's log names it after the engine, whose spans then carry that name
+    spec = TelemetrySpec(engine=telemetry, instance_ids=iteration_logs is not None, iteration_logs=iteration_logs)
     try:
-        summary = Fleet(fleet, writer, seed, DEFAULT_EPOCH_NS, telemetry=TelemetrySpec(engine=telemetry)).run(requests)
+        summary = Fleet(fleet, writer, seed, DEFAULT_EPOCH_NS, telemetry=spec).run(requests)
     finally:
         writer.close()
     return {"requests": summary.requests, "statuses": {str(k): v for k, v in sorted(summary.statuses.items())}}
 
 
-def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path,
-                          telemetry: str = "infertrace") -> dict[str, Any]:
-    """Run config A (capture/, exported as the `telemetry` profile) and config B (actual/) on the same requests;
-    write whatif.json."""
+def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path, telemetry: str = "infertrace",
+                          iteration_logs: bool = False) -> dict[str, Any]:
+    """Run config A (capture/, exported as the `telemetry` profile; with `iteration_logs`, vLLM's iteration log
+    per engine too, in capture/iteration_logs/, each named after its engine, whose spans then carry that name as
+    `service.instance.id`) and config B (actual/) on the same requests; write whatif.json."""
     out = Path(out_dir) / scenario["name"]
     s = scenario
-    capture = _run(s["a"], s["duration_s"], s["seed"], out / "capture" / "traces.jsonl.gz", telemetry)
+    logs = out / "capture" / ITERATION_LOGS_DIR if iteration_logs else None
+    capture = _run(s["a"], s["duration_s"], s["seed"], out / "capture" / "traces.jsonl.gz", telemetry, logs)
     actual = _run(s["b"], s["duration_s"], s["seed"], out / "actual" / "traces.jsonl.gz")
     doc = {"schema": WHATIF_SCHEMA, "name": s["name"], "seed": s["seed"], "knob": s["knob"], "model": s["model"],
            "settings": [f"{k}={v}" for k, v in s["settings"]], "duration_s": s["duration_s"],
            "capture": {"traces": "capture/traces.jsonl.gz", "summary": capture, "telemetry": telemetry,
+                       **({"iteration_logs": f"capture/{ITERATION_LOGS_DIR}"} if iteration_logs else {}),
                        "captured": [f"{k}={v}" for k, v in captured_settings(s["a"])],
                        "fleet": fleet_to_toml(_without_cost(s["a"]))},
            "actual": {"traces": "actual/traces.jsonl.gz", "summary": actual,
@@ -207,17 +214,19 @@ def write_whatif_scenario(scenario: dict[str, Any], out_dir: str | Path,
 
 
 def generate_whatif(seed: int, count: int, duration_s: float, out_dir: str | Path, jobs: int = 1,
-                    hidden_cost: bool = False, telemetry: str = "infertrace") -> list[str]:
-    """Write `count` what-if scenarios into out_dir, their captures exported as the `telemetry` profile; returns
-    their names."""
-    TelemetrySpec(engine=telemetry)  # a bad profile fails before anything runs
+                    hidden_cost: bool = False, telemetry: str = "infertrace",
+                    iteration_logs: bool = False) -> list[str]:
+    """Write `count` what-if scenarios into out_dir, their captures exported as the `telemetry` profile (with
+    `iteration_logs`, and vLLM's iteration logs); returns their names. The scenarios do not depend on either."""
+    TelemetrySpec(engine=telemetry, iteration_logs=Path(ITERATION_LOGS_DIR) if iteration_logs else None)  # fail early
     scenarios = whatif_scenarios(seed, count, duration_s, hidden_cost)
+    n = len(scenarios)
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs) as pool:
-            list(pool.map(write_whatif_scenario, scenarios, [out_dir] * len(scenarios), [telemetry] * len(scenarios)))
+            list(pool.map(write_whatif_scenario, scenarios, [out_dir] * n, [telemetry] * n, [iteration_logs] * n))
     else:
         for s in scenarios:
-            write_whatif_scenario(s, out_dir, telemetry)
+            write_whatif_scenario(s, out_dir, telemetry, iteration_logs)
     return [s["name"] for s in scenarios]
