@@ -179,8 +179,9 @@ def replay(
     cost_params: Annotated[Path | None, typer.Option(
         help="Calibrated cost model (infertrace calibrate --out) for every replay")] = None,
     calibrate: Annotated[bool, typer.Option(
-        help="Fit the cost model to the captured engines' own step spans (without them: each request's measured "
-             "prefill and decode time) before replaying")] = False,
+        help="Fit the cost model to the captured engines' own step spans (without them: vLLM's iteration log, "
+             "ingested beside the spans, else each request's measured prefill and decode time) before "
+             "replaying")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file")] = None,
     save: Annotated[bool, typer.Option(
         help="Keep the result in the store (<store>/whatif/) for the dashboard's What if page and the report's "
