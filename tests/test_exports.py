@@ -172,58 +172,51 @@ def test_perfetto_export_of_vllms_spans_says_it_had_nothing_to_find_stalls_in(tm
                                        f"--client-tokens` adds a streaming client's); {summary.packets} packets")
 
 
-@pytest.mark.skipif(TRACE_PROCESSOR_SHELL is None, reason="no trace_processor_shell here (the perfetto package "
-                    "downloads one on first use; set PERFETTO_TRACE_PROCESSOR_SHELL to a binary)")
-def test_the_trace_processor_finds_the_worst_stall_and_its_culprit(storm: Any, tmp_path: Path) -> None:
+needs_trace_processor = pytest.mark.skipif(
+    TRACE_PROCESSOR_SHELL is None, reason="no trace_processor_shell here (the perfetto package downloads one on first "
+                                          "use; set PERFETTO_TRACE_PROCESSOR_SHELL to a binary)")
+
+
+def _flows(trace: Path, culprit_slice: str, where: str = "") -> list[tuple[str, str]]:
+    """(culprit request, victim request) of every flow the Perfetto trace processor finds from a `culprit_slice`
+    slice to a victim's `token`."""
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
-    out = tmp_path / "storm.pftrace"
-    with Store.open(storm.store) as store:
-        write_perfetto(store, out)
-    truth = _worst_truth_stall(storm.truth)
-    tp = TraceProcessor(trace=str(out), config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR_SHELL))
+    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR_SHELL))
     try:
         rows = tp.query(f"""
-            SELECT culprit_request.name AS culprit, victim_request.name AS victim
-            FROM flow
-            JOIN slice AS chunk ON flow.slice_out = chunk.id
-            JOIN slice AS stalled ON flow.slice_in = stalled.id
-            JOIN ancestor_slice(chunk.id) AS culprit_request ON culprit_request.depth = 0
-            JOIN ancestor_slice(stalled.id) AS victim_request ON victim_request.depth = 0
-            WHERE chunk.name = 'culprit chunk' AND chunk.ts + chunk.dur = {int(truth["end_ns"])}
-              AND stalled.name = 'token'
-        """).as_pandas_dataframe()
-    finally:
-        tp.close()
-    assert set(rows["culprit"]) & {c["request"] for c in truth["culprits"]}
-    assert set(rows["victim"]) == set(truth["victims"])
-
-
-@pytest.mark.skipif(TRACE_PROCESSOR_SHELL is None, reason="no trace_processor_shell here (the perfetto package "
-                    "downloads one on first use; set PERFETTO_TRACE_PROCESSOR_SHELL to a binary)")
-def test_the_trace_processor_links_each_request_only_stall_window_to_its_culprits(tmp_path: Path) -> None:
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
-    with Store.open(_profile_store(tmp_path, "sglang")) as store:
-        summary = write_perfetto(store, tmp_path / "sglang.pftrace")
-        attribution = attribute_store_requests(store)
-    tp = TraceProcessor(trace=str(tmp_path / "sglang.pftrace"),
-                        config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR_SHELL))
-    try:
-        rows = tp.query("""
             SELECT culprit_request.name AS culprit, victim_request.name AS victim
             FROM flow
             JOIN slice AS culprit ON flow.slice_out = culprit.id
             JOIN slice AS token ON flow.slice_in = token.id
             JOIN ancestor_slice(culprit.id) AS culprit_request ON culprit_request.depth = 0
             JOIN ancestor_slice(token.id) AS victim_request ON victim_request.depth = 0
-            WHERE culprit.name = 'culprit prefill' AND token.name = 'token'
+            WHERE culprit.name = '{culprit_slice}' AND token.name = 'token' {where}
         """).as_pandas_dataframe()
     finally:
         tp.close()
-    expected = {(c.request_id, v) for s in attribution.stalls for c in s.culprits for v in s.victims}
-    assert len(rows) == summary.flows > 0
-    assert set(zip(rows["culprit"], rows["victim"], strict=True)) == expected
+    return list(zip(rows["culprit"], rows["victim"], strict=True))
+
+
+@needs_trace_processor
+def test_the_trace_processor_finds_the_worst_stall_and_its_culprit(storm: Any, tmp_path: Path) -> None:
+    out = tmp_path / "storm.pftrace"
+    with Store.open(storm.store) as store:
+        write_perfetto(store, out)
+    truth = _worst_truth_stall(storm.truth)
+    flows = _flows(out, "culprit chunk", f"AND culprit.ts + culprit.dur = {int(truth['end_ns'])}")
+    assert {c for c, _ in flows} & {c["request"] for c in truth["culprits"]}
+    assert {v for _, v in flows} == set(truth["victims"])
+
+
+@needs_trace_processor
+def test_the_trace_processor_links_each_request_only_stall_window_to_its_culprits(tmp_path: Path) -> None:
+    with Store.open(_profile_store(tmp_path, "sglang")) as store:
+        summary = write_perfetto(store, tmp_path / "sglang.pftrace")
+        attribution = attribute_store_requests(store)
+    flows = _flows(tmp_path / "sglang.pftrace", "culprit prefill")
+    assert len(flows) == summary.flows > 0
+    assert set(flows) == {(c.request_id, v) for s in attribution.stalls for c in s.culprits for v in s.victims}
 
 
 @pytest.mark.parametrize("name", ["spans.jsonl.gz", "spans.jsonl.zst"])
