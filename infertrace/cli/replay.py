@@ -90,8 +90,9 @@ def calibrate_from_capture(store: Store, capture: Capture) -> tuple[Capture, str
                 what += (f"; the iteration log's {len(logged.steps)} placed steps are too few to fit "
                          f"(< {MIN_LOGGED_STEPS})")
         if logged.unplaced:
-            what += (f"; {logged.unplaced} iteration log(s) of its engines could not be placed on the spans' clock "
-                     "and are not used")
+            what += (f"; {logged.unplaced} iteration log(s) that may be its engines' could not be placed on the "
+                     "spans' clock (named after no engine of the store, or no prefill and first token to place them "
+                     "by) and are not used")
         capture = replace(capture, linear_passes=passes)
         if passes[0] == 0:
             what += (f"; no pass was compute-bound (at most {passes[1]} tokens): the times bound the compute "

@@ -357,7 +357,7 @@ class LoggedSteps:
     """What vLLM's iteration logs of a model's engines measured (`measured_iterations`)."""
 
     steps: list[MeasuredStep]
-    unplaced: int  # logs of the model's engines that could not be placed on the spans' clock
+    unplaced: int  # logs not placed on the spans' clock: of the model's engines, or named after no engine
     # request id -> the prompt tokens its engine computed, for the requests whose every prefill step the log
     # attributes to them alone (a step of one context request) and whose first token ended one of them
     computed: dict[str, int] = field(default_factory=dict)
