@@ -174,21 +174,32 @@ class SloSummary:
 # to percentiles on a DuckDB connection of its own.
 
 # `slo_requests`: the selected requests, with TTFT and E2E as the client sees them: from the gateway span's start
-# when the request's trace has one (gateway components and routing included), else from arrival at the engine.
+# when the request's trace has one (gateway components and routing included), else from arrival at the engine
+# (seen_at 'engine'). A request its gateway answered whose trace reaches no engine span (an engine that does not
+# trace, as vLLM by default, or a hosted API the gateway calls) is seen at the gateway alone (seen_at 'entry'): its
+# E2E is its entry span, which ends when the response has been sent, and it has no TTFT; only those answered
+# without error count (a rejection answered in a millisecond is no latency of the model's; the 429 and error rates
+# count them).
 _SELECTED = """
 WITH r AS (
     SELECT q.request_id, q.model, q.tenant, coalesce(g.start_ns, q.arrival_ns) AS arrival_ns, q.finish_ns,
            q.first_token_ns - coalesce(g.start_ns, q.arrival_ns) AS ttft_ns,
-           q.finish_ns - coalesce(g.start_ns, q.arrival_ns) AS e2e_ns
+           q.finish_ns - coalesce(g.start_ns, q.arrival_ns) AS e2e_ns, 'engine' AS seen_at
     FROM requests q
     LEFT JOIN component_calls g ON g.trace_id = q.trace_id AND g.component = 'gateway'
     WHERE ($since IS NULL OR coalesce(g.start_ns, q.arrival_ns) >= $since)
       AND ($until IS NULL OR coalesce(g.start_ns, q.arrival_ns) < $until)
       AND ($model IS NULL OR q.model = $model) AND ($tenant IS NULL OR q.tenant = $tenant)
+    UNION ALL
+    SELECT g.request_id, g.model, g.tenant, g.start_ns, g.end_ns, NULL::BIGINT, g.end_ns - g.start_ns, 'entry'
+    FROM component_calls g ANTI JOIN requests q ON q.trace_id = g.trace_id
+    WHERE g.component = 'gateway' AND g.model IS NOT NULL AND g.outcome = 'ok'
+      AND ($since IS NULL OR g.start_ns >= $since) AND ($until IS NULL OR g.start_ns < $until)
+      AND ($model IS NULL OR g.model = $model) AND ($tenant IS NULL OR g.tenant = $tenant)
 )
 """
 SELECTED_SQL = _SELECTED + """
-SELECT * FROM r ORDER BY request_id, model, tenant, arrival_ns, finish_ns, ttft_ns, e2e_ns
+SELECT * FROM r ORDER BY request_id, model, tenant, arrival_ns, finish_ns, ttft_ns, e2e_ns, seen_at
 """
 
 # `slo_itls`: the selected requests' ITLs (the `tokens` relation's non-NULL itl_ns of their tokens) per model and
@@ -200,6 +211,7 @@ runs AS (
     SELECT r.model, $origin + (r.arrival_ns - $origin) // $width * $width AS bucket, t.trace_id, t.span_id,
            t.role, t.tokens, t.first_itl_ns
     FROM r JOIN token_runs t ON t.request_id = r.request_id
+    WHERE r.seen_at = 'engine'
 ),
 members AS (
     SELECT model, bucket, trace_id, span_id, count(*) AS members
@@ -348,7 +360,8 @@ def slo_summary(store: Store, *, since_ns: int | None = None, until_ns: int | No
         overall[(row_model, metric)] = Percentiles(int(n), *(_ms(v) for v in qs))
     gateway = {row[0]: row[1:] for row in store.aggregate("slo_gateway", GATEWAY_SQL, params).fetchall()}
     models = sorted({m for m, _ in overall} | set(gateway))
-    reached = dict(con.execute("SELECT model, count(*) FROM r GROUP BY ALL").fetchall())  # with a first token or not
+    reached = dict(con.execute("SELECT model, count(*) FROM r WHERE seen_at = 'engine' GROUP BY ALL")
+                   .fetchall())  # engine requests, with a first token or not
     empty = Percentiles(0, None, None, None)
     results = []
     for name in models:

@@ -498,6 +498,8 @@ def coverage_section(coverage: StoreCoverage) -> dict[str, Any]:
         "sources": dict(coverage.sources),
         "gateway_requests": coverage.entry_requests,
         "gateway_requests_without_model": coverage.entries_without_model,
+        "gateway_requests_model_from_client": coverage.entries_model_from_client,
+        "gateway_requests_without_engine": coverage.entries_without_engine,
         "client_calls": coverage.client_calls,
         "component_calls": coverage.component_calls,
         "step_spans": coverage.step_spans,

@@ -64,6 +64,8 @@ class StoreCoverage:
     environments: dict[str, int] = field(default_factory=dict)  # spans per deployment environment that names one
     aliases: tuple[tuple[str, str, int], ...] = ()  # a gateway's name for a model, the engines' name, entries
     entries_without_model: int = 0  # entry requests that neither the entry nor an engine in its trace name a model of
+    entries_model_from_client: int = 0  # entry requests whose model is the one their trace's CLIENT spans call
+    entries_without_engine: int = 0  # entry requests with a model, answered without error, with no engine span
     client_calls: int = 0  # CLIENT spans naming a model, in traces without an engine request or a gateway span
     analyses: tuple[Analysis, ...] = field(default=())
 
@@ -86,10 +88,15 @@ class StoreCoverage:
                          "trace tree" + (f", and {self.in_process_calls} spans in the gateway's own process that "
                                          "count only when --components names them" if self.in_process_calls else "")
                          + ".")
+            if self.entries_model_from_client:
+                lines.append(f"{self.entries_model_from_client} of these entries take their model from the CLIENT "
+                             "span their trace calls it with (gen_ai.request.model on the call, not on the request: "
+                             "an application's or gateway's GenAI instrumentation, e.g. OpenLLMetry's).")
             if self.entries_without_model:
                 lines.append(f"{self.entries_without_model} of these entries name no model, nor does an engine span "
-                             "in their traces (gen_ai.request.model): they are in no per-model figure (requests "
-                             "that are not LLM inference, or a gateway that does not say which model it called).")
+                             "or one model of the CLIENT spans in their traces (gen_ai.request.model): they are in "
+                             "no per-model figure (requests that are not LLM inference, a gateway that does not say "
+                             "which model it called, or one that called several).")
         else:
             lines.append("Gateway: no gateway span" + ("; requests are seen at the engines." if self.engine_requests
                                                         else "."))
@@ -167,6 +174,8 @@ def store_coverage(store: Store) -> StoreCoverage:
         sources={str(k): n for k, n in sorted(counts.get("source", {}).items(), key=lambda kv: -kv[1])},
         entry_requests=total("entry"),
         entries_without_model=total("entry_without_model"),
+        entries_model_from_client=total("entry_model_from_client"),
+        entries_without_engine=total("entry_without_engine"),
         client_calls=total("client_calls"),
         entry_services=tuple(sorted(str(k) for k in counts.get("entry", {}) if k is not None)),
         component_calls=sum(n for k, n in calls.items() if k != "same_service") + named,
@@ -213,7 +222,8 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     gateway = c.entry_requests > 0
     out = []
 
-    none = ("No request names a model (the gateway's entry spans do not, and no engine span is in their traces)"
+    none = ("No request names a model (the gateway's entry spans do not, and neither an engine span nor the CLIENT "
+            "spans of their traces name one)"
             if c.entries_without_model else
             f"No request spans (only {c.client_calls} calls seen by their clients)" if c.client_calls else
             "No request spans")
@@ -234,8 +244,11 @@ def _analyses(c: StoreCoverage) -> tuple[Analysis, ...]:
     skewed = sorted({i for f in c.clock_offsets for i in f.instances})
     clocks = (f" The TTFT of the requests of {', '.join(skewed)} is off by their clocks' offset from the gateway's "
               "(see Clocks): it runs from the gateway's entry to the engine's first token." if skewed else "")
+    alone = (f" {c.entries_without_engine} requests reach no engine span (an engine that does not trace, or an API "
+             "the gateway calls): their E2E is their entry span's, those answered without error, and they have no "
+             "TTFT or ITL." if c.entries_without_engine else "")
     out.append(Analysis("slo", "SLO summary", requests > 0,
-                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{lost}{clocks}"
+                        f"TTFT and E2E from {seen}; {itl_pct}; {rates}.{alone}{lost}{clocks}"
                         f"{split('their TTFT and E2E are from the engine alone')}" if requests else
                         f"{none}: nothing to summarise."))
 

@@ -8,8 +8,12 @@
 -- Tokens are counted from `token_runs` (as many as `tokens` has rows, without expanding them).
 -- Parameters: none.
 -- Columns: what ('source' | 'model_source' | 'instance_source' | 'timing_source' | 'cached_tokens' | 'tenants' |
---   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'entry_without_model' (entries neither they nor an engine
---   in their trace name a model of) | 'client_calls' (CLIENT spans naming a model in traces with no engine
+--   'hardware' | 'step_spans' | 'tokens' | 'entry' | 'entry_without_model' (entries that neither they, an engine
+--   nor one model of their trace's CLIENT spans name a model of) | 'entry_model_from_client' (entries whose model
+--   is the one their trace's CLIENT spans call: the entry names none and no engine span is in the trace) |
+--   'entry_without_engine' (entries with a model, answered without error, whose trace has no engine request: seen
+--   at the gateway alone; rejections never reach an engine and are not counted) |
+--   'client_calls' (CLIENT spans naming a model in traces with no engine
 --   request and no gateway span: an application's calls to an LLM API) | 'calls' | 'environment' | 'alias'), key
 --   (the source, the fallback used, the tokens' origin, the entry's service, how calls were found, the spans' deployment
 --   environment (resource attribute deployment.environment.name, or the older deployment.environment; NULL where
@@ -36,6 +40,14 @@ UNION ALL
 SELECT 'entry', service, count(*) FROM component_calls WHERE role = 'entry' GROUP BY ALL
 UNION ALL
 SELECT 'entry_without_model', NULL, count(*) FROM component_calls WHERE role = 'entry' AND model IS NULL
+UNION ALL
+SELECT 'entry_model_from_client', NULL, count(*)
+FROM component_calls c JOIN spans s ON s.trace_id = c.trace_id AND s.span_id = c.span_id
+WHERE c.role = 'entry' AND c.model IS NOT NULL AND s."attr.gen_ai.request.model" IS NULL
+  AND c.trace_id NOT IN (SELECT trace_id FROM request_legs)
+UNION ALL
+SELECT 'entry_without_engine', NULL, count(*) FROM component_calls
+WHERE role = 'entry' AND model IS NOT NULL AND outcome = 'ok' AND trace_id NOT IN (SELECT trace_id FROM requests)
 UNION ALL
 SELECT 'client_calls', NULL, count(*) FROM spans
 WHERE kind = 3 AND "attr.gen_ai.request.model" IS NOT NULL

@@ -19,9 +19,11 @@
 --   operation (http.route, else the span name), found_by ('name' | 'service' | 'http' | 'same_service' |
 --   'entry'), component_kind (infertrace.component.kind; NULL for spans of other sources), service, instance
 --   (service.instance.id, else host.name:process.pid, else service.name), region, request_id, tenant, model
---   (the span's own gen_ai.request.model, else its trace's engine's, else its entry's; a name the entries give a
---   model that their traces show served by exactly one engine model is that model's name: a proxy's alias, e.g.
---   LiteLLM's model_name, is not a model of its own), trace_id, span_id,
+--   (the span's own gen_ai.request.model, else its trace's engine's, else its entry's, else the one model its
+--   trace's CLIENT spans name: an application or gateway whose GenAI instrumentation, e.g. OpenLLMetry, puts the
+--   model on its call to the model and not on the request it serves; a name the entries give a model that their
+--   traces show served by exactly one engine model is that model's name: a proxy's alias, e.g. LiteLLM's
+--   model_name, is not a model of its own), trace_id, span_id,
 --   parent_span_id, start_ns, end_ns, latency_ns, outcome (the span's infertrace.component.outcome; without
 --   it: 'error' for an error status or HTTP 5xx, 'rejected' for 4xx, else 'ok'), http_status
 --   (`http.response.status_code`, else the older conventions' `http.status_code`), route_target,
@@ -75,10 +77,20 @@ alias AS (
     GROUP BY en."attr.gen_ai.request.model"
     HAVING count(DISTINCT e.model) = 1
 ),
+called AS (
+    -- per trace whose CLIENT spans name one model (gen_ai.request.model): the model its caller called; a trace
+    -- whose calls name several (an agent calling two models) has none
+    SELECT trace_id, min("attr.gen_ai.request.model") AS model
+    FROM around
+    WHERE kind = 3 AND "attr.gen_ai.request.model" IS NOT NULL
+    GROUP BY trace_id
+    HAVING count(DISTINCT "attr.gen_ai.request.model") = 1
+),
 request_trace AS (
-    -- per request trace: what its engines and its entry say (the engines' model first), and the entry's span and
-    -- service
-    SELECT t.trace_id, coalesce(any_value(t.model) FILTER (WHERE NOT t.is_entry), any_value(t.model)) AS model,
+    -- per request trace: what its engines and its entry say (the engines' model first, then the entry's, then the
+    -- one model its CLIENT spans called), and the entry's span and service
+    SELECT t.trace_id,
+           coalesce(any_value(t.model) FILTER (WHERE NOT t.is_entry), any_value(t.model), any_value(cd.model)) AS model,
            any_value(t.tenant) AS tenant,
            any_value(t.request_id) AS request_id, list(DISTINCT t.service) FILTER (WHERE NOT t.is_entry) AS services,
            any_value(t.span_id) FILTER (WHERE t.is_entry) AS entry_span_id,
@@ -88,6 +100,7 @@ request_trace AS (
           SELECT trace_id, span_id, "res.service.name", "attr.gen_ai.request.model",
                  coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"),
                  "attr.gen_ai.request.id", true FROM entry) t
+    LEFT JOIN called cd ON cd.trace_id = t.trace_id
     GROUP BY t.trace_id
 ),
 wrapper AS (

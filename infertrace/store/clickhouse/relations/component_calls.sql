@@ -44,8 +44,16 @@ alias AS (
     GROUP BY en."attr.gen_ai.request.model"
     HAVING count(DISTINCT e.model) = 1
 ),
+called AS (
+    SELECT trace_id, min("attr.gen_ai.request.model") AS model
+    FROM around
+    WHERE kind = 3 AND "attr.gen_ai.request.model" IS NOT NULL
+    GROUP BY trace_id
+    HAVING count(DISTINCT "attr.gen_ai.request.model") = 1
+),
 request_trace AS (
-    SELECT t.trace_id AS trace_id, coalesce(anyIf(t.model, NOT t.is_entry), any(t.model)) AS model,
+    SELECT t.trace_id AS trace_id,
+           coalesce(anyIf(t.model, NOT t.is_entry), any(t.model), any(toNullable(cd.model))) AS model,
            any(t.tenant) AS tenant,
            any(t.request_id) AS request_id, groupUniqArrayIf(t.service, NOT t.is_entry) AS services,
            anyIf(t.span_id, t.is_entry) AS entry_span_id,
@@ -56,6 +64,7 @@ request_trace AS (
           SELECT trace_id, toNullable(span_id), "res.service.name", "attr.gen_ai.request.model",
                  coalesce("attr.infertrace.tenant.id", "attr.metadata.user_api_key_team_id", "attr.user.id"),
                  "attr.gen_ai.request.id", true FROM entry) t
+    LEFT JOIN called cd ON cd.trace_id = t.trace_id
     GROUP BY t.trace_id
 ),
 wrapper AS (

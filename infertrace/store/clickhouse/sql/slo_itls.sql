@@ -15,6 +15,7 @@ runs AS (
            t.trace_id AS trace_id, t.span_id AS span_id, t.role AS role, t.tokens AS tokens,
            t.first_itl_ns AS first_itl_ns
     FROM r JOIN ({token_runs}) t ON t.request_id = r.request_id
+    WHERE r.seen_at = 'engine'
 ),
 members AS (
     SELECT model, bucket, trace_id, span_id, toInt64(count()) AS members
