@@ -442,7 +442,8 @@ _event_value = st.one_of(
 _event = st.fixed_dictionaries(
     {"timeUnixNano": st.integers(0, 2**63 - 1).map(str)},
     optional={"name": st.sampled_from(["first_token", "prefill_chunk", ""]),
-              "attributes": st.lists(st.tuples(st.sampled_from(["a", "b", "infertrace.chunk.tokens", 'q"', "é"]),
+              "attributes": st.lists(st.tuples(st.sampled_from(["a", "b", "infertrace.chunk.tokens", 'q"', "é",
+                                                                "gen_ai.prompt"]),
                                                _event_value), max_size=3).map(
                   lambda kvs: [{"key": k, "value": v} for k, v in kvs])})
 _valid_span = st.fixed_dictionaries({
@@ -452,7 +453,8 @@ _valid_span = st.fixed_dictionaries({
     "kind": st.integers(0, 5),
     "startTimeUnixNano": st.integers(MIN_START_NS, 2**62).map(str),
     "endTimeUnixNano": st.integers(2**62, 2**63 - 1).map(str),
-    "attributes": st.dictionaries(st.sampled_from(["k1", "k2", "k3", sc.REQUEST_ID]), _attribute_value,
+    "attributes": st.dictionaries(st.sampled_from(["k1", "k2", "k3", sc.REQUEST_ID, "gen_ai.prompt.0.content"]),
+                                  _attribute_value,
                                   max_size=4).map(lambda d: [{"key": k, "value": v} for k, v in d.items()]),
 }, optional={"parentSpanId": st.integers(1, 2**64 - 1).map(lambda i: f"{i:016x}"),
              "events": st.lists(_event, max_size=3),

@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
+from infertrace.store.content import is_content, without_content
 from infertrace.store.json_forms import SPAN_KINDS, STATUS_CODES, base64_id, enum_value, resource_spans
 from infertrace.store.schema import (
     DECLARED_ATTRIBUTES,
@@ -40,6 +41,7 @@ from infertrace.store.values import (
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_VALUE_CHARS,
+    REDACTED,
     TRUNCATED,
     BadRecord,
     NotConvertible,
@@ -115,6 +117,9 @@ def split_attributes(attributes: Any, declared: dict[str, str]
             continue
         key, kind, value = decoded
         want = declared.get(key)
+        if want is None and is_content(key):
+            notes.append((REDACTED, key))
+            continue
         if want is not None:
             if kind != want:
                 try:
@@ -140,8 +145,9 @@ def split_attributes(attributes: Any, declared: dict[str, str]
     return typed, other, notes
 
 
-def event_attributes(attributes: Any) -> dict[str, Any]:
-    """An event's attributes as {key: value} (kept whole, as JSON text in the `events` column)."""
+def event_attributes(attributes: Any, notes: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """An event's attributes as {key: value} (kept whole, as JSON text in the `events` column), without prompt or
+    completion text (each left out noted in `notes`)."""
     if attributes is None:
         return {}
     if not isinstance(attributes, list):
@@ -149,8 +155,13 @@ def event_attributes(attributes: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in attributes:
         decoded = _decoded(kv)
-        if decoded is not None:
-            out[decoded[0]] = decoded[2]
+        if decoded is None:
+            continue
+        if is_content(decoded[0]):
+            if notes is not None:
+                notes.append((REDACTED, decoded[0]))
+            continue
+        out[decoded[0]] = decoded[2]
     return out
 
 
@@ -220,7 +231,7 @@ def _events(events: Any, notes: list[tuple[str, str]]) -> list[dict[str, Any]] |
     for event in events[:MAX_EVENTS]:
         if not isinstance(event, dict):
             raise BadRecord("an event is not an object")
-        attributes = event_attributes(event.get("attributes"))
+        attributes = event_attributes(event.get("attributes"), notes)
         name = event.get("name", "")
         if not isinstance(name, str):
             raise BadRecord("an event name is not a string")
@@ -314,7 +325,7 @@ class SpanBatch:
                     try:
                         self._add_span(span, scope_name, scope_version)
                     except BadRecord as e:
-                        self.rejections.append(Rejection(source, line, str(e), _dump(span)))
+                        self.rejections.append(Rejection(source, line, str(e), _dump(without_content(span))))
             if self.num_spans > first:
                 self._resources.append((first, self.num_spans, typed, other))
                 for what, key in resource_notes:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from infertrace.store.batch import MIN_START_NS, BadRecord, event_attributes, split_attributes
+from infertrace.store.content import is_content
 from infertrace.store.schema import (
     DECLARED_ATTRIBUTES,
     DECLARED_RESOURCE,
@@ -39,6 +40,7 @@ from infertrace.store.values import (
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_VALUE_CHARS,
+    REDACTED,
     NotConvertible,
     Notes,
     as_text,
@@ -371,6 +373,8 @@ def _event_attributes(attributes: list[dict[str, Any]] | None) -> str:
     """An event's attributes as a JSON object (as `batch` writes them, byte for byte)."""
     if not attributes:
         return "{}"
+    if any(is_content(kv["key"]) for kv in attributes):
+        raise _Fallback  # left out and counted by the record-by-record path
     if all(kv["value"]["intValue"] is not None and kv["value"]["stringValue"] is None
            and kv["value"]["arrayValue"] is None and kv["value"]["doubleValue"] is None
            and kv["value"]["boolValue"] is None for kv in attributes):  # prefill chunks: integers only
@@ -658,6 +662,9 @@ def _attribute_columns(attributes: pa.Array, n: int, notes: Notes) -> dict[str, 
         field = _VALUE_FIELDS[int(np.argmax(kinds_of_key[code]))]
         kind = values.item_kind(picked) if field == "arrayValue" else _KIND_OF_FIELD[field]
         declared = DECLARED_ATTRIBUTES.get(key)
+        if declared is None and is_content(key):
+            notes.add(rows, REDACTED, key)
+            continue
         if declared is None:
             if kind == "string":
                 strings_in_map[code] = True

@@ -37,6 +37,7 @@ import pyarrow as pa
 from infertrace.otlp_files import SUFFIXES, bytes_in
 from infertrace.store.batch import BadRecord, Rejection, SpanBatch, other_signal
 from infertrace.store.columnar import BlockParser, spans_table
+from infertrace.store.content import without_content
 from infertrace.store.segments import (
     CORRUPT_DIR,
     QUARANTINE_DIR,
@@ -434,8 +435,10 @@ def _block_spans(read: _Read, source: str, parsed: pa.Table | None, rejections: 
             try:
                 batch.add_traces_data(data, source, line_no)
             except BadRecord as e:
+                kept = without_content(data)  # the line as it was, unless it holds message text
                 rejections.append(Rejection(source, line_no, f"not a TracesData: {e}",
-                                            line.decode("utf-8", "replace").rstrip("\r\n")))
+                                            line.decode("utf-8", "replace").rstrip("\r\n") if kept == data
+                                            else json.dumps(kept, separators=(",", ":"))))
                 whole += 1
     rejections += batch.rejections
     table = batch.table() if batch.num_spans else None

@@ -36,7 +36,8 @@ CONVERTED: Final = "converted"  # to its key's declared type (e.g. vLLM's JSON-e
 KEPT_AS_TEXT: Final = "kept_as_text"  # of a declared key, not convertible: kept in the attribute map
 TRUNCATED: Final = "truncated"
 DROPPED: Final = "dropped"
-NOTE_KINDS: Final = (CONVERTED, KEPT_AS_TEXT, TRUNCATED, DROPPED)
+REDACTED: Final = "redacted"  # prompt or completion text, never stored (infertrace.store.content)
+NOTE_KINDS: Final = (CONVERTED, KEPT_AS_TEXT, TRUNCATED, DROPPED, REDACTED)
 
 
 class BadRecord(ValueError):
@@ -361,7 +362,8 @@ def merge_counts(into: dict[str, dict[str, int]], more: dict[str, dict[str, int]
 _SAID = {CONVERTED: "converted {n} attribute values to their declared type",
          KEPT_AS_TEXT: "kept {n} values of an unexpected type as text in the attribute map",
          TRUNCATED: "truncated {n} values over the size limits",
-         DROPPED: "dropped {n} attributes or events over the limits"}
+         DROPPED: "dropped {n} attributes or events over the limits",
+         REDACTED: "removed {n} prompt or completion texts"}
 
 
 def describe(counts: dict[str, dict[str, int]], top: int = 3) -> str:
