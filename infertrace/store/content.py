@@ -25,6 +25,7 @@ Keys, each matched whole:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Final
 
@@ -37,6 +38,7 @@ CONTENT_KEY: Final = re.compile(
     r"|langfuse\.(observation|trace)\.(input|output)|mlflow\.span(Inputs|Outputs)")
 
 
+@functools.lru_cache(maxsize=4096)  # a few keys, asked for every attribute on the record-by-record path
 def is_content(key: str) -> bool:
     """Whether an attribute under `key` holds prompt or completion text."""
     return CONTENT_KEY.fullmatch(key) is not None
