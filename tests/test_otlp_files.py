@@ -74,6 +74,22 @@ def test_each_file_exporter_shape_ingests_the_spans_of_its_json_lines(json_lines
     assert _spans(tmp_path / "store").equals(_spans(tmp_path / "plain"))
 
 
+def test_a_protobuf_messages_line_takes_the_columnar_path_as_its_json_line_does(json_lines: Path) -> None:
+    """A `format: proto` file's messages become the lines the Collector's JSON exporter writes (times as strings),
+    which Arrow's reader takes whole, as it takes the JSON line's; before, the times were numbers and every block
+    of such a file went record by record (BENCHMARKS.md, "Ingest")."""
+    from infertrace.otlp_files import LengthPrefixed
+    from infertrace.store.columnar import decode_block
+
+    messages = _messages(json_lines)
+    converted = LengthPrefixed(io.BytesIO(_framed([_proto(m) for m in messages]))).read().splitlines()
+    assert len(converted) == len(messages)
+    for line, plain in zip(converted, messages, strict=True):
+        from_proto, from_json = decode_block(line + b"\n", len(line)), decode_block(plain + b"\n", len(plain))
+        assert from_proto is not None and from_json is not None
+        assert from_proto[0].equals(from_json[0])
+
+
 @pytest.mark.parametrize("damage", ["cut inside a message", "cut inside a length", "an absurd length",
                                     "a message neither JSON nor protobuf"])
 def test_a_damaged_length_prefixed_file_keeps_the_messages_before_the_damage(json_lines: Path, tmp_path: Path,
