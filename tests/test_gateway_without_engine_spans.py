@@ -144,3 +144,14 @@ def test_the_clickhouse_forms_give_the_same_rows(name: str) -> None:
             assert not clickhouse.spans_read
     assert got.num_rows == expected.num_rows > 0
     assert got.equals(expected)
+
+
+def test_slowest_requests_lists_them_seen_at_the_gateway_slowest_first() -> None:
+    from infertrace.runbook import run_query
+
+    with Store.open(_store()) as store:
+        frame = run_query(store, "slowest_requests", {"top": "5"})
+    assert set(frame["seen_at"]) == {"gateway"} and frame["ttft_ms"].isna().all()
+    durations = sorted(((900 if i % 10 == 3 else 150 + 7 * i) + 30 for i in range(CALLS + TWO_MODELS)),
+                       reverse=True)  # every entry, failed ones too: the outcome column says which
+    assert frame["e2e_ms"].tolist() == [float(d) for d in durations[:5]]

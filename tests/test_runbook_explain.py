@@ -136,8 +136,8 @@ def test_on_a_store_with_every_input_an_answer_has_no_note_and_an_empty_one_says
     model = demo.sql("SELECT model FROM requests LIMIT 1").fetchall()[0][0]
     rows, said = _answer(demo, "slowest_requests", {"model": model, "order_by": "ttft", "top": "0"})
     assert rows == 0
-    assert said == ["`requests` holds rows in this store and the parameters name what it holds, but nothing "
-                    "matched the query's conditions"]
+    assert said == ["`component_calls` and `requests` hold rows in this store and the parameters name what they "
+                    "hold, but nothing matched the query's conditions"]
 
 
 def test_the_cli_prints_the_notes_on_stderr_and_leaves_the_rows_on_stdout_as_they_were(sglang_dir: Path) -> None:

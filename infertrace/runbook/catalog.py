@@ -9,6 +9,7 @@ A header is the file's leading `--` comment lines:
     -- param min_itl_ms float = 0: Only tokens whose ITL is at least this many milliseconds.
     -- example: request_id=tenant-a-000042
     -- needs tokens WHERE itl_ns IS NOT NULL: tokens after a request's first (per-token times)
+    -- either: requests, component_calls
 
 A field continues on following lines indented by more than one space after `--`. Parameters appear in the
 SQL as `$name` and are bound by DuckDB; values are never formatted into the SQL text. A parameter without
@@ -21,7 +22,9 @@ or epoch nanoseconds; bound as int64 ns since the epoch, like every time in the 
 A `needs` line names rows the query summarises, beyond there being any in the relations it reads: the relation, a
 condition on its columns and what such rows are. When a query finds nothing, `explain.notes` says which of its
 needs no row of the store meets (a store from an engine that never sets the attribute, a fleet without the
-component), so that the empty answer is not read as "nothing wrong".
+component), so that the empty answer is not read as "nothing wrong". An `either` line names relations that are
+alternative sources of the same rows (requests that reached an engine, or seen at a gateway alone): an empty one is
+said only when all of them are empty.
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ class Query:
     example: str  # `k=v k=v` that makes a useful run; may be empty
     sql: str
     needs: tuple[Need, ...] = ()
+    either: tuple[str, ...] = ()  # relations that are alternative sources of the same rows
 
     def parameter(self, name: str) -> Parameter:
         for p in self.parameters:
@@ -198,8 +202,9 @@ def parse_query(name: str, text: str) -> Query:
             raise RunbookError(f"queries/{name}.sql: cannot read needs line {spec!r}; expected "
                                "'RELATION WHERE CONDITION: what such rows are'")
         needs.append(Need(match.group(1), match.group(2).strip(), match.group(3).strip()))
+    either = tuple(r.strip() for r in fields.get("either", "").split(",") if r.strip())
     return Query(name, fields["title"], fields["question"], fields["when"], tuple(parameters),
-                 fields.get("example", ""), text, tuple(needs))
+                 fields.get("example", ""), text, tuple(needs), either)
 
 
 def _strip_comments(sql: str) -> str:

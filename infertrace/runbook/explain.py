@@ -6,7 +6,8 @@ added or changed needs nothing declared); each relation is filled by certain spa
 
 - which relations the query reads hold nothing in this store, what would have filled them, and whose engine spans
   the store does hold (SGLang, TGI and vLLM export no engine step spans) — with rows or without, since the columns
-  a query takes from an empty relation are empty too;
+  a query takes from an empty relation are empty too (of relations the query names as alternative sources of its
+  rows, its `either` line, only when all of them are empty);
 - with no rows only: a parameter naming a request, engine instance, model or tenant that the store does not hold
   (with the closest it does), a window outside the store's time range; else that the inputs are there and nothing
   matched the query's conditions.
@@ -37,7 +38,8 @@ _TOKEN_TIMES = ("per-token times: engine_step spans, or SGLang's decode_loop or 
 # What fills each relation a query may read (infertrace/store/relations/*.sql say how).
 FILLED_BY: dict[str, str] = {
     "spans": "spans of any kind",
-    "requests": "engines' request spans (llm_request, vLLM's, SGLang's, TGI's) or gateways' entry spans",
+    "requests": ("engines' request spans (llm_request, vLLM's, SGLang's, TGI's); a gateway's entry span adds the "
+                 "client's view of a request that reached an engine, and makes no row alone"),
     "request_legs": "engines' request spans (llm_request, vLLM's, SGLang's, TGI's)",
     "steps": _STEP_SPANS,
     "step_membership": _STEP_SPANS,
@@ -91,6 +93,8 @@ def notes(store: Store, query: Query, bound: Mapping[str, Any], rows: int) -> li
     read = relations_read(query.sql)
     window = _window(store)
     empty = [r for r in read if not _has_rows(store, r)]
+    if query.either and not set(query.either) <= set(empty):  # one of the alternative sources has rows
+        empty = [r for r in empty if r not in query.either]
     said: list[str] = []  # with no rows: the likelier causes first (a mistyped name, a window off the data)
     inputs: list[str] = []
     if empty:
@@ -130,7 +134,8 @@ def notes(store: Store, query: Query, bound: Mapping[str, Any], rows: int) -> li
     said += inputs
     if not said:
         said.append(f"{_join(list(read))} {'holds' if len(read) == 1 else 'hold'} rows in this store and the "
-                    "parameters name what it holds, but nothing matched the query's conditions")
+                    f"parameters name what {'it holds' if len(read) == 1 else 'they hold'}, but nothing matched the "
+                    "query's conditions")
     return [*said, *window]
 
 
