@@ -35,7 +35,9 @@ own order (rotated per round):
   before the rounds: gzip (level 6, as the engine writes it), zstd (level 1, as the engine writes it), and the
   OpenTelemetry Collector's file exporter's length-prefixed messages, as `protobuf` (`format: proto`) and as
   zstd-compressed JSON (`compression: zstd`, one frame per message), and trace JSON as other tools print it (the
-  protobuf library's generic JSON mapping, a line per message, and the same pretty-printed: `store/json_forms.py`).
+  protobuf library's generic JSON mapping, a line per message, and the same pretty-printed: `store/json_forms.py`);
+  `--shape SUFFIX` (repeatable) keeps only the shapes whose file suffix is given (`.pb` for `format: proto`), and
+  with `--before` the other checkout ingests each shape too.
 
 `--parsers` instead compares JSON readers on the same blocks, in this process: Arrow's reader on its threads
 with the full OTLP schema, as ingest reads them (`columnar.BlockParser`: after the first block, the schema less
@@ -121,8 +123,9 @@ SHAPES = {"gzip": ".jsonl.gz", "zstd": ".jsonl.zst", "Collector, format: proto":
           "the same pretty-printed, one value after another (jq .)": ".pretty.json"}
 
 
-def write_shapes(full: Path) -> dict[str, Path]:
-    """`full`'s lines in each of `SHAPES`, beside it (written once; kept for later runs)."""
+def write_shapes(full: Path, suffixes: list[str] | None = None) -> dict[str, Path]:
+    """`full`'s lines in each of `SHAPES` (or those of the given file suffixes), beside it (written once; kept for
+    later runs)."""
     import gzip
 
     import zstandard
@@ -132,6 +135,8 @@ def write_shapes(full: Path) -> dict[str, Path]:
 
     out = {}
     for shape, suffix in SHAPES.items():
+        if suffixes and suffix not in suffixes:
+            continue
         path = out[shape] = full.with_name(full.stem + suffix)
         if path.exists():
             continue
@@ -479,6 +484,8 @@ def main() -> None:
                         "write) one after another on each block, with each step's CPU time")
     parser.add_argument("--shapes", action="store_true", help="also ingest of the same spans as gzip, zstd and the "
                         "Collector file exporter's length-prefixed protobuf and zstd-compressed JSON messages")
+    parser.add_argument("--shape", action="append", choices=sorted(SHAPES.values()), default=[],
+                        help="with --shapes: only the shapes of these file suffixes (repeatable)")
     parser.add_argument("--parsers", type=int, metavar="BLOCKS", help="compare JSON readers on the first BLOCKS "
                         "blocks instead (in this process, --rounds rounds); nothing is ingested")
     args = parser.parse_args()
@@ -508,18 +515,19 @@ def main() -> None:
     load_at_start = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, dict[str, float]]] = []
-    shapes = write_shapes(full) if args.shapes else {}
+    shapes = write_shapes(full, args.shape) if args.shapes else {}
     contenders = [("columnar", ROOT, full), ("read_json", ROOT, full), ("read_json_inferred", ROOT, full)] \
         + ([("arrow-blocks", ROOT, full)] if args.arrow_blocks else []) \
         + ([("duckdb-parse", ROOT, full)] if args.duckdb_parse else []) \
         + ([("stages", ROOT, full)] if args.stages else []) \
         + ([("columnar", args.before, full)] if args.before else []) \
-        + [("columnar", ROOT, path) for path in shapes.values()]
+        + [("columnar", tree, path) for path in shapes.values() for tree in (ROOT, args.before) if tree]
     named = {path: f"ingest, {shape} ({path.stat().st_size / 1e6:.0f} MB)" for shape, path in shapes.items()}
     for i in range(args.rounds):
         this: dict[str, dict[str, float]] = {}
         for kind, tree, path in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:  # rotated
-            name = named.get(path) or NAMES.get(kind) or ("ingest" if tree == ROOT else f"ingest, {tree}")
+            name = ((named.get(path) or NAMES.get(kind) or "ingest") if tree == ROOT else
+                    f"{named.get(path) or 'ingest'}, {tree}")
             this[name] = results[f"{name}, round {i + 1}"] = run(kind, path, store, tree, longest)
             print(f"round {i + 1}: {name}: {this[name]['seconds']:.1f} s, {this[name]['cpu_seconds']:.1f} CPU s, "
                   f"{this[name]['peak_rss_mb']:.0f} MB, load {this[name]['load_average']:.1f}", file=sys.stderr)
