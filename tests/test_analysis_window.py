@@ -141,6 +141,7 @@ def test_a_segment_whose_footer_gives_no_times_stays_in_the_window(tmp_path: Pat
     assert older in window_segments(store, 3600)
 
 
+@pytest.mark.slow  # 9-13 s each: the default run stays under 10 minutes; CI runs it
 def test_a_windowed_materialisation_gives_the_results_of_the_window_alone(tmp_path: Path,
                                                                           two_incidents: tuple[Path, Path]) -> None:
     import shutil
@@ -238,6 +239,7 @@ def test_every_analysis_window_option_reads_the_environment(tmp_path: Path) -> N
 
 
 
+@pytest.mark.slow  # 9-13 s each: the default run stays under 10 minutes; CI runs it
 def test_report_of_an_analysis_window_says_so_and_is_kept_for_the_next_report(
         tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
     import shutil
@@ -336,6 +338,7 @@ def test_a_collector_that_keeps_days_without_a_window_is_told_what_its_snapshots
         assert "--analysis-window 6h bounds them to the last 6 h of spans" in said
 
 
+@pytest.mark.slow  # 9-13 s each: the default run stays under 10 minutes; CI runs it
 def test_a_runbook_query_of_an_analysis_window_reads_its_materialised_relations_and_says_what_it_left_out(
         tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
     import shutil
@@ -369,6 +372,7 @@ def test_a_runbook_query_of_an_analysis_window_reads_its_materialised_relations_
     assert "read_parquet" in definition and "derived/relations" in definition
 
 
+@pytest.mark.slow  # 9-13 s each: the default run stays under 10 minutes; CI runs it
 def test_an_export_of_an_analysis_window_writes_the_windows_spans_and_says_what_it_left_out(
         tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
     both, alone = two_incidents
