@@ -95,3 +95,20 @@ def test_spans_sent_over_otlp_http_are_stored_without_their_message_text(tmp_pat
     assert len(stored) == CALLS
     assert not [text for text in stored if "diagnosis" in text]
     assert all("gen_ai.prompt.0.role" in text for text in stored)
+
+
+def test_an_event_whose_only_attribute_is_a_number_under_a_message_key_is_left_out_on_both_paths() -> None:
+    """The columnar path builds integer-only events (the engine's prefill chunks) without looking at each value:
+    it defers a block whose events carry a message-text key, so the two paths store the same."""
+    from infertrace.store.batch import SpanBatch
+    from infertrace.store.columnar import decode_block
+
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "x", "startTimeUnixNano": "2000000000000000000",
+            "endTimeUnixNano": "2000000000000000005", "events": [{"timeUnixNano": "7", "name": "e", "attributes": [
+                {"key": "gen_ai.prompt", "value": {"intValue": "5"}}, {"key": "turn", "value": {"intValue": "1"}}]}]}
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    batch = SpanBatch()
+    batch.add_traces_data(json.loads(line), "x", 1)
+    assert batch.table().column("events").to_pylist() == [[{"time_ns": 7, "name": "e", "attributes": '{"turn":1}'}]]
+    assert batch.notes.counts() == {"redacted": {"gen_ai.prompt": 1}}
+    assert decode_block((line + "\n").encode(), len(line)) is None  # deferred to the record path

@@ -436,6 +436,8 @@ def _integer_events(events: pa.Array) -> pa.Array | None:
             return None  # mixed kinds or empty values: the per-event path decides
     ints = values.field("intValue")
     keys = kv.field("key")
+    if any(is_content(key) for key in pc.unique(keys).to_pylist()):
+        return None  # message text: left out and counted by the record-by-record path
     if len(kv) and not (pc.all(pc.match_substring_regex(keys, _PLAIN_KEY)).as_py()
                         and pc.all(pc.match_substring_regex(ints, _CANONICAL_INT)).as_py()):
         return None
