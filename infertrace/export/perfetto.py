@@ -117,9 +117,8 @@ class _Writer:
         return uuid
 
     def begin(self, track: int, ts: int, name: str, args: dict[str, Any] | None = None,
-              flows_out: Iterable[int] = (), flows_in: Iterable[int] = ()) -> None:
-        event = TrackEvent(type=TrackEvent.TYPE_SLICE_BEGIN, track_uuid=track, name=name,
-                           flow_ids=list(flows_out), terminating_flow_ids=list(flows_in))
+              flows_out: Iterable[int] = ()) -> None:
+        event = TrackEvent(type=TrackEvent.TYPE_SLICE_BEGIN, track_uuid=track, name=name, flow_ids=list(flows_out))
         for key, value in (args or {}).items():
             if value is None:
                 continue
