@@ -186,6 +186,7 @@ def test_a_windowed_materialisation_gives_the_results_of_the_window_alone(tmp_pa
     assert "analysis_window_s" not in json.loads(run.stdout)["store"]
 
 
+@pytest.mark.slow  # 7-9 s: the default run stays under 10 minutes; CI runs it
 def test_the_collectors_materialiser_materialises_the_windows_snapshot(tmp_path: Path,
                                                                         two_incidents: tuple[Path, Path]) -> None:
     import shutil
@@ -264,6 +265,7 @@ def test_report_of_an_analysis_window_says_so_and_is_kept_for_the_next_report(
     assert "analysis_window_s" not in whole["store"] and whole["store"]["segments"] == len(current_segments(store_dir))
 
 
+@pytest.mark.slow  # 7-9 s: the default run stays under 10 minutes; CI runs it
 def test_a_sliding_window_leaves_no_step_batches_behind_that_no_kept_snapshot_reads(
         tmp_path: Path, two_incidents: tuple[Path, Path]) -> None:
     import shutil

@@ -320,6 +320,7 @@ def test_serve_metrics_exposes_vllm_named_histograms_and_stall_counts_that_prome
         process.wait(timeout=30)
 
 
+@pytest.mark.slow  # 7-9 s: the default run stays under 10 minutes; CI runs it
 def test_metrics_of_engines_without_step_spans_leave_out_what_their_spans_lack_and_say_why(tmp_path: Path) -> None:
     served = {}
     for telemetry in ("vllm-v1", "sglang"):

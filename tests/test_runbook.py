@@ -65,6 +65,7 @@ def test_every_query_runs_on_a_real_store_and_most_return_rows(demo: Store) -> N
     assert set(empty) <= {"kv_transfer_by_link", "kv_transfer_by_size", "pd_ttft_transfer_share", "preemptions"}, empty
 
 
+@pytest.mark.slow  # 7-9 s: the default run stays under 10 minutes; CI runs it
 def test_every_query_answers_the_same_from_a_materialised_store(tmp_path: Path) -> None:
     """`infertrace query` (and replay, export) open a store with its materialised relations attached: each query
     then reads the written files, not the spans, and must answer exactly as the views do."""
